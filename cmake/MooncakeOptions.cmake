@@ -1,0 +1,73 @@
+# Build options. Every optional part is detected: AUTO builds it when its
+# toolchain or library is present, ON requires it, OFF skips it. What was built
+# is reported at configure time (MooncakeSummary) and at run time through the
+# SUPPORT_* flags of mooncake.engine.
+
+set(MOONCAKE_WITH_CUDA AUTO CACHE STRING "CUDA transports and kernels (AUTO/ON/OFF)")
+set(MOONCAKE_WITH_RDMA AUTO CACHE STRING "RDMA transport over rdma-core ibverbs (AUTO/ON/OFF)")
+set(MOONCAKE_WITH_EP AUTO CACHE STRING "Expert-parallel dispatch/combine (AUTO/ON/OFF)")
+set(MOONCAKE_WITH_NCCL_DEVICE AUTO CACHE STRING "NCCL device API path for ElasticBuffer (AUTO/ON/OFF)")
+set_property(CACHE MOONCAKE_WITH_CUDA MOONCAKE_WITH_RDMA MOONCAKE_WITH_EP MOONCAKE_WITH_NCCL_DEVICE
+             PROPERTY STRINGS AUTO ON OFF)
+
+option(MOONCAKE_BUILD_PYTHON "Build the Python extension modules" ON)
+option(MOONCAKE_BUILD_TESTS "Build the GoogleTest suites" ON)
+option(MOONCAKE_BUILD_BENCHMARKS "Build the C++ benchmarks" ON)
+option(MOONCAKE_WERROR "Treat compiler warnings as errors" OFF)
+
+# mooncake_resolve_feature(<var> <found>): turn AUTO/ON/OFF plus a detection
+# result into a boolean <var>_ENABLED, failing loudly when ON cannot be met.
+function(mooncake_resolve_feature name found)
+  set(request "${${name}}")
+  if(request STREQUAL "OFF")
+    set(${name}_ENABLED OFF PARENT_SCOPE)
+  elseif(found)
+    set(${name}_ENABLED ON PARENT_SCOPE)
+  elseif(request STREQUAL "ON")
+    message(FATAL_ERROR "${name}=ON but its dependency was not found")
+  else()
+    set(${name}_ENABLED OFF PARENT_SCOPE)
+  endif()
+endfunction()
+
+# CUDA: a working nvcc is enough to compile; nothing here needs a GPU at build time.
+set(_cuda_found OFF)
+if(NOT MOONCAKE_WITH_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    find_package(CUDAToolkit QUIET)
+    if(CUDAToolkit_FOUND)
+      set(_cuda_found ON)
+    endif()
+  endif()
+endif()
+mooncake_resolve_feature(MOONCAKE_WITH_CUDA ${_cuda_found})
+
+# RDMA: rdma-core's libibverbs headers and library.
+set(_rdma_found OFF)
+if(NOT MOONCAKE_WITH_RDMA STREQUAL "OFF")
+  find_path(IBVERBS_INCLUDE_DIR infiniband/verbs.h)
+  find_library(IBVERBS_LIBRARY ibverbs)
+  if(IBVERBS_INCLUDE_DIR AND IBVERBS_LIBRARY)
+    set(_rdma_found ON)
+  endif()
+endif()
+mooncake_resolve_feature(MOONCAKE_WITH_RDMA ${_rdma_found})
+
+# EP needs CUDA for its fast paths; its collective reference path arrives with the PG.
+mooncake_resolve_feature(MOONCAKE_WITH_EP ${MOONCAKE_WITH_CUDA_ENABLED})
+
+# NCCL device API: nccl_device.h ships with NCCL >= 2.28.
+set(_nccl_dev_found OFF)
+if(MOONCAKE_WITH_CUDA_ENABLED AND NOT MOONCAKE_WITH_NCCL_DEVICE STREQUAL "OFF")
+  find_path(NCCL_DEVICE_INCLUDE_DIR nccl_device.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  if(NCCL_DEVICE_INCLUDE_DIR)
+    set(_nccl_dev_found ON)
+  endif()
+endif()
+mooncake_resolve_feature(MOONCAKE_WITH_NCCL_DEVICE ${_nccl_dev_found})
+
+if(MOONCAKE_WITH_CUDA_ENABLED)
+  enable_language(CUDA)
+endif()

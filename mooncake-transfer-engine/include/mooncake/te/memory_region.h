@@ -1,0 +1,53 @@
+// The table of memory a segment has registered: what peers may read and write.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+namespace mooncake::te {
+
+struct MemoryRegion {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  std::string location;  // "cpu:<numa>", later "cuda:<dev>"
+
+  uint64_t end() const { return addr + length; }
+  bool contains(uint64_t a, uint64_t len) const {
+    return a >= addr && len <= length && a - addr <= length - len;
+  }
+};
+
+// Registered regions, disjoint by construction: a registration that overlaps
+// an existing one is refused (kAddressOverlapped). Thread-safe. Readers that
+// touch the memory itself (the TCP server copying into a region) do so under
+// withRegion(), so that unregistration waits for them to finish.
+class RegionTable {
+ public:
+  int add(const MemoryRegion& region);
+  // All or nothing: on any error nothing is added.
+  int addAll(const std::vector<MemoryRegion>& regions);
+  // `addr` must be the base address of a registered region.
+  int remove(uint64_t addr, MemoryRegion* removed = nullptr);
+
+  std::optional<MemoryRegion> find(uint64_t addr, uint64_t length) const;
+  // Runs `fn` with the covering region while holding it registered.
+  // Returns false (without calling fn) when no region covers the range.
+  bool withRegion(uint64_t addr, uint64_t length, const std::function<void(const MemoryRegion&)>& fn) const;
+
+  std::vector<MemoryRegion> snapshot() const;
+  size_t size() const;
+
+ private:
+  static bool overlapsLocked(const std::map<uint64_t, MemoryRegion>& regions, uint64_t addr, uint64_t length);
+  const MemoryRegion* findLocked(uint64_t addr, uint64_t length) const;
+
+  mutable std::shared_mutex mutex_;
+  std::map<uint64_t, MemoryRegion> regions_;  // keyed by base address
+};
+
+}  // namespace mooncake::te

@@ -1,0 +1,108 @@
+// The transfer engine: one segment per process (or per engine object), whose
+// registered memory peers read and write one-sidedly by virtual address.
+//
+//   TransferEngine engine;
+//   engine.init("P2PHANDSHAKE", "10.0.0.5");          // listens on a port, segment "10.0.0.5:15123"
+//   engine.registerLocalMemory(buf, len);
+//   SegmentHandle peer = engine.openSegment("10.0.0.6:15877");
+//   BatchId batch = engine.allocateBatchID(1);
+//   engine.submitTransfer(batch, {{Opcode::kWrite, buf, peer, remote_addr, len}});
+//   engine.waitBatch(batch, status);                    // bounded by MC_TRANSFER_TIMEOUT
+//   engine.freeBatchID(batch);
+//
+// Every method is thread-safe. Every blocking call is bounded.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mooncake/te/config.h"
+#include "mooncake/te/status.h"
+#include "mooncake/te/transfer_request.h"
+
+namespace mooncake::te {
+
+class EngineImpl;
+
+class TransferEngine {
+ public:
+  TransferEngine();
+  ~TransferEngine();
+  TransferEngine(const TransferEngine&) = delete;
+  TransferEngine& operator=(const TransferEngine&) = delete;
+
+  // metadata: "P2PHANDSHAKE" (the only mode; anything else is kInvalidArgument).
+  // local_hostname: the address peers reach us at; a ":port" in it is ignored.
+  // protocol: "" / "auto" picks per peer (same host -> "shm", else "tcp");
+  //   "tcp" or "shm" forces that transport; "rdma", "nvlink", "nvlink_intra",
+  //   "cuda_ipc" fall back to auto with one warning while not built/available;
+  //   anything else is kInvalidArgument.
+  // device_filter: comma-separated RDMA device allow-list (kept for RDMA).
+  int init(const std::string& metadata, const std::string& local_hostname,
+           const std::string& protocol = "", const std::string& device_filter = "",
+           const EngineConfig& config = EngineConfig::fromEnvironment());
+  bool initialized() const;
+
+  const std::string& segmentName() const;  // "host:port", IPv6 hosts bracketed
+  const std::string& localHost() const;
+  uint16_t rpcPort() const;
+  const EngineConfig& config() const;
+  std::vector<std::string> transports() const;  // installed transport names
+
+  // Registration. location "*" detects it ("cpu:<numa>").
+  int registerLocalMemory(void* addr, size_t length, const std::string& location = "*");
+  int unregisterLocalMemory(void* addr);
+  int registerLocalMemoryBatch(const std::vector<void*>& addrs, const std::vector<size_t>& lengths,
+                               const std::string& location = "*");
+  int unregisterLocalMemoryBatch(const std::vector<void*>& addrs);
+
+  // Peers. openSegment fetches the descriptor on first use and caches it;
+  // returns kInvalidSegment when the peer cannot be reached or the name is bad.
+  SegmentHandle openSegment(const std::string& segment_name);
+  int closeSegment(SegmentHandle handle);
+  // The first registered buffer's address in a peer's descriptor, 0 if none.
+  uint64_t firstBufferAddress(const std::string& segment_name);
+
+  // Batches. A batch holds up to `capacity` requests over its lifetime.
+  BatchId allocateBatchID(size_t capacity);
+  // kBatchBusy while any request is still in flight.
+  int freeBatchID(BatchId batch);
+  // transport_hint: "" uses the engine's choice, or names an installed transport.
+  int submitTransfer(BatchId batch, const std::vector<TransferRequest>& requests,
+                     const std::string& transport_hint = "");
+  int getTransferStatus(BatchId batch, size_t task_index, TransferStatus& status);
+  // Aggregate: kCompleted when all tasks completed, kFailed/kTimeout as soon as
+  // one did, kPending otherwise.
+  int getBatchTransferStatus(BatchId batch, TransferStatus& status);
+  // Blocks until the batch is terminal or `timeout` passes (then kTimeout is
+  // reported in status and returned). Negative timeout: the engine's budget for
+  // the batch's bytes (MC_TRANSFER_TIMEOUT + 1 ns/byte).
+  int waitBatch(BatchId batch, TransferStatus& status,
+                std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+
+  // Submits, waits and frees in one call: kOk, or the first task's error.
+  int transferSync(const std::vector<TransferRequest>& requests, const std::string& transport_hint = "");
+
+  // Notifications: a short message delivered to the target's queue.
+  int sendNotify(const std::string& segment_name, const Notify& notify);
+  std::vector<Notify> getNotifies();
+
+  // Liveness: kOk when the peer's listener answered within `timeout`.
+  int probe(const std::string& segment_name, std::chrono::milliseconds timeout = std::chrono::milliseconds(2000));
+
+ private:
+  std::unique_ptr<EngineImpl> impl_;
+};
+
+// Names of the transports this build contains ("shm", "tcp", ...).
+std::vector<std::string> builtTransports();
+
+// Splits "host:port" / "[v6]:port" into parts. False when malformed.
+bool parseSegmentName(const std::string& name, std::string& host, uint16_t& port);
+// Formats the inverse, bracketing IPv6 hosts.
+std::string formatSegmentName(const std::string& host, uint16_t port);
+
+}  // namespace mooncake::te

@@ -1,0 +1,32 @@
+// Requests the engine carries out, and the handles naming peers and batches.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace mooncake::te {
+
+// READ moves remote bytes into local memory, WRITE local bytes into remote
+// memory. Values match the Python TransferOpcode enum (Read=0, Write=1).
+enum class Opcode : uint8_t { kRead = 0, kWrite = 1 };
+
+using SegmentHandle = uint64_t;
+constexpr SegmentHandle kInvalidSegment = ~0ull;
+
+using BatchId = uint64_t;
+constexpr BatchId kInvalidBatch = 0;
+
+struct TransferRequest {
+  Opcode opcode = Opcode::kWrite;
+  void* source = nullptr;           // local buffer (inside a registered region)
+  SegmentHandle target_id = kInvalidSegment;
+  uint64_t target_offset = 0;       // remote virtual address in the target segment
+  uint64_t length = 0;
+};
+
+struct Notify {
+  std::string name;
+  std::string msg;
+};
+
+}  // namespace mooncake::te

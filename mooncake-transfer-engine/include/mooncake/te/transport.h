@@ -1,0 +1,127 @@
+// The interface every transport implements (tcp/, shm/, and later cuda_ipc/,
+// rdma/), and the two objects the engine hands to it: the peer being talked to
+// and the tasks to carry out.
+//
+// A transport owns how bytes move; the engine owns everything around that:
+// registration bookkeeping, descriptor caching and refresh, choosing a
+// transport per peer, batches, deadlines and status. A new transport is a new
+// folder with a class implementing this header and one line in the engine's
+// transport list.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "mooncake/te/config.h"
+#include "mooncake/te/memory_region.h"
+#include "mooncake/te/segment_descriptor.h"
+#include "mooncake/te/status.h"
+#include "mooncake/te/transfer_request.h"
+
+namespace mooncake::te {
+
+class Batch;
+
+// One request inside a batch. A transport may split it into slices; each
+// slice ends in exactly one completeSlice() call, from any thread.
+class TransferTask {
+ public:
+  TransferTask(Batch* batch, const TransferRequest& request) : batch_(batch), request_(request) {}
+
+  const TransferRequest& request() const { return request_; }
+
+  // Declares how many completeSlice() calls will follow. Called once by the
+  // transport before it starts the first slice.
+  void expectSlices(uint32_t count) { slices_left_.store(count, std::memory_order_relaxed); }
+  // Records the end of one slice; the last one settles the task's state.
+  void completeSlice(uint64_t bytes, int error);
+  // Fails the whole task before any slice was started.
+  void fail(int error);
+
+  TransferStatus status() const;
+
+ private:
+  void settle();
+
+  Batch* batch_;
+  TransferRequest request_;
+  std::atomic<uint32_t> slices_left_{0};
+  std::atomic<uint64_t> transferred_{0};
+  std::atomic<int> first_error_{kOk};
+  std::atomic<TransferState> state_{TransferState::kPending};
+};
+
+// A remote (or local) segment opened by name, with its cached descriptor.
+class PeerSegment {
+ public:
+  PeerSegment(SegmentHandle handle, std::string name, std::string host, uint16_t port)
+      : handle_(handle), name_(std::move(name)), host_(std::move(host)), port_(port) {}
+
+  SegmentHandle handle() const { return handle_; }
+  const std::string& name() const { return name_; }
+  const std::string& host() const { return host_; }
+  uint16_t port() const { return port_; }
+
+  // The cached descriptor: an immutable snapshot, replaced whole on refresh.
+  std::shared_ptr<const SegmentDescriptor> descriptor() const;
+  void setDescriptor(SegmentDescriptor descriptor);
+  bool covers(uint64_t addr, uint64_t length) const { return descriptor()->findBuffer(addr, length) != nullptr; }
+
+  // Fetches the descriptor again from the peer (installed by the engine).
+  int refresh() { return refresher_ ? refresher_(*this) : kEndpointError; }
+  void setRefresher(std::function<int(PeerSegment&)> refresher) { refresher_ = std::move(refresher); }
+
+ private:
+  const SegmentHandle handle_;
+  const std::string name_;
+  const std::string host_;
+  const uint16_t port_;
+  mutable std::mutex mutex_;
+  std::shared_ptr<const SegmentDescriptor> descriptor_ = std::make_shared<SegmentDescriptor>();
+  std::function<int(PeerSegment&)> refresher_;
+};
+
+// What a transport may use of its engine.
+struct TransportContext {
+  const EngineConfig* config = nullptr;
+  const RegionTable* regions = nullptr;        // the local registrations
+  const SegmentDescriptor* local = nullptr;    // identity fields of the local segment
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // The protocol name users pass to initialize() and transport_hint ("tcp", "shm", ...).
+  virtual const char* name() const = 0;
+
+  // Starts whatever the transport serves (listeners, workers). kOk or an ErrorCode.
+  virtual int install(const TransportContext& context) = 0;
+  // Stops serving and finishes or fails every task it holds. Called once.
+  virtual void shutdown() = 0;
+
+  // Registration hooks, for transports that must prepare memory (RDMA memory
+  // regions, CUDA IPC handles). The region is already in the region table.
+  virtual int registerMemory(const MemoryRegion&, BufferDescriptor&) { return kOk; }
+  virtual int unregisterMemory(const MemoryRegion&) { return kOk; }
+
+  // Whether this transport can move bytes between us and `peer` (same host,
+  // permissions, the peer serving it). May cache per-peer state.
+  virtual bool reaches(PeerSegment& peer) = 0;
+
+  // Starts `tasks`, all aimed at `peer` and already checked against its
+  // descriptor. Each task ends through TransferTask::completeSlice / fail.
+  // `caller_waits` says the submitting thread blocks on the result right after,
+  // so running a small task inline costs nothing.
+  virtual void submit(PeerSegment& peer, const std::vector<TransferTask*>& tasks, bool caller_waits) = 0;
+
+  // Drops per-peer state (connections, attachments) for a segment being closed.
+  virtual void forget(SegmentHandle) {}
+};
+
+}  // namespace mooncake::te

@@ -1,0 +1,53 @@
+#include "mooncake/te/config.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "mooncake/te/log.h"
+
+namespace mooncake::te {
+namespace {
+
+// Reads a positive number from the environment; malformed values are reported
+// and ignored rather than silently turned into zero.
+bool readNumber(const char* name, double& out) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return false;
+  char* end = nullptr;
+  double value = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !(value > 0)) {
+    MC_LOG(Warning) << name << "='" << text << "' is not a positive number; using the default";
+    return false;
+  }
+  out = value;
+  return true;
+}
+
+std::chrono::milliseconds secondsToMs(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+}  // namespace
+
+EngineConfig EngineConfig::fromEnvironment() {
+  EngineConfig c;
+  double v = 0;
+  if (readNumber("MC_MIN_RPC_PORT", v) && v < 65536) c.min_rpc_port = static_cast<uint16_t>(v);
+  if (readNumber("MC_MAX_RPC_PORT", v) && v < 65536) c.max_rpc_port = static_cast<uint16_t>(v);
+  if (c.max_rpc_port < c.min_rpc_port) {
+    MC_LOG(Warning) << "MC_MAX_RPC_PORT < MC_MIN_RPC_PORT; using " << c.min_rpc_port << " for both";
+    c.max_rpc_port = c.min_rpc_port;
+  }
+  if (readNumber("MC_TRANSFER_TIMEOUT", v)) c.transfer_timeout = secondsToMs(v);
+  if (readNumber("MC_HANDSHAKE_CONNECT_TIMEOUT", v)) c.connect_timeout = secondsToMs(v);
+  if (readNumber("MC_RPC_TIMEOUT", v)) c.rpc_timeout = secondsToMs(v);
+  if (readNumber("MC_HANDSHAKE_MAX_LENGTH", v)) c.max_rpc_message = static_cast<size_t>(v);
+  if (readNumber("MC_TCP_SLICE_SIZE", v)) c.tcp_slice_size = static_cast<size_t>(v);
+  if (readNumber("MC_TCP_WORKERS", v)) c.tcp_workers = static_cast<int>(v);
+  if (readNumber("MC_SHM_CHUNK_SIZE", v)) c.shm_chunk_size = static_cast<size_t>(v);
+  const char* force_tcp = std::getenv("MC_FORCE_TCP");
+  c.force_tcp = force_tcp != nullptr && std::string(force_tcp) != "0" && *force_tcp != '\0';
+  return c;
+}
+
+}  // namespace mooncake::te

@@ -1,0 +1,83 @@
+#include "mooncake/te/memory_region.h"
+
+#include <mutex>
+
+#include "mooncake/te/status.h"
+
+namespace mooncake::te {
+
+bool RegionTable::overlapsLocked(const std::map<uint64_t, MemoryRegion>& regions, uint64_t addr,
+                                 uint64_t length) {
+  // The only candidates are the first region starting at or after addr and
+  // the last one starting before it.
+  auto next = regions.lower_bound(addr);
+  if (next != regions.end() && next->first < addr + length) return true;
+  if (next != regions.begin()) {
+    auto prev = std::prev(next);
+    if (prev->second.end() > addr) return true;
+  }
+  return false;
+}
+
+int RegionTable::add(const MemoryRegion& region) { return addAll({region}); }
+
+int RegionTable::addAll(const std::vector<MemoryRegion>& regions) {
+  std::unique_lock lock(mutex_);
+  std::map<uint64_t, MemoryRegion> staged;
+  for (const auto& r : regions) {
+    if (r.addr == 0 || r.length == 0 || r.addr + r.length < r.addr) return kInvalidArgument;
+    if (overlapsLocked(regions_, r.addr, r.length) || overlapsLocked(staged, r.addr, r.length)) {
+      return kAddressOverlapped;
+    }
+    staged.emplace(r.addr, r);
+  }
+  regions_.merge(staged);
+  return kOk;
+}
+
+int RegionTable::remove(uint64_t addr, MemoryRegion* removed) {
+  std::unique_lock lock(mutex_);
+  auto it = regions_.find(addr);
+  if (it == regions_.end()) return kAddressNotRegistered;
+  if (removed != nullptr) *removed = it->second;
+  regions_.erase(it);
+  return kOk;
+}
+
+const MemoryRegion* RegionTable::findLocked(uint64_t addr, uint64_t length) const {
+  auto it = regions_.upper_bound(addr);
+  if (it == regions_.begin()) return nullptr;
+  --it;
+  return it->second.contains(addr, length) ? &it->second : nullptr;
+}
+
+std::optional<MemoryRegion> RegionTable::find(uint64_t addr, uint64_t length) const {
+  std::shared_lock lock(mutex_);
+  const MemoryRegion* r = findLocked(addr, length);
+  if (r == nullptr) return std::nullopt;
+  return *r;
+}
+
+bool RegionTable::withRegion(uint64_t addr, uint64_t length,
+                             const std::function<void(const MemoryRegion&)>& fn) const {
+  std::shared_lock lock(mutex_);
+  const MemoryRegion* r = findLocked(addr, length);
+  if (r == nullptr) return false;
+  fn(*r);
+  return true;
+}
+
+std::vector<MemoryRegion> RegionTable::snapshot() const {
+  std::shared_lock lock(mutex_);
+  std::vector<MemoryRegion> out;
+  out.reserve(regions_.size());
+  for (const auto& [addr, r] : regions_) out.push_back(r);
+  return out;
+}
+
+size_t RegionTable::size() const {
+  std::shared_lock lock(mutex_);
+  return regions_.size();
+}
+
+}  // namespace mooncake::te

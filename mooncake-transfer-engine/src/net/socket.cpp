@@ -1,0 +1,209 @@
+#include "net/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "mooncake/te/log.h"
+#include "mooncake/te/status.h"
+
+namespace mooncake::te::net {
+namespace {
+
+// Milliseconds poll() may wait before `deadline`, rounded up; -1 for never.
+int pollTimeoutMs(Deadline deadline) {
+  if (deadline == never()) return -1;
+  auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now()).count();
+  if (left <= 0) return 0;
+  return static_cast<int>(std::min<int64_t>((left + 999) / 1000, 1 << 30));
+}
+
+// Waits for `events` on fd. kOk, kTimeout, or kSocketFailed.
+int waitFor(int fd, short events, Deadline deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int timeout = pollTimeoutMs(deadline);
+    int rc = ::poll(&p, 1, timeout);
+    if (rc > 0) return kOk;  // readiness or an error condition: the next call reports which
+    if (rc == 0) {
+      if (Clock::now() >= deadline) return kTimeout;
+      continue;
+    }
+    if (errno != EINTR) return kSocketFailed;
+  }
+}
+
+int classifyErrno(int err) {
+  switch (err) {
+    case ECONNREFUSED:
+    case ECONNRESET:
+    case EPIPE:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case ENOTCONN:
+      return kPeerUnreachable;
+    case ETIMEDOUT:
+      return kTimeout;
+    default:
+      return kSocketFailed;
+  }
+}
+
+}  // namespace
+
+void Socket::close() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+void Socket::shutdownBoth() const {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+void setNoDelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+int connectTo(const std::string& host, uint16_t port, Deadline deadline, Socket& out) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  std::string service = std::to_string(port);
+  if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &result); rc != 0) {
+    MC_LOG(Warning) << "cannot resolve '" << host << "': " << gai_strerror(rc);
+    return kDnsFailed;
+  }
+  int last_error = kPeerUnreachable;
+  for (addrinfo* ai = result; ai != nullptr; ai = ai->ai_next) {
+    Socket s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
+    if (!s.valid()) {
+      last_error = kSocketFailed;
+      continue;
+    }
+    int rc = ::connect(s.fd(), ai->ai_addr, ai->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      rc = waitFor(s.fd(), POLLOUT, deadline);
+      if (rc != kOk) {
+        last_error = rc;
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof(err);
+      ::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len);
+      rc = err == 0 ? 0 : -1;
+      errno = err;
+    }
+    if (rc != 0) {
+      last_error = classifyErrno(errno);
+      continue;
+    }
+    // Back to blocking mode: every later wait goes through poll() anyway, and
+    // blocking calls avoid spinning on EAGAIN.
+    ::fcntl(s.fd(), F_SETFL, ::fcntl(s.fd(), F_GETFL) & ~O_NONBLOCK);
+    setNoDelay(s.fd());
+    out = std::move(s);
+    ::freeaddrinfo(result);
+    return kOk;
+  }
+  ::freeaddrinfo(result);
+  return last_error;
+}
+
+int sendAll(int fd, const void* data, size_t length, Deadline deadline) {
+  auto* p = static_cast<const char*>(data);
+  while (length > 0) {
+    if (int rc = waitFor(fd, POLLOUT, deadline); rc != kOk) return rc;
+    ssize_t n = ::send(fd, p, length, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return classifyErrno(errno);
+    }
+    p += n;
+    length -= static_cast<size_t>(n);
+  }
+  return kOk;
+}
+
+int recvAll(int fd, void* data, size_t length, Deadline deadline) {
+  auto* p = static_cast<char*>(data);
+  while (length > 0) {
+    if (int rc = waitFor(fd, POLLIN, deadline); rc != kOk) return rc;
+    ssize_t n = ::recv(fd, p, length, MSG_DONTWAIT);
+    if (n == 0) return kPeerUnreachable;  // orderly close before the message ended
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return classifyErrno(errno);
+    }
+    p += n;
+    length -= static_cast<size_t>(n);
+  }
+  return kOk;
+}
+
+int waitReadable(int fd, Deadline deadline) { return waitFor(fd, POLLIN, deadline); }
+
+int Listener::open(uint16_t min_port, uint16_t max_port, bool ipv6) {
+  uint32_t span = static_cast<uint32_t>(max_port - min_port) + 1;
+  std::random_device rd;
+  uint32_t start = std::uniform_int_distribution<uint32_t>(0, span - 1)(rd);
+  for (uint32_t i = 0; i < span; ++i) {
+    uint16_t port = static_cast<uint16_t>(min_port + (start + i) % span);
+    Socket s(::socket(ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!s.valid()) return kSocketFailed;
+    int one = 1;
+    ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    int rc;
+    if (ipv6) {
+      int zero = 0;
+      ::setsockopt(s.fd(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+      sockaddr_in6 a{};
+      a.sin6_family = AF_INET6;
+      a.sin6_addr = in6addr_any;
+      a.sin6_port = htons(port);
+      rc = ::bind(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    } else {
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_ANY);
+      a.sin_port = htons(port);
+      rc = ::bind(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    }
+    if (rc != 0) continue;  // taken (or reserved): try the next port
+    if (::listen(s.fd(), 512) != 0) continue;
+    socket_ = std::move(s);
+    port_ = port;
+    return kOk;
+  }
+  MC_LOG(Error) << "no free port in [" << min_port << ", " << max_port << "] (MC_MIN_RPC_PORT/MC_MAX_RPC_PORT)";
+  return kSocketFailed;
+}
+
+bool Listener::accept(Socket& out) {
+  for (;;) {
+    int fd = ::accept4(socket_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) {
+      setNoDelay(fd);
+      out = Socket(fd);
+      return true;
+    }
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    return false;  // EINVAL after stop(), or a fatal error
+  }
+}
+
+void Listener::stop() { socket_.shutdownBoth(); }
+
+}  // namespace mooncake::te::net

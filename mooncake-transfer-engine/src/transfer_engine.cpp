@@ -1,0 +1,657 @@
+#include "mooncake/te/transfer_engine.h"
+
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <list>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+
+#include "batch.h"
+#include "host_identity.h"
+#include "mooncake/te/log.h"
+#include "mooncake/te/memory_region.h"
+#include "mooncake/te/transport.h"
+#include "rpc/connection_server.h"
+#include "rpc/rpc.h"
+#include "transport/shm/shm_transport.h"
+#include "transport/tcp/tcp_transport.h"
+#include "wire.h"
+
+namespace mooncake::te {
+
+std::vector<std::string> builtTransports() { return {"shm", "tcp"}; }
+
+// ---- segment names ----
+
+bool parseSegmentName(const std::string& name, std::string& host, uint16_t& port) {
+  std::string port_text;
+  if (!name.empty() && name.front() == '[') {
+    size_t close = name.find(']');
+    if (close == std::string::npos || close + 1 >= name.size() || name[close + 1] != ':') return false;
+    host = name.substr(1, close - 1);
+    port_text = name.substr(close + 2);
+  } else {
+    size_t colon = name.rfind(':');
+    if (colon == std::string::npos || colon == 0 || name.find(':') != colon) return false;
+    host = name.substr(0, colon);
+    port_text = name.substr(colon + 1);
+  }
+  if (host.empty() || port_text.empty() || port_text.size() > 5) return false;
+  if (!std::all_of(port_text.begin(), port_text.end(), [](char c) { return c >= '0' && c <= '9'; })) return false;
+  unsigned long value = std::stoul(port_text);
+  if (value == 0 || value > 65535) return false;
+  port = static_cast<uint16_t>(value);
+  return true;
+}
+
+std::string formatSegmentName(const std::string& host, uint16_t port) {
+  bool ipv6 = host.find(':') != std::string::npos;
+  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+namespace {
+
+// "host", "host:port", "[v6]", "[v6]:port", "v6" -> host. A port given in the
+// local host name is ignored: P2P mode always picks its own.
+std::string stripPort(const std::string& text) {
+  if (!text.empty() && text.front() == '[') {
+    size_t close = text.find(']');
+    return close == std::string::npos ? text : text.substr(1, close - 1);
+  }
+  size_t colon = text.find(':');
+  if (colon != std::string::npos && text.find(':', colon + 1) == std::string::npos) return text.substr(0, colon);
+  return text;  // bare IPv6 or plain host
+}
+
+// Transports, in order of preference for a peer that several reach.
+constexpr const char* kAutoOrder[] = {"shm", "tcp"};
+// Protocol names users pass that this build cannot serve yet: fall back to
+// the automatic choice with one warning, as clients pass "rdma" by default.
+constexpr const char* kFallbackProtocols[] = {"rdma", "nvlink", "nvlink_intra", "cuda_ipc", "efa", "hip", "musa",
+                                              "ascend", "cxl"};
+
+bool isOneOf(const std::string& value, std::initializer_list<const char*> names) {
+  return std::any_of(names.begin(), names.end(), [&](const char* n) { return value == n; });
+}
+
+}  // namespace
+
+// ---- the engine ----
+
+class EngineImpl {
+ public:
+  ~EngineImpl() { stop(); }
+
+  int init(const std::string& metadata, const std::string& local_hostname, const std::string& protocol,
+           const std::string& device_filter, const EngineConfig& config);
+  void stop();
+
+  bool initialized() const { return initialized_.load(std::memory_order_acquire); }
+  int registerMemory(const std::vector<void*>& addrs, const std::vector<size_t>& lengths, const std::string& location);
+  int unregisterMemory(const std::vector<void*>& addrs);
+
+  SegmentHandle openSegment(const std::string& name);
+  int closeSegment(SegmentHandle handle);
+  std::shared_ptr<PeerSegment> peer(SegmentHandle handle);
+  int fetchDescriptor(PeerSegment& peer);
+
+  BatchId allocateBatch(size_t capacity);
+  std::shared_ptr<Batch> batch(BatchId id);
+  int freeBatch(BatchId id);
+  void abandonBatch(BatchId id);
+  int submit(BatchId id, const std::vector<TransferRequest>& requests, const std::string& hint, bool caller_waits);
+  std::chrono::nanoseconds waitBudget(const Batch& batch) const;
+
+  int sendNotify(const std::string& name, const Notify& notify);
+  std::vector<Notify> drainNotifies();
+  int probe(const std::string& name, std::chrono::milliseconds timeout);
+
+  EngineConfig config_;
+  std::string local_host_;
+  std::string segment_name_;
+  uint16_t rpc_port_ = 0;
+  std::vector<std::string> transport_names_;
+
+ private:
+  int dispatchRpc(uint32_t type, const std::string& request, std::string& reply);
+  std::string encodeLocalDescriptor();
+  Transport* transportByName(const std::string& name);
+  Transport* chooseTransport(PeerSegment& peer, const std::string& hint);
+  rpc::CallOptions callOptions() const {
+    return rpc::CallOptions{config_.connect_timeout, config_.rpc_timeout, config_.max_rpc_message};
+  }
+
+  std::atomic<bool> initialized_{false};
+  std::mutex init_mutex_;
+  std::string preferred_;  // forced transport name, "" = automatic
+  rpc::ConnectionServer server_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+
+  // Local segment: registrations and the descriptor peers fetch.
+  RegionTable regions_;
+  std::mutex descriptor_mutex_;       // serializes registration changes and descriptor reads
+  SegmentDescriptor local_;           // identity fields + buffers in registration order
+  std::atomic<uint64_t> registration_version_{0};  // address published for same-host peers
+
+  // Peers.
+  std::mutex peers_mutex_;
+  std::unordered_map<std::string, SegmentHandle> handle_by_name_;
+  std::unordered_map<SegmentHandle, std::shared_ptr<PeerSegment>> peers_;
+  SegmentHandle next_handle_ = 1;
+
+  // Batches. Ids are never reused, so a stale id is an error, not undefined behaviour.
+  std::mutex batches_mutex_;
+  std::unordered_map<BatchId, std::shared_ptr<Batch>> batches_;
+  std::list<std::shared_ptr<Batch>> abandoned_;  // freed while in flight: dropped once settled
+  BatchId next_batch_ = 1;
+
+  std::mutex notify_mutex_;
+  std::vector<Notify> notifies_;
+};
+
+int EngineImpl::init(const std::string& metadata, const std::string& local_hostname, const std::string& protocol,
+                     const std::string& device_filter, const EngineConfig& config) {
+  std::lock_guard lock(init_mutex_);
+  if (initialized()) {
+    MC_LOG(Error) << "initialize: this engine is already initialized as " << segment_name_;
+    return kInvalidArgument;
+  }
+  if (metadata != "P2PHANDSHAKE") {
+    MC_LOG(Error) << "initialize: metadata '" << metadata
+                  << "' is not supported; only \"P2PHANDSHAKE\" (peers found by \"host:port\") is";
+    return kInvalidArgument;
+  }
+  std::string host = stripPort(local_hostname);
+  if (host.empty()) {
+    MC_LOG(Error) << "initialize: local_hostname is empty; pass the address peers reach this process at";
+    return kInvalidArgument;
+  }
+  config_ = config;
+  std::string proto = protocol;
+  std::transform(proto.begin(), proto.end(), proto.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (config_.force_tcp) proto = "tcp";
+  if (proto.empty() || proto == "auto") {
+    preferred_.clear();
+  } else if (isOneOf(proto, {"tcp", "shm"})) {
+    preferred_ = proto;
+  } else if (std::any_of(std::begin(kFallbackProtocols), std::end(kFallbackProtocols),
+                         [&](const char* n) { return proto == n; })) {
+    MC_LOG(Warning) << "initialize: protocol '" << proto
+                    << "' is not available in this build/host; choosing per peer among shm and tcp instead";
+    preferred_.clear();
+  } else {
+    MC_LOG(Error) << "initialize: unknown protocol '" << protocol << "' (expected \"tcp\", \"shm\", \"rdma\" or \"\")";
+    return kInvalidArgument;
+  }
+  (void)device_filter;  // the RDMA device allow-list; no RDMA transport in this build
+
+  local_.host_id = hostIdentity();
+  local_.pid = static_cast<int32_t>(::getpid());
+  local_.process_start_ticks = processStartTicks(::getpid());
+  local_.registration_version_addr = reinterpret_cast<uint64_t>(&registration_version_);
+
+  transports_.push_back(std::make_unique<ShmTransport>());
+  transports_.push_back(std::make_unique<TcpTransport>(server_));
+  TransportContext context{&config_, &regions_, &local_};
+  for (auto& t : transports_) {
+    if (int rc = t->install(context); rc != kOk) {
+      MC_LOG(Error) << "initialize: transport " << t->name() << " failed to install: " << errorName(rc);
+      stop();
+      return rc;
+    }
+    transport_names_.push_back(t->name());
+    local_.transports.push_back(t->name());
+  }
+  server_.addHandler(rpc::kRpcMagic, [this](net::Socket& socket) {
+    rpc::serveRpc(
+        socket, [this](uint32_t type, const std::string& req, std::string& reply) { return dispatchRpc(type, req, reply); },
+        config_.max_rpc_message, config_.rpc_timeout);
+  });
+  bool ipv6 = host.find(':') != std::string::npos;
+  if (int rc = server_.start(config_.min_rpc_port, config_.max_rpc_port, ipv6, config_.connect_timeout); rc != kOk) {
+    stop();
+    return rc;
+  }
+  rpc_port_ = server_.port();
+  local_host_ = host;
+  segment_name_ = formatSegmentName(host, rpc_port_);
+  local_.name = segment_name_;
+  initialized_.store(true, std::memory_order_release);
+  MC_LOG(Info) << "transfer engine " << segment_name_ << " up; transports: shm, tcp; choice: "
+               << (preferred_.empty() ? "per peer" : preferred_);
+  return kOk;
+}
+
+void EngineImpl::stop() {
+  server_.stop();
+  for (auto& t : transports_) t->shutdown();
+}
+
+// ---- registration ----
+
+int EngineImpl::registerMemory(const std::vector<void*>& addrs, const std::vector<size_t>& lengths,
+                               const std::string& location) {
+  if (!initialized()) return kNotInitialized;
+  if (addrs.size() != lengths.size()) {
+    MC_LOG(Error) << "register: " << addrs.size() << " addresses but " << lengths.size() << " lengths";
+    return kInvalidArgument;
+  }
+  std::vector<MemoryRegion> regions;
+  for (size_t i = 0; i < addrs.size(); ++i) {
+    if (addrs[i] == nullptr || lengths[i] == 0) {
+      MC_LOG(Error) << "register: buffer " << i << " has a null address or zero length";
+      return kInvalidArgument;
+    }
+    std::string loc = location == "*" || location.empty() ? detectMemoryLocation(addrs[i]) : location;
+    regions.push_back(MemoryRegion{reinterpret_cast<uint64_t>(addrs[i]), lengths[i], loc});
+  }
+  std::lock_guard lock(descriptor_mutex_);
+  if (int rc = regions_.addAll(regions); rc != kOk) {
+    MC_LOG(Error) << "register: " << errorName(rc) << " (a range must not overlap one already registered)";
+    return rc;
+  }
+  std::vector<BufferDescriptor> added;
+  for (const auto& r : regions) {
+    BufferDescriptor b{r.addr, r.length, r.location, {}};
+    for (auto& t : transports_) {
+      if (int rc = t->registerMemory(r, b); rc != kOk) {
+        MC_LOG(Error) << "register: transport " << t->name() << " refused [0x" << std::hex << r.addr << ", +0x"
+                      << r.length << "): " << errorName(rc);
+        for (const auto& undo : regions) regions_.remove(undo.addr);
+        for (const auto& prior : added) {
+          for (auto& tt : transports_) tt->unregisterMemory(MemoryRegion{prior.addr, prior.length, prior.location});
+        }
+        return rc;
+      }
+    }
+    added.push_back(std::move(b));
+  }
+  local_.buffers.insert(local_.buffers.end(), added.begin(), added.end());
+  registration_version_.fetch_add(1, std::memory_order_release);
+  return kOk;
+}
+
+int EngineImpl::unregisterMemory(const std::vector<void*>& addrs) {
+  if (!initialized()) return kNotInitialized;
+  std::lock_guard lock(descriptor_mutex_);
+  int first_error = kOk;
+  for (void* addr : addrs) {
+    MemoryRegion removed;
+    int rc = regions_.remove(reinterpret_cast<uint64_t>(addr), &removed);
+    if (rc != kOk) {
+      MC_LOG(Error) << "unregister: 0x" << std::hex << reinterpret_cast<uint64_t>(addr)
+                    << " is not the base address of a registered buffer";
+      if (first_error == kOk) first_error = rc;
+      continue;
+    }
+    for (auto& t : transports_) t->unregisterMemory(removed);
+    auto& bufs = local_.buffers;
+    bufs.erase(std::remove_if(bufs.begin(), bufs.end(), [&](const BufferDescriptor& b) { return b.addr == removed.addr; }),
+               bufs.end());
+  }
+  registration_version_.fetch_add(1, std::memory_order_release);
+  return first_error;
+}
+
+std::string EngineImpl::encodeLocalDescriptor() {
+  std::lock_guard lock(descriptor_mutex_);
+  local_.registration_version = registration_version_.load(std::memory_order_acquire);
+  return local_.encode();
+}
+
+// ---- handshake server ----
+
+int EngineImpl::dispatchRpc(uint32_t type, const std::string& request, std::string& reply) {
+  switch (type) {
+    case rpc::kGetDescriptor:
+      reply = encodeLocalDescriptor();
+      return kOk;
+    case rpc::kProbe:
+      return kOk;
+    case rpc::kNotify: {
+      wire::Reader r(request);
+      Notify n;
+      if (!r.str(n.name) || !r.str(n.msg) || !r.done()) return kMalformedMessage;
+      std::lock_guard lock(notify_mutex_);
+      notifies_.push_back(std::move(n));
+      return kOk;
+    }
+    default:
+      MC_LOG(Warning) << "handshake: unknown request type " << type;
+      return kNotImplemented;
+  }
+}
+
+// ---- peers ----
+
+int EngineImpl::fetchDescriptor(PeerSegment& peer) {
+  std::string reply;
+  int rc = rpc::call(peer.host(), peer.port(), rpc::kGetDescriptor, segment_name_, reply, callOptions());
+  if (rc != kOk) {
+    MC_LOG(Warning) << "cannot fetch the descriptor of " << peer.name() << ": " << errorName(rc);
+    return rc;
+  }
+  SegmentDescriptor d;
+  if (int drc = SegmentDescriptor::decode(reply, d); drc != kOk) {
+    MC_LOG(Warning) << "descriptor from " << peer.name() << " is malformed";
+    return drc;
+  }
+  peer.setDescriptor(std::move(d));
+  return kOk;
+}
+
+SegmentHandle EngineImpl::openSegment(const std::string& name) {
+  if (!initialized()) return kInvalidSegment;
+  {
+    std::lock_guard lock(peers_mutex_);
+    auto it = handle_by_name_.find(name);
+    if (it != handle_by_name_.end()) return it->second;
+  }
+  std::string host;
+  uint16_t port = 0;
+  if (!parseSegmentName(name, host, port)) {
+    MC_LOG(Error) << "segment name '" << name << "' is not \"host:port\" (IPv6 as \"[addr]:port\")";
+    return kInvalidSegment;
+  }
+  // Fetch outside the lock: a slow peer must not stall transfers to others.
+  auto candidate = std::make_shared<PeerSegment>(0, name, host, port);
+  if (fetchDescriptor(*candidate) != kOk) return kInvalidSegment;
+  std::lock_guard lock(peers_mutex_);
+  auto it = handle_by_name_.find(name);
+  if (it != handle_by_name_.end()) return it->second;  // opened concurrently
+  SegmentHandle handle = next_handle_++;
+  auto peer = std::make_shared<PeerSegment>(handle, name, host, port);
+  peer->setDescriptor(*candidate->descriptor());
+  peer->setRefresher([this](PeerSegment& p) { return fetchDescriptor(p); });
+  peers_.emplace(handle, peer);
+  handle_by_name_.emplace(name, handle);
+  return handle;
+}
+
+int EngineImpl::closeSegment(SegmentHandle handle) {
+  std::shared_ptr<PeerSegment> removed;
+  {
+    std::lock_guard lock(peers_mutex_);
+    auto it = peers_.find(handle);
+    if (it == peers_.end()) return kInvalidArgument;
+    removed = it->second;
+    handle_by_name_.erase(removed->name());
+    peers_.erase(it);
+  }
+  for (auto& t : transports_) t->forget(handle);
+  return kOk;
+}
+
+std::shared_ptr<PeerSegment> EngineImpl::peer(SegmentHandle handle) {
+  std::lock_guard lock(peers_mutex_);
+  auto it = peers_.find(handle);
+  return it == peers_.end() ? nullptr : it->second;
+}
+
+// ---- batches ----
+
+BatchId EngineImpl::allocateBatch(size_t capacity) {
+  if (capacity == 0) return kInvalidBatch;
+  std::lock_guard lock(batches_mutex_);
+  abandoned_.remove_if([](const std::shared_ptr<Batch>& b) { return b->settled(); });
+  BatchId id = next_batch_++;
+  batches_.emplace(id, std::make_shared<Batch>(capacity));
+  return id;
+}
+
+std::shared_ptr<Batch> EngineImpl::batch(BatchId id) {
+  std::lock_guard lock(batches_mutex_);
+  auto it = batches_.find(id);
+  return it == batches_.end() ? nullptr : it->second;
+}
+
+int EngineImpl::freeBatch(BatchId id) {
+  std::lock_guard lock(batches_mutex_);
+  auto it = batches_.find(id);
+  if (it == batches_.end()) return kInvalidArgument;
+  if (!it->second->settled()) return kBatchBusy;
+  batches_.erase(it);
+  return kOk;
+}
+
+void EngineImpl::abandonBatch(BatchId id) {
+  std::lock_guard lock(batches_mutex_);
+  auto it = batches_.find(id);
+  if (it == batches_.end()) return;
+  if (!it->second->settled()) abandoned_.push_back(it->second);
+  batches_.erase(it);
+}
+
+std::chrono::nanoseconds EngineImpl::waitBudget(const Batch& batch) const {
+  // A little beyond the transports' own deadlines, so that they report the
+  // precise failure before the waiter gives up.
+  return config_.budgetFor(batch.totalBytes()) + std::chrono::seconds(1);
+}
+
+Transport* EngineImpl::transportByName(const std::string& name) {
+  for (auto& t : transports_) {
+    if (name == t->name()) return t.get();
+  }
+  return nullptr;
+}
+
+Transport* EngineImpl::chooseTransport(PeerSegment& peer, const std::string& hint) {
+  const std::string& wanted = hint.empty() ? preferred_ : hint;
+  if (!wanted.empty()) {
+    Transport* t = transportByName(wanted);
+    if (t != nullptr && t->reaches(peer)) return t;
+    MC_LOG(Warning) << "transport '" << wanted << "' cannot reach " << peer.name();
+    return nullptr;
+  }
+  for (const char* name : kAutoOrder) {
+    Transport* t = transportByName(name);
+    if (t != nullptr && t->reaches(peer)) return t;
+  }
+  MC_LOG(Warning) << "no transport reaches " << peer.name();
+  return nullptr;
+}
+
+int EngineImpl::submit(BatchId id, const std::vector<TransferRequest>& requests, const std::string& hint,
+                       bool caller_waits) {
+  if (!initialized()) return kNotInitialized;
+  std::shared_ptr<Batch> b = batch(id);
+  if (!b) {
+    MC_LOG(Error) << "submit: unknown batch id " << id;
+    return kInvalidArgument;
+  }
+  if (!hint.empty() && transportByName(hint) == nullptr) {
+    MC_LOG(Error) << "submit: unknown transport hint '" << hint << "'";
+    return kInvalidArgument;
+  }
+  // Structural errors refuse the whole submission; address errors fail tasks.
+  std::map<SegmentHandle, std::shared_ptr<PeerSegment>> targets;
+  for (const auto& r : requests) {
+    if (r.source == nullptr || r.length == 0 || r.opcode > Opcode::kWrite) {
+      MC_LOG(Error) << "submit: a request has a null buffer, zero length or a bad opcode";
+      return kInvalidArgument;
+    }
+    auto& p = targets[r.target_id];
+    if (!p && !(p = peer(r.target_id))) {
+      MC_LOG(Error) << "submit: unknown segment handle " << r.target_id;
+      return kInvalidArgument;
+    }
+  }
+  std::vector<TransferTask*> tasks;
+  if (int rc = b->addTasks(requests, tasks); rc != kOk) return rc;
+
+  std::map<SegmentHandle, std::vector<TransferTask*>> by_target;
+  for (TransferTask* task : tasks) {
+    const TransferRequest& r = task->request();
+    if (!regions_.find(reinterpret_cast<uint64_t>(r.source), r.length)) {
+      MC_LOG(Error) << "submit: local buffer [0x" << std::hex << reinterpret_cast<uint64_t>(r.source) << ", +0x"
+                    << r.length << ") is not inside a registered region";
+      task->fail(kAddressNotRegistered);
+      continue;
+    }
+    by_target[r.target_id].push_back(task);
+  }
+  for (auto& [handle, group] : by_target) {
+    PeerSegment& p = *targets[handle];
+    // A remote range the cached descriptor does not cover may have been
+    // registered since we fetched it: refresh once, then judge.
+    bool all_covered = std::all_of(group.begin(), group.end(), [&](TransferTask* t) {
+      return p.covers(t->request().target_offset, t->request().length);
+    });
+    if (!all_covered) p.refresh();
+    std::vector<TransferTask*> ready;
+    for (TransferTask* task : group) {
+      if (p.covers(task->request().target_offset, task->request().length)) {
+        ready.push_back(task);
+      } else {
+        MC_LOG(Error) << "submit: remote range [0x" << std::hex << task->request().target_offset << ", +0x"
+                      << task->request().length << ") is not registered by " << p.name();
+        task->fail(kAddressNotRegistered);
+      }
+    }
+    if (ready.empty()) continue;
+    Transport* transport = chooseTransport(p, hint);
+    if (transport == nullptr) {
+      for (TransferTask* task : ready) task->fail(kEndpointError);
+      continue;
+    }
+    transport->submit(p, ready, caller_waits);
+  }
+  return kOk;
+}
+
+// ---- notifications and liveness ----
+
+int EngineImpl::sendNotify(const std::string& name, const Notify& notify) {
+  std::string host;
+  uint16_t port = 0;
+  if (!parseSegmentName(name, host, port)) return kInvalidArgument;
+  wire::Writer w;
+  w.str(notify.name);
+  w.str(notify.msg);
+  std::string reply;
+  return rpc::call(host, port, rpc::kNotify, w.take(), reply, callOptions());
+}
+
+std::vector<Notify> EngineImpl::drainNotifies() {
+  std::lock_guard lock(notify_mutex_);
+  std::vector<Notify> out;
+  out.swap(notifies_);
+  return out;
+}
+
+int EngineImpl::probe(const std::string& name, std::chrono::milliseconds timeout) {
+  std::string host;
+  uint16_t port = 0;
+  if (!parseSegmentName(name, host, port)) return kInvalidArgument;
+  std::string reply;
+  return rpc::call(host, port, rpc::kProbe, {}, reply, rpc::CallOptions{timeout, timeout, 1024});
+}
+
+// ---- facade ----
+
+TransferEngine::TransferEngine() : impl_(std::make_unique<EngineImpl>()) {}
+TransferEngine::~TransferEngine() = default;
+
+int TransferEngine::init(const std::string& metadata, const std::string& local_hostname, const std::string& protocol,
+                         const std::string& device_filter, const EngineConfig& config) {
+  return impl_->init(metadata, local_hostname, protocol, device_filter, config);
+}
+bool TransferEngine::initialized() const { return impl_->initialized(); }
+const std::string& TransferEngine::segmentName() const { return impl_->segment_name_; }
+const std::string& TransferEngine::localHost() const { return impl_->local_host_; }
+uint16_t TransferEngine::rpcPort() const { return impl_->rpc_port_; }
+const EngineConfig& TransferEngine::config() const { return impl_->config_; }
+std::vector<std::string> TransferEngine::transports() const { return impl_->transport_names_; }
+
+int TransferEngine::registerLocalMemory(void* addr, size_t length, const std::string& location) {
+  return impl_->registerMemory({addr}, {length}, location);
+}
+int TransferEngine::unregisterLocalMemory(void* addr) { return impl_->unregisterMemory({addr}); }
+int TransferEngine::registerLocalMemoryBatch(const std::vector<void*>& addrs, const std::vector<size_t>& lengths,
+                                             const std::string& location) {
+  return impl_->registerMemory(addrs, lengths, location);
+}
+int TransferEngine::unregisterLocalMemoryBatch(const std::vector<void*>& addrs) {
+  return impl_->unregisterMemory(addrs);
+}
+
+SegmentHandle TransferEngine::openSegment(const std::string& segment_name) {
+  return impl_->openSegment(segment_name);
+}
+int TransferEngine::closeSegment(SegmentHandle handle) { return impl_->closeSegment(handle); }
+
+uint64_t TransferEngine::firstBufferAddress(const std::string& segment_name) {
+  SegmentHandle handle = impl_->openSegment(segment_name);
+  std::shared_ptr<PeerSegment> p = impl_->peer(handle);
+  if (!p || impl_->fetchDescriptor(*p) != kOk) return 0;
+  auto d = p->descriptor();
+  return d->buffers.empty() ? 0 : d->buffers.front().addr;
+}
+
+BatchId TransferEngine::allocateBatchID(size_t capacity) { return impl_->allocateBatch(capacity); }
+int TransferEngine::freeBatchID(BatchId batch) { return impl_->freeBatch(batch); }
+
+int TransferEngine::submitTransfer(BatchId batch, const std::vector<TransferRequest>& requests,
+                                   const std::string& transport_hint) {
+  return impl_->submit(batch, requests, transport_hint, /*caller_waits=*/false);
+}
+
+int TransferEngine::getTransferStatus(BatchId batch, size_t task_index, TransferStatus& status) {
+  std::shared_ptr<Batch> b = impl_->batch(batch);
+  TransferTask* task = b ? b->task(task_index) : nullptr;
+  if (task == nullptr) return kInvalidArgument;
+  status = task->status();
+  return kOk;
+}
+
+int TransferEngine::getBatchTransferStatus(BatchId batch, TransferStatus& status) {
+  std::shared_ptr<Batch> b = impl_->batch(batch);
+  if (!b) return kInvalidArgument;
+  status = b->aggregate();
+  return kOk;
+}
+
+int TransferEngine::waitBatch(BatchId batch, TransferStatus& status, std::chrono::milliseconds timeout) {
+  std::shared_ptr<Batch> b = impl_->batch(batch);
+  if (!b) return kInvalidArgument;
+  auto budget = timeout.count() < 0 ? impl_->waitBudget(*b) : std::chrono::nanoseconds(timeout);
+  if (!b->waitSettled(net::after(budget))) {
+    status = b->aggregate();
+    status.state = TransferState::kTimeout;
+    status.error = kTimeout;
+    return kTimeout;
+  }
+  status = b->aggregate();
+  return status.error;
+}
+
+int TransferEngine::transferSync(const std::vector<TransferRequest>& requests, const std::string& transport_hint) {
+  BatchId id = impl_->allocateBatch(std::max<size_t>(requests.size(), 1));
+  int rc = impl_->submit(id, requests, transport_hint, /*caller_waits=*/true);
+  if (rc == kOk) {
+    TransferStatus status;
+    rc = waitBatch(id, status);
+  }
+  // On a timeout the transports still own the tasks: the batch is released
+  // when they settle (each transport bounds its own waits).
+  impl_->abandonBatch(id);
+  return rc;
+}
+
+int TransferEngine::sendNotify(const std::string& segment_name, const Notify& notify) {
+  if (!initialized()) return kNotInitialized;
+  return impl_->sendNotify(segment_name, notify);
+}
+std::vector<Notify> TransferEngine::getNotifies() { return impl_->drainNotifies(); }
+
+int TransferEngine::probe(const std::string& segment_name, std::chrono::milliseconds timeout) {
+  if (!initialized()) return kNotInitialized;
+  return impl_->probe(segment_name, timeout);
+}
+
+}  // namespace mooncake::te

@@ -1,0 +1,151 @@
+#include "transport/shm/shm_transport.h"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "host_identity.h"
+#include "mooncake/te/log.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+namespace mooncake::te {
+namespace {
+
+int errnoToError(int err) {
+  switch (err) {
+    case ESRCH: return kPeerUnreachable;   // the process is gone
+    case EFAULT: return kAddressNotRegistered;  // remote range not mapped
+    case EPERM: return kEndpointError;      // not allowed to attach
+    default: return kEndpointError;
+  }
+}
+
+}  // namespace
+
+ShmTransport::~ShmTransport() {
+  for (auto& [handle, process] : peers_) {
+    if (process->pidfd >= 0) ::close(process->pidfd);
+  }
+}
+
+int ShmTransport::install(const TransportContext& context) {
+  context_ = context;
+  return kOk;
+}
+
+std::shared_ptr<ShmTransport::PeerProcess> ShmTransport::attach(PeerSegment& peer) {
+  std::shared_ptr<const SegmentDescriptor> snapshot = peer.descriptor();
+  const SegmentDescriptor& d = *snapshot;
+  std::lock_guard lock(mutex_);
+  auto it = peers_.find(peer.handle());
+  // A restarted peer at the same name has a new pid: attach again.
+  if (it != peers_.end() && it->second->pid == d.pid && it->second->start_ticks == d.process_start_ticks) {
+    return it->second;
+  }
+  auto process = std::make_shared<PeerProcess>();
+  process->pid = d.pid;
+  process->start_ticks = d.process_start_ticks;
+  if (d.host_id == context_.local->host_id && d.servesTransport(name()) && d.pid > 0) {
+    process->pidfd = static_cast<int>(::syscall(SYS_pidfd_open, d.pid, 0));
+    // Check identity after pinning: if the start time matches now, the pidfd
+    // refers to the peer and not to a later process with the same number.
+    bool same_process = processStartTicks(d.pid) == d.process_start_ticks;
+    uint64_t version = 0;
+    int rc = same_process ? readRegistrationVersion(*process, d.registration_version_addr, version) : kPeerUnreachable;
+    process->usable = same_process && rc == kOk;
+    if (same_process && rc != kOk) {
+      MC_LOG(Warning) << "same-host peer " << peer.name() << " (pid " << d.pid
+                      << ") cannot be attached with process_vm_readv (" << std::strerror(errno)
+                      << "); using another transport for it";
+    }
+  }
+  if (it != peers_.end() && it->second->pidfd >= 0) ::close(it->second->pidfd);
+  peers_[peer.handle()] = process;
+  return process;
+}
+
+bool ShmTransport::reaches(PeerSegment& peer) { return attach(peer)->usable; }
+
+void ShmTransport::forget(SegmentHandle handle) {
+  std::lock_guard lock(mutex_);
+  auto it = peers_.find(handle);
+  if (it == peers_.end()) return;
+  if (it->second->pidfd >= 0) ::close(it->second->pidfd);
+  peers_.erase(it);
+}
+
+bool ShmTransport::alive(const PeerProcess& process) const {
+  if (process.pidfd >= 0) {
+    pollfd p{process.pidfd, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 0;  // readable once the process has exited
+  }
+  return processStartTicks(process.pid) == process.start_ticks;
+}
+
+int ShmTransport::readRegistrationVersion(const PeerProcess& process, uint64_t addr, uint64_t& version) const {
+  iovec local{&version, sizeof(version)};
+  iovec remote{reinterpret_cast<void*>(addr), sizeof(version)};
+  ssize_t n = ::process_vm_readv(process.pid, &local, 1, &remote, 1, 0);
+  return n == static_cast<ssize_t>(sizeof(version)) ? kOk : errnoToError(errno);
+}
+
+int ShmTransport::copy(const PeerProcess& process, const TransferRequest& request) const {
+  auto* local = static_cast<char*>(request.source);
+  uint64_t remote = request.target_offset;
+  uint64_t left = request.length;
+  while (left > 0) {
+    // Chunks bound the time between liveness checks on large copies.
+    size_t n = static_cast<size_t>(std::min<uint64_t>(left, context_.config->shm_chunk_size));
+    iovec l{local, n};
+    iovec r{reinterpret_cast<void*>(remote), n};
+    ssize_t done = request.opcode == Opcode::kWrite ? ::process_vm_writev(process.pid, &l, 1, &r, 1, 0)
+                                                    : ::process_vm_readv(process.pid, &l, 1, &r, 1, 0);
+    if (done < 0) {
+      if (errno == EINTR) continue;
+      return errnoToError(errno);
+    }
+    if (done == 0) return kAddressNotRegistered;
+    local += done;
+    remote += static_cast<uint64_t>(done);
+    left -= static_cast<uint64_t>(done);
+    if (left > 0 && !alive(process)) return kPeerUnreachable;
+  }
+  return kOk;
+}
+
+void ShmTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& tasks, bool /*caller_waits*/) {
+  // Copies run on the calling thread: a CPU copy is the work itself, and
+  // handing it to another thread would only add a wake-up to every transfer.
+  std::shared_ptr<PeerProcess> process = attach(peer);
+  int verdict = alive(*process) ? kOk : kPeerUnreachable;
+  if (verdict == kOk) {
+    uint64_t version = 0;
+    std::shared_ptr<const SegmentDescriptor> d = peer.descriptor();
+    verdict = readRegistrationVersion(*process, d->registration_version_addr, version);
+    if (verdict == kOk && version != d->registration_version) verdict = peer.refresh();
+  }
+  for (TransferTask* task : tasks) {
+    const TransferRequest& r = task->request();
+    if (verdict != kOk) {
+      task->fail(verdict);
+    } else if (!peer.covers(r.target_offset, r.length)) {
+      MC_LOG(Warning) << "remote range [0x" << std::hex << r.target_offset << ", +0x" << r.length << std::dec
+                      << ") is not registered by " << peer.name();
+      task->fail(kAddressNotRegistered);
+    } else {
+      task->expectSlices(1);
+      int rc = copy(*process, r);
+      task->completeSlice(rc == kOk ? r.length : 0, rc);
+    }
+  }
+}
+
+}  // namespace mooncake::te

@@ -1,0 +1,237 @@
+#include "transport/tcp/tcp_transport.h"
+
+#include <algorithm>
+
+#include "mooncake/te/log.h"
+#include "rpc/connection_server.h"
+#include "rpc/rpc.h"
+#include "transport/tcp/tcp_protocol.h"
+
+namespace mooncake::te {
+
+// Idle data connections to one peer. A connection is checked out for one
+// request at a time and returned only after a clean exchange, so a pooled
+// connection is never in the middle of a message.
+class TcpTransport::ConnectionPool {
+ public:
+  ConnectionPool(std::string host, uint16_t port, std::chrono::milliseconds connect_timeout)
+      : host_(std::move(host)), port_(port), connect_timeout_(connect_timeout) {}
+
+  // A pooled connection (reused = true) or a new one.
+  int acquire(net::Deadline deadline, net::Socket& out, bool& reused) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!idle_.empty()) {
+        out = std::move(idle_.back());
+        idle_.pop_back();
+        reused = true;
+        return kOk;
+      }
+    }
+    reused = false;
+    net::Deadline connect_deadline = std::min(deadline, net::after(connect_timeout_));
+    if (int rc = net::connectTo(host_, port_, connect_deadline, out); rc != kOk) return rc;
+    uint32_t magic = rpc::kTcpDataMagic;
+    return net::sendAll(out.fd(), &magic, sizeof(magic), deadline);
+  }
+
+  void release(net::Socket socket) {
+    std::lock_guard lock(mutex_);
+    if (!closed_) idle_.push_back(std::move(socket));
+  }
+
+  void close() {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+    idle_.clear();
+  }
+
+ private:
+  const std::string host_;
+  const uint16_t port_;
+  const std::chrono::milliseconds connect_timeout_;
+  std::mutex mutex_;
+  std::vector<net::Socket> idle_;
+  bool closed_ = false;
+};
+
+int TcpTransport::install(const TransportContext& context) {
+  context_ = context;
+  server_.addHandler(rpc::kTcpDataMagic, [this](net::Socket& socket) { serveConnection(socket); });
+  int workers = std::max(1, context_.config->tcp_workers);
+  for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { workerLoop(); });
+  return kOk;
+}
+
+void TcpTransport::shutdown() {
+  std::deque<Slice> abandoned;
+  {
+    std::lock_guard lock(queue_mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+    abandoned.swap(queue_);
+  }
+  queue_cv_.notify_all();
+  for (auto& w : workers_) w.join();
+  workers_.clear();
+  for (const Slice& s : abandoned) s.task->completeSlice(0, kEndpointError);
+  std::lock_guard lock(pools_mutex_);
+  for (auto& [handle, pool] : pools_) pool->close();
+  pools_.clear();
+}
+
+bool TcpTransport::reaches(PeerSegment& peer) { return peer.descriptor()->servesTransport(name()); }
+
+std::shared_ptr<TcpTransport::ConnectionPool> TcpTransport::poolFor(PeerSegment& peer) {
+  std::lock_guard lock(pools_mutex_);
+  auto& pool = pools_[peer.handle()];
+  if (!pool) pool = std::make_shared<ConnectionPool>(peer.host(), peer.port(), context_.config->connect_timeout);
+  return pool;
+}
+
+void TcpTransport::forget(SegmentHandle handle) {
+  std::lock_guard lock(pools_mutex_);
+  auto it = pools_.find(handle);
+  if (it == pools_.end()) return;
+  it->second->close();
+  pools_.erase(it);
+}
+
+void TcpTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& tasks, bool caller_waits) {
+  std::shared_ptr<ConnectionPool> pool = poolFor(peer);
+  const uint64_t slice_size = std::max<uint64_t>(context_.config->tcp_slice_size, 4096);
+  std::vector<Slice> slices;
+  for (TransferTask* task : tasks) {
+    const TransferRequest& r = task->request();
+    uint64_t count = (r.length + slice_size - 1) / slice_size;
+    task->expectSlices(static_cast<uint32_t>(count));
+    // One deadline for the whole request, however its slices are scheduled.
+    const net::Deadline deadline = net::after(context_.config->budgetFor(r.length));
+    for (uint64_t offset = 0; offset < r.length; offset += slice_size) {
+      uint64_t n = std::min(slice_size, r.length - offset);
+      slices.push_back(
+          Slice{task, pool, r.opcode, static_cast<char*>(r.source) + offset, r.target_offset + offset, n, deadline});
+    }
+  }
+  // A single slice for a waiting caller runs here: a hand-off to a worker
+  // would only add two thread wake-ups to a small synchronous transfer.
+  if (caller_waits && slices.size() == 1) {
+    run(slices.front());
+    return;
+  }
+  {
+    std::lock_guard lock(queue_mutex_);
+    if (!stopping_) {
+      for (auto& s : slices) queue_.push_back(std::move(s));
+      slices.clear();
+    }
+  }
+  queue_cv_.notify_all();
+  for (const Slice& s : slices) s.task->completeSlice(0, kEndpointError);  // engine shutting down
+}
+
+void TcpTransport::workerLoop() {
+  for (;;) {
+    Slice slice;
+    {
+      std::unique_lock lock(queue_mutex_);
+      queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      slice = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    run(slice);
+  }
+}
+
+void TcpTransport::run(const Slice& slice) const {
+  int rc = kOk;
+  // A pooled connection may have been closed by the peer since its last use
+  // (peer restarted); such a failure gets one more try on a new connection.
+  // Requests are idempotent (same bytes to the same place), so this is safe.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    net::Socket socket;
+    bool reused = false;
+    rc = slice.pool->acquire(slice.deadline, socket, reused);
+    if (rc == kOk) rc = exchange(socket, slice);
+    if (rc == kOk) {
+      slice.pool->release(std::move(socket));
+      break;
+    }
+    if (!reused || rc == kTimeout) break;
+  }
+  if (rc != kOk) {
+    MC_LOG(Warning) << "tcp " << (slice.opcode == Opcode::kWrite ? "write" : "read") << " of " << slice.length
+                    << " bytes at 0x" << std::hex << slice.remote << std::dec << " failed: " << errorName(rc);
+  }
+  slice.task->completeSlice(rc == kOk ? slice.length : 0, rc);
+}
+
+int TcpTransport::exchange(net::Socket& socket, const Slice& slice) const {
+  tcp::DataHeader header;
+  header.opcode = static_cast<uint8_t>(slice.opcode);
+  header.addr = slice.remote;
+  header.length = slice.length;
+  int fd = socket.fd();
+  if (int rc = net::sendAll(fd, &header, sizeof(header), slice.deadline); rc != kOk) return rc;
+  if (slice.opcode == Opcode::kWrite) {
+    if (int rc = net::sendAll(fd, slice.local, slice.length, slice.deadline); rc != kOk) return rc;
+  }
+  tcp::DataStatus status;
+  if (int rc = net::recvAll(fd, &status, sizeof(status), slice.deadline); rc != kOk) return rc;
+  if (status.magic != tcp::kStatusMagic) return kMalformedMessage;
+  if (status.code != kOk) return status.code;  // e.g. kAddressNotRegistered
+  if (slice.opcode == Opcode::kRead) return net::recvAll(fd, slice.local, slice.length, slice.deadline);
+  return kOk;
+}
+
+void TcpTransport::serveConnection(net::Socket& socket) const {
+  const int fd = socket.fd();
+  for (;;) {
+    tcp::DataHeader header;
+    // Idle between requests: no deadline. Engine shutdown wakes this read.
+    if (net::recvAll(fd, &header, sizeof(header), net::never()) != kOk) return;
+    if (header.magic != tcp::kRequestMagic || header.opcode > static_cast<uint8_t>(Opcode::kWrite)) {
+      MC_LOG(Warning) << "tcp: malformed request header; closing the connection";
+      return;
+    }
+    const net::Deadline deadline = net::after(context_.config->budgetFor(header.length));
+    char* target = reinterpret_cast<char*>(header.addr);
+    tcp::DataStatus status;
+    int io = kOk;
+    bool registered = false;
+    if (header.opcode == static_cast<uint8_t>(Opcode::kWrite)) {
+      // Held registered while the payload lands, so unregistration waits.
+      registered = context_.regions->withRegion(header.addr, header.length, [&](const MemoryRegion&) {
+        io = net::recvAll(fd, target, header.length, deadline);
+      });
+      if (!registered) {
+        char scratch[64 * 1024];
+        for (uint64_t left = header.length; left > 0 && io == kOk;) {
+          size_t n = static_cast<size_t>(std::min<uint64_t>(left, sizeof(scratch)));
+          io = net::recvAll(fd, scratch, n, deadline);
+          left -= n;
+        }
+      }
+      if (io != kOk) return;
+      status.code = registered ? kOk : kAddressNotRegistered;
+      if (net::sendAll(fd, &status, sizeof(status), deadline) != kOk) return;
+    } else {
+      registered = context_.regions->withRegion(header.addr, header.length, [&](const MemoryRegion&) {
+        io = net::sendAll(fd, &status, sizeof(status), deadline);
+        if (io == kOk) io = net::sendAll(fd, target, header.length, deadline);
+      });
+      if (!registered) {
+        status.code = kAddressNotRegistered;
+        io = net::sendAll(fd, &status, sizeof(status), deadline);
+      }
+      if (io != kOk) return;
+    }
+    if (!registered) {
+      MC_LOG(Warning) << "tcp: refused a request for unregistered range [0x" << std::hex << header.addr << ", +0x"
+                      << header.length << ")";
+    }
+  }
+}
+
+}  // namespace mooncake::te

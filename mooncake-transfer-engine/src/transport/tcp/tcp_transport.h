@@ -1,0 +1,67 @@
+// TCP transport: works between any two hosts. Serves data connections on the
+// engine's listening port; as a client it keeps a pool of connections per
+// peer and splits large requests into slices that worker threads move over
+// several connections at once. Every socket wait is bounded by the request's
+// deadline (MC_TRANSFER_TIMEOUT + 1 ns/byte).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "mooncake/te/transport.h"
+#include "net/socket.h"
+
+namespace mooncake::te {
+namespace rpc {
+class ConnectionServer;
+}
+
+class TcpTransport : public Transport {
+ public:
+  explicit TcpTransport(rpc::ConnectionServer& server) : server_(server) {}
+  ~TcpTransport() override { shutdown(); }
+
+  const char* name() const override { return "tcp"; }
+  int install(const TransportContext& context) override;
+  void shutdown() override;
+  bool reaches(PeerSegment& peer) override;
+  void submit(PeerSegment& peer, const std::vector<TransferTask*>& tasks, bool caller_waits) override;
+  void forget(SegmentHandle handle) override;
+
+ private:
+  class ConnectionPool;
+  struct Slice {
+    TransferTask* task;
+    std::shared_ptr<ConnectionPool> pool;
+    Opcode opcode;
+    char* local;
+    uint64_t remote;
+    uint64_t length;
+    net::Deadline deadline;
+  };
+
+  std::shared_ptr<ConnectionPool> poolFor(PeerSegment& peer);
+  void run(const Slice& slice) const;
+  int exchange(net::Socket& socket, const Slice& slice) const;
+  void workerLoop();
+  void serveConnection(net::Socket& socket) const;
+
+  rpc::ConnectionServer& server_;
+  TransportContext context_;
+
+  std::mutex pools_mutex_;
+  std::map<SegmentHandle, std::shared_ptr<ConnectionPool>> pools_;
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<Slice> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace mooncake::te
