@@ -121,7 +121,10 @@ class EngineImpl {
   int dispatchRpc(uint32_t type, const std::string& request, std::string& reply);
   std::string encodeLocalDescriptor();
   Transport* transportByName(const std::string& name);
+ public:
   Transport* chooseTransport(PeerSegment& peer, const std::string& hint);
+
+ private:
   rpc::CallOptions callOptions() const {
     return rpc::CallOptions{config_.connect_timeout, config_.rpc_timeout, config_.max_rpc_message};
   }
@@ -584,6 +587,12 @@ SegmentHandle TransferEngine::openSegment(const std::string& segment_name) {
   return impl_->openSegment(segment_name);
 }
 int TransferEngine::closeSegment(SegmentHandle handle) { return impl_->closeSegment(handle); }
+
+std::string TransferEngine::transportFor(SegmentHandle handle, const std::string& transport_hint) {
+  std::shared_ptr<PeerSegment> p = impl_->peer(handle);
+  Transport* t = p ? impl_->chooseTransport(*p, transport_hint) : nullptr;
+  return t ? t->name() : "";
+}
 
 uint64_t TransferEngine::firstBufferAddress(const std::string& segment_name) {
   SegmentHandle handle = impl_->openSegment(segment_name);

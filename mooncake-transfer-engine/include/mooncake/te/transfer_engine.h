@@ -63,6 +63,8 @@ class TransferEngine {
   // returns kInvalidSegment when the peer cannot be reached or the name is bad.
   SegmentHandle openSegment(const std::string& segment_name);
   int closeSegment(SegmentHandle handle);
+  // The transport the engine would use for `handle` ("" when none reaches it).
+  std::string transportFor(SegmentHandle handle, const std::string& transport_hint = "");
   // The first registered buffer's address in a peer's descriptor, 0 if none.
   uint64_t firstBufferAddress(const std::string& segment_name);
 

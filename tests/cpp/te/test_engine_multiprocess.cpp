@@ -1,0 +1,106 @@
+// The engine against a peer in another process: bytes verified by the peer
+// itself, and a peer that dies or stalls turning transfers into bounded
+// failures.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "engine_fixture.h"
+#include "peer_process.h"
+
+namespace mooncake::te {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::AlignedBuffer;
+using testing::digest;
+using testing::fillPattern;
+using testing::PeerProcess;
+
+class MultiProcess : public ::testing::TestWithParam<std::string> {
+ protected:
+  void start(size_t bytes, EngineConfig config = testing::fastFailConfig()) {
+    peer_ = std::make_unique<PeerProcess>(bytes, 77);
+    buf_ = std::make_unique<AlignedBuffer>(bytes);
+    ASSERT_EQ(engine_.init("P2PHANDSHAKE", "127.0.0.1", GetParam(), "", config), kOk);
+    ASSERT_EQ(engine_.registerLocalMemory(buf_->data, bytes), kOk);
+    handle_ = engine_.openSegment(peer_->segment);
+    ASSERT_NE(handle_, kInvalidSegment);
+    ASSERT_EQ(engine_.transportFor(handle_), GetParam());
+  }
+  TransferRequest request(Opcode op, size_t offset, size_t length) {
+    return TransferRequest{op, buf_->data + offset, handle_, peer_->buffer_addr + offset, length};
+  }
+
+  TransferEngine engine_;
+  std::unique_ptr<PeerProcess> peer_;
+  std::unique_ptr<AlignedBuffer> buf_;
+  SegmentHandle handle_ = kInvalidSegment;
+};
+
+TEST_P(MultiProcess, PeerSeesTheBytesWeWriteAndWeReadItsBytes) {
+  constexpr size_t kBytes = 32u << 20;
+  start(kBytes);
+  // Read the peer's initial pattern (seed 77) and compare with our own copy.
+  ASSERT_EQ(engine_.transferSync({request(Opcode::kRead, 0, kBytes)}), kOk);
+  AlignedBuffer expected(kBytes);
+  fillPattern(expected.data, kBytes, 77);
+  EXPECT_EQ(digest(buf_->data, kBytes), digest(expected.data, kBytes));
+  // Write odd-sized pieces; the peer digests what landed.
+  fillPattern(buf_->data, kBytes, 1234);
+  std::vector<TransferRequest> pieces;
+  for (size_t off = 0; off + 1000003 <= kBytes; off += 1000003) pieces.push_back(request(Opcode::kWrite, off, 1000003));
+  ASSERT_EQ(engine_.transferSync(pieces), kOk);
+  size_t covered = pieces.size() * 1000003;
+  EXPECT_EQ(peer_->digestOf(0, covered), digest(buf_->data, covered));
+}
+
+TEST_P(MultiProcess, PeerKilledMidTransferFailsWithinTheTimeout) {
+  constexpr size_t kBytes = 256u << 20;
+  start(kBytes);
+  // Keep large transfers going while the peer is killed; the one in flight
+  // (and any after it) must fail, never hang.
+  std::thread killer([&] {
+    std::this_thread::sleep_for(30ms);
+    peer_->killNow();
+  });
+  auto start_time = std::chrono::steady_clock::now();
+  int rc = kOk;
+  for (int i = 0; i < 1000 && rc == kOk; ++i) rc = engine_.transferSync({request(Opcode::kWrite, 0, kBytes)});
+  killer.join();
+  EXPECT_NE(rc, kOk);
+  auto elapsed = std::chrono::steady_clock::now() - start_time;
+  EXPECT_LT(elapsed, engine_.config().budgetFor(kBytes) + 2s);
+  EXPECT_NE(engine_.probe(peer_->segment, 500ms), kOk);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, MultiProcess, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return info.param; });
+
+// A peer that is alive but stopped (SIGSTOP) never answers over TCP: the
+// transfer must end with a timeout. (Cross-memory attach needs nothing from
+// the target, so a stopped peer is still written over shm, as designed.)
+TEST(MultiProcessStall, StoppedPeerTimesOutOverTcp) {
+  constexpr size_t kBytes = 64u << 20;
+  PeerProcess peer(kBytes, 3);
+  EngineConfig config = testing::fastFailConfig();
+  config.transfer_timeout = 1000ms;
+  TransferEngine engine;
+  AlignedBuffer buf(kBytes);
+  ASSERT_EQ(engine.init("P2PHANDSHAKE", "127.0.0.1", "tcp", "", config), kOk);
+  ASSERT_EQ(engine.registerLocalMemory(buf.data, kBytes), kOk);
+  SegmentHandle h = engine.openSegment(peer.segment);
+  ASSERT_NE(h, kInvalidSegment);
+  peer.signal(SIGSTOP);
+  auto start_time = std::chrono::steady_clock::now();
+  int rc = engine.transferSync({TransferRequest{Opcode::kWrite, buf.data, h, peer.buffer_addr, kBytes}});
+  auto elapsed = std::chrono::steady_clock::now() - start_time;
+  peer.signal(SIGCONT);
+  EXPECT_EQ(rc, kTimeout);
+  EXPECT_GE(elapsed, 900ms);
+  EXPECT_LT(elapsed, config.budgetFor(kBytes) + 1500ms);
+}
+
+}  // namespace
+}  // namespace mooncake::te
