@@ -1,5 +1,6 @@
 #include "mooncake/te/config.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -40,7 +41,13 @@ EngineConfig EngineConfig::fromEnvironment() {
   }
   if (readNumber("MC_TRANSFER_TIMEOUT", v)) c.transfer_timeout = secondsToMs(v);
   if (readNumber("MC_HANDSHAKE_CONNECT_TIMEOUT", v)) c.connect_timeout = secondsToMs(v);
-  if (readNumber("MC_RPC_TIMEOUT", v)) c.rpc_timeout = secondsToMs(v);
+  // Handshakes (descriptor fetch, probe, notify) are bounded like transfers
+  // unless told otherwise, so a stalled peer costs one timeout, not a longer one.
+  if (readNumber("MC_RPC_TIMEOUT", v)) {
+    c.rpc_timeout = secondsToMs(v);
+  } else {
+    c.rpc_timeout = std::min(c.rpc_timeout, c.transfer_timeout);
+  }
   if (readNumber("MC_HANDSHAKE_MAX_LENGTH", v)) c.max_rpc_message = static_cast<size_t>(v);
   if (readNumber("MC_TCP_SLICE_SIZE", v)) c.tcp_slice_size = static_cast<size_t>(v);
   if (readNumber("MC_TCP_WORKERS", v)) c.tcp_workers = static_cast<int>(v);

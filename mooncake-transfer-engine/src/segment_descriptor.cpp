@@ -8,7 +8,7 @@
 namespace mooncake::te {
 namespace {
 
-constexpr uint32_t kDescriptorMagic = 0x4d434431;  // "MCD1": bump on any layout change
+constexpr uint32_t kDescriptorMagic = 0x4d434432;  // "MCD2": bump on any layout change
 
 void writeAttrs(wire::Writer& w, const std::map<std::string, std::string>& attrs) {
   w.u32(static_cast<uint32_t>(attrs.size()));
@@ -64,7 +64,8 @@ std::string SegmentDescriptor::encode() const {
   w.str(host_id);
   w.i32(pid);
   w.u64(process_start_ticks);
-  w.u64(registration_version_addr);
+  w.u64(stamp_addr);
+  w.u64(engine_nonce);
   w.u64(registration_version);
   w.u32(static_cast<uint32_t>(transports.size()));
   for (const auto& t : transports) w.str(t);
@@ -85,7 +86,7 @@ int SegmentDescriptor::decode(const std::string& bytes, SegmentDescriptor& out) 
   uint32_t magic = 0, n = 0;
   if (!r.u32(magic) || magic != kDescriptorMagic) return kMalformedMessage;
   if (!r.str(d.name) || !r.str(d.host_id) || !r.i32(d.pid) || !r.u64(d.process_start_ticks) ||
-      !r.u64(d.registration_version_addr) || !r.u64(d.registration_version)) {
+      !r.u64(d.stamp_addr) || !r.u64(d.engine_nonce) || !r.u64(d.registration_version)) {
     return kMalformedMessage;
   }
   if (!r.count(n, 4)) return kMalformedMessage;

@@ -8,6 +8,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <random>
 #include <shared_mutex>
 #include <unordered_map>
 
@@ -85,11 +86,18 @@ bool isOneOf(const std::string& value, std::initializer_list<const char*> names)
 
 class EngineImpl {
  public:
-  ~EngineImpl() { stop(); }
+  EngineImpl() : stamp_(new SegmentStamp) {}  // never freed: see SegmentStamp
+  ~EngineImpl() {
+    stop();
+    __atomic_store_n(&stamp_->nonce, 0, __ATOMIC_RELEASE);
+  }
 
   int init(const std::string& metadata, const std::string& local_hostname, const std::string& protocol,
            const std::string& device_filter, const EngineConfig& config);
   void stop();
+  // Undoes a failed init() so that a later attempt starts from scratch.
+  void teardown();
+  void bumpRegistrationVersion() { __atomic_add_fetch(&stamp_->registration_version, 1, __ATOMIC_RELEASE); }
 
   bool initialized() const { return initialized_.load(std::memory_order_acquire); }
   int registerMemory(const std::vector<void*>& addrs, const std::vector<size_t>& lengths, const std::string& location);
@@ -132,14 +140,14 @@ class EngineImpl {
   std::atomic<bool> initialized_{false};
   std::mutex init_mutex_;
   std::string preferred_;  // forced transport name, "" = automatic
-  rpc::ConnectionServer server_;
+  std::unique_ptr<rpc::ConnectionServer> server_;  // made anew by each init attempt
   std::vector<std::unique_ptr<Transport>> transports_;
 
   // Local segment: registrations and the descriptor peers fetch.
   RegionTable regions_;
   std::mutex descriptor_mutex_;       // serializes registration changes and descriptor reads
   SegmentDescriptor local_;           // identity fields + buffers in registration order
-  std::atomic<uint64_t> registration_version_{0};  // address published for same-host peers
+  SegmentStamp* const stamp_;         // address published for same-host peers
 
   // Peers.
   std::mutex peers_mutex_;
@@ -196,31 +204,34 @@ int EngineImpl::init(const std::string& metadata, const std::string& local_hostn
   local_.host_id = hostIdentity();
   local_.pid = static_cast<int32_t>(::getpid());
   local_.process_start_ticks = processStartTicks(::getpid());
-  local_.registration_version_addr = reinterpret_cast<uint64_t>(&registration_version_);
+  local_.stamp_addr = reinterpret_cast<uint64_t>(stamp_);
+  local_.engine_nonce = std::random_device{}() | (static_cast<uint64_t>(std::random_device{}()) << 32) | 1;
+  __atomic_store_n(&stamp_->nonce, local_.engine_nonce, __ATOMIC_RELEASE);
 
+  server_ = std::make_unique<rpc::ConnectionServer>();
   transports_.push_back(std::make_unique<ShmTransport>());
-  transports_.push_back(std::make_unique<TcpTransport>(server_));
+  transports_.push_back(std::make_unique<TcpTransport>(*server_));
   TransportContext context{&config_, &regions_, &local_};
   for (auto& t : transports_) {
     if (int rc = t->install(context); rc != kOk) {
       MC_LOG(Error) << "initialize: transport " << t->name() << " failed to install: " << errorName(rc);
-      stop();
+      teardown();
       return rc;
     }
     transport_names_.push_back(t->name());
     local_.transports.push_back(t->name());
   }
-  server_.addHandler(rpc::kRpcMagic, [this](net::Socket& socket) {
+  server_->addHandler(rpc::kRpcMagic, [this](net::Socket& socket) {
     rpc::serveRpc(
         socket, [this](uint32_t type, const std::string& req, std::string& reply) { return dispatchRpc(type, req, reply); },
         config_.max_rpc_message, config_.rpc_timeout);
   });
   bool ipv6 = host.find(':') != std::string::npos;
-  if (int rc = server_.start(config_.min_rpc_port, config_.max_rpc_port, ipv6, config_.connect_timeout); rc != kOk) {
-    stop();
+  if (int rc = server_->start(config_.min_rpc_port, config_.max_rpc_port, ipv6, config_.connect_timeout); rc != kOk) {
+    teardown();
     return rc;
   }
-  rpc_port_ = server_.port();
+  rpc_port_ = server_->port();
   local_host_ = host;
   segment_name_ = formatSegmentName(host, rpc_port_);
   local_.name = segment_name_;
@@ -231,8 +242,16 @@ int EngineImpl::init(const std::string& metadata, const std::string& local_hostn
 }
 
 void EngineImpl::stop() {
-  server_.stop();
+  if (server_) server_->stop();
   for (auto& t : transports_) t->shutdown();
+}
+
+void EngineImpl::teardown() {
+  stop();
+  transports_.clear();
+  server_.reset();
+  transport_names_.clear();
+  local_.transports.clear();
 }
 
 // ---- registration ----
@@ -275,7 +294,7 @@ int EngineImpl::registerMemory(const std::vector<void*>& addrs, const std::vecto
     added.push_back(std::move(b));
   }
   local_.buffers.insert(local_.buffers.end(), added.begin(), added.end());
-  registration_version_.fetch_add(1, std::memory_order_release);
+  bumpRegistrationVersion();
   return kOk;
 }
 
@@ -297,13 +316,13 @@ int EngineImpl::unregisterMemory(const std::vector<void*>& addrs) {
     bufs.erase(std::remove_if(bufs.begin(), bufs.end(), [&](const BufferDescriptor& b) { return b.addr == removed.addr; }),
                bufs.end());
   }
-  registration_version_.fetch_add(1, std::memory_order_release);
+  bumpRegistrationVersion();
   return first_error;
 }
 
 std::string EngineImpl::encodeLocalDescriptor() {
   std::lock_guard lock(descriptor_mutex_);
-  local_.registration_version = registration_version_.load(std::memory_order_acquire);
+  local_.registration_version = __atomic_load_n(&stamp_->registration_version, __ATOMIC_ACQUIRE);
   return local_.encode();
 }
 

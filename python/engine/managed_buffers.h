@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "mooncake/te/transfer_engine.h"
@@ -28,6 +29,7 @@ class ManagedBuffers {
     if (!free_list.empty()) {
       uint64_t addr = free_list.back();
       free_list.pop_back();
+      free_set_.erase(addr);
       return addr;
     }
     void* p = std::aligned_alloc(4096, size);
@@ -40,16 +42,18 @@ class ManagedBuffers {
     return reinterpret_cast<uint64_t>(p);
   }
 
-  int release(uint64_t addr, size_t /*length*/) {
+  // kInvalidArgument for an address we did not hand out or that is already free.
+  int release(uint64_t addr, size_t /*length: the size is known from the address*/) {
     std::lock_guard lock(mutex_);
     auto it = owned_.find(addr);
-    if (it == owned_.end()) return te::kInvalidArgument;
+    if (it == owned_.end() || free_set_.count(addr)) return te::kInvalidArgument;
     if (it->second > kLargestClass) {
       engine_.unregisterLocalMemory(reinterpret_cast<void*>(addr));
       std::free(reinterpret_cast<void*>(addr));
       owned_.erase(it);
     } else {
       free_[it->second].push_back(addr);
+      free_set_.insert(addr);
     }
     return te::kOk;
   }
@@ -62,6 +66,7 @@ class ManagedBuffers {
     }
     owned_.clear();
     free_.clear();
+    free_set_.clear();
   }
 
  private:
@@ -79,6 +84,7 @@ class ManagedBuffers {
   std::mutex mutex_;
   std::map<uint64_t, size_t> owned_;               // address -> allocated size
   std::map<size_t, std::vector<uint64_t>> free_;   // size class -> free addresses
+  std::set<uint64_t> free_set_;                    // every address now on a free list
 };
 
 }  // namespace mooncake::binding

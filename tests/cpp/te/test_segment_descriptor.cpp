@@ -14,7 +14,8 @@ SegmentDescriptor sample() {
   d.host_id = "boot/pid:[4026531836]";
   d.pid = 4242;
   d.process_start_ticks = 987654321;
-  d.registration_version_addr = 0x7fff00001000;
+  d.stamp_addr = 0x7fff00001000;
+  d.engine_nonce = 0x1234567890abcdefull;
   d.registration_version = 17;
   d.transports = {"shm", "tcp"};
   d.attrs = {{"tcp.proto", "1"}};
@@ -31,7 +32,8 @@ TEST(SegmentDescriptor, RoundTripsEveryField) {
   EXPECT_EQ(out.host_id, in.host_id);
   EXPECT_EQ(out.pid, in.pid);
   EXPECT_EQ(out.process_start_ticks, in.process_start_ticks);
-  EXPECT_EQ(out.registration_version_addr, in.registration_version_addr);
+  EXPECT_EQ(out.stamp_addr, in.stamp_addr);
+  EXPECT_EQ(out.engine_nonce, in.engine_nonce);
   EXPECT_EQ(out.registration_version, in.registration_version);
   EXPECT_EQ(out.transports, in.transports);
   EXPECT_EQ(out.attrs, in.attrs);

@@ -15,7 +15,7 @@ class ShmReach : public ::testing::Test {
     local_.host_id = hostIdentity();
     local_.pid = ::getpid();
     local_.process_start_ticks = processStartTicks(::getpid());
-    local_.registration_version_addr = reinterpret_cast<uint64_t>(&version_);
+    local_.stamp_addr = reinterpret_cast<uint64_t>(&stamp_);
     ASSERT_EQ(transport_.install(TransportContext{&config_, &regions_, &local_}), kOk);
   }
 
@@ -28,7 +28,7 @@ class ShmReach : public ::testing::Test {
   EngineConfig config_;
   RegionTable regions_;
   SegmentDescriptor local_;
-  uint64_t version_ = 0;
+  SegmentStamp stamp_;
   ShmTransport transport_;
 };
 

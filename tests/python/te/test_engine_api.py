@@ -118,12 +118,6 @@ _REINIT_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: an initialize() that fails after installing its transports (no free RPC port) "
-    "leaves the engine half-stopped; a retry returns 0 but serves nobody, tcp transfers of more than one "
-    "slice fail, and destroying the engine calls std::terminate",
-)
 def test_initialize_retry_after_failed_start():
     """initialize() that fails because no RPC port is free, then succeeds on a
     retry with a free range: the engine must work like a fresh one. Runs in a
@@ -570,11 +564,6 @@ def test_managed_buffer_errors(factory):
     assert e.free_managed_buffer(x, 64) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: free_managed_buffer accepts a second free of the same buffer (returns 0) and puts it "
-    "on the free list twice, so two later allocations return the same address",
-)
 def test_managed_buffer_double_free(factory):
     e = factory.engine()
     x = e.allocate_managed_buffer(4096)
@@ -695,18 +684,9 @@ def test_write_to_buffer_registered_after_first_contact(pair):
     assert_untouched(later, 13, 4002)
 
 
-SAME_SESSION_BUG = (
-    "engine bug: shm keeps using the cached descriptor of an engine that was destroyed and replaced by a new "
-    "engine in the same process at the same session (same pid, same port): it writes into memory the new engine "
-    "never registered. Not strict: whether the stale version check is fooled depends on heap reuse."
-)
-
-
-def test_engine_recreated_in_same_process_at_same_session(factory, protocol, monkeypatch, request):
+def test_engine_recreated_in_same_process_at_same_session(factory, protocol, monkeypatch):
     """The session name now belongs to a new engine (same process, same port):
     memory registered only with the old engine must not be writable."""
-    if protocol != "tcp":
-        request.applymarker(pytest.mark.xfail(strict=False, reason=SAME_SESSION_BUG))
     ini = factory.engine(protocol)
     src = factory.buffer(ini, 4096, seed=14)
     old_only = np.zeros(4096, dtype=np.uint8)

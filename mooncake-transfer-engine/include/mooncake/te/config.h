@@ -17,7 +17,8 @@ struct EngineConfig {
   // Bound on one transfer: timeout + length / (1 GB/s), as the reference does.
   std::chrono::milliseconds transfer_timeout{30000};  // MC_TRANSFER_TIMEOUT (seconds, may be fractional)
   std::chrono::milliseconds connect_timeout{5000};    // MC_HANDSHAKE_CONNECT_TIMEOUT (seconds)
-  std::chrono::milliseconds rpc_timeout{10000};       // MC_RPC_TIMEOUT (seconds): descriptor fetch, notify, probe
+  // MC_RPC_TIMEOUT (seconds): descriptor fetch, notify; default min(10 s, transfer_timeout).
+  std::chrono::milliseconds rpc_timeout{10000};
   size_t max_rpc_message = 64u << 20;                 // MC_HANDSHAKE_MAX_LENGTH (bytes)
   // TCP transport: requests larger than one slice are split and the slices
   // run on several connections at once.

@@ -23,15 +23,25 @@ struct BufferDescriptor {
   }
 };
 
+// Two words an engine keeps at a fixed address for its whole life and beyond:
+// stamps are never freed, and a destroyed engine zeroes its nonce, so a peer
+// holding an old descriptor reads a mismatch, never freed memory.
+struct SegmentStamp {
+  uint64_t nonce = 0;
+  uint64_t registration_version = 0;
+};
+static_assert(sizeof(SegmentStamp) == 16);
+
 struct SegmentDescriptor {
   std::string name;       // "host:port" of the handshake listener
   std::string host_id;    // equal for processes that can use same-host transports
   int32_t pid = 0;
   uint64_t process_start_ticks = 0;  // /proc/<pid>/stat start time: guards against pid reuse
-  // Address (in the owner's address space) of a 64-bit counter bumped on every
-  // (un)registration; same-host peers read it to notice a stale descriptor.
-  uint64_t registration_version_addr = 0;
-  uint64_t registration_version = 0;
+  // Address (in the owner's address space) of its SegmentStamp: same-host
+  // peers read it to notice a stale descriptor without asking the owner.
+  uint64_t stamp_addr = 0;
+  uint64_t engine_nonce = 0;          // random per engine instance
+  uint64_t registration_version = 0;  // bumped on every (un)registration
   std::vector<std::string> transports;  // names of transports this segment serves
   std::map<std::string, std::string> attrs;
   std::vector<BufferDescriptor> buffers;

@@ -58,8 +58,8 @@ std::shared_ptr<ShmTransport::PeerProcess> ShmTransport::attach(PeerSegment& pee
     // Check identity after pinning: if the start time matches now, the pidfd
     // refers to the peer and not to a later process with the same number.
     bool same_process = processStartTicks(d.pid) == d.process_start_ticks;
-    uint64_t version = 0;
-    int rc = same_process ? readRegistrationVersion(*process, d.registration_version_addr, version) : kPeerUnreachable;
+    SegmentStamp stamp;
+    int rc = same_process ? readStamp(*process, d.stamp_addr, stamp) : kPeerUnreachable;
     process->usable = same_process && rc == kOk;
     if (same_process && rc != kOk) {
       MC_LOG(Warning) << "same-host peer " << peer.name() << " (pid " << d.pid
@@ -90,11 +90,27 @@ bool ShmTransport::alive(const PeerProcess& process) const {
   return processStartTicks(process.pid) == process.start_ticks;
 }
 
-int ShmTransport::readRegistrationVersion(const PeerProcess& process, uint64_t addr, uint64_t& version) const {
-  iovec local{&version, sizeof(version)};
-  iovec remote{reinterpret_cast<void*>(addr), sizeof(version)};
+int ShmTransport::readStamp(const PeerProcess& process, uint64_t addr, SegmentStamp& stamp) const {
+  iovec local{&stamp, sizeof(stamp)};
+  iovec remote{reinterpret_cast<void*>(addr), sizeof(stamp)};
   ssize_t n = ::process_vm_readv(process.pid, &local, 1, &remote, 1, 0);
-  return n == static_cast<ssize_t>(sizeof(version)) ? kOk : errnoToError(errno);
+  return n == static_cast<ssize_t>(sizeof(stamp)) ? kOk : errnoToError(errno);
+}
+
+int ShmTransport::checkFresh(PeerSegment& peer, const PeerProcess& process) const {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::shared_ptr<const SegmentDescriptor> d = peer.descriptor();
+    if (d->pid != process.pid) return kPeerUnreachable;  // the name now belongs to another process
+    SegmentStamp stamp;
+    if (int rc = readStamp(process, d->stamp_addr, stamp); rc != kOk) return rc;
+    if (stamp.nonce == d->engine_nonce && stamp.registration_version == d->registration_version) return kOk;
+    if (attempt == 0) {
+      if (int rc = peer.refresh(); rc != kOk) return rc;
+    }
+  }
+  // Still inconsistent right after a refresh: registrations are changing
+  // under us, or the engine behind the name went away. Refuse rather than guess.
+  return kPeerUnreachable;
 }
 
 int ShmTransport::copy(const PeerProcess& process, const TransferRequest& request) const {
@@ -125,13 +141,9 @@ void ShmTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& t
   // Copies run on the calling thread: a CPU copy is the work itself, and
   // handing it to another thread would only add a wake-up to every transfer.
   std::shared_ptr<PeerProcess> process = attach(peer);
-  int verdict = alive(*process) ? kOk : kPeerUnreachable;
-  if (verdict == kOk) {
-    uint64_t version = 0;
-    std::shared_ptr<const SegmentDescriptor> d = peer.descriptor();
-    verdict = readRegistrationVersion(*process, d->registration_version_addr, version);
-    if (verdict == kOk && version != d->registration_version) verdict = peer.refresh();
-  }
+  int verdict = !process->usable       ? kEndpointError
+                : !alive(*process)       ? kPeerUnreachable
+                                         : checkFresh(peer, *process);
   for (TransferTask* task : tasks) {
     const TransferRequest& r = task->request();
     if (verdict != kOk) {

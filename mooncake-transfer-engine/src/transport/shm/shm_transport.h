@@ -7,9 +7,10 @@
 // - pid reuse: the peer is pinned by a pidfd opened after checking that the
 //   pid's start time matches the descriptor; a transfer to an exited peer fails.
 // - stale descriptors: the peer publishes the address of its registration
-//   counter; before each submission we read it (8 bytes, one syscall) and
-//   refetch the descriptor when it moved, so a range the peer unregistered is
-//   refused instead of written.
+//   stamp (engine nonce + registration counter); before each submission we
+//   read it (16 bytes, one syscall) and refetch the descriptor when it moved,
+//   so a range the peer unregistered, or a buffer of an engine that was
+//   replaced at the same name, is refused instead of written.
 #pragma once
 
 #include <map>
@@ -40,7 +41,9 @@ class ShmTransport : public Transport {
 
   std::shared_ptr<PeerProcess> attach(PeerSegment& peer);
   bool alive(const PeerProcess& process) const;
-  int readRegistrationVersion(const PeerProcess& process, uint64_t addr, uint64_t& version) const;
+  int readStamp(const PeerProcess& process, uint64_t addr, SegmentStamp& stamp) const;
+  // kOk when the cached descriptor matches the peer's stamp, after at most one refresh.
+  int checkFresh(PeerSegment& peer, const PeerProcess& process) const;
   int copy(const PeerProcess& process, const TransferRequest& request) const;
 
   TransportContext context_;
