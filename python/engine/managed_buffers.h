@@ -1,7 +1,9 @@
 // Engine-owned registered buffers behind allocate_managed_buffer /
 // free_managed_buffer: power-of-two size classes from 8 KiB to 256 MiB are
 // recycled through free lists (registration is the expensive part); larger
-// requests get a dedicated registration that is released on free.
+// requests get a dedicated registration that is released on free. The memory
+// is shared memory (te/shared_memory.h), so same-host peers reach it with a
+// plain memcpy through their own mapping.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +13,7 @@
 #include <set>
 #include <vector>
 
+#include "mooncake/te/shared_memory.h"
 #include "mooncake/te/transfer_engine.h"
 
 namespace mooncake::binding {
@@ -32,10 +35,10 @@ class ManagedBuffers {
       free_set_.erase(addr);
       return addr;
     }
-    void* p = std::aligned_alloc(4096, size);
+    void* p = te::allocateSharedMemory(size);
     if (p == nullptr) return 0;
     if (engine_.registerLocalMemory(p, size) != te::kOk) {
-      std::free(p);
+      te::freeSharedMemory(p);
       return 0;
     }
     owned_.emplace(reinterpret_cast<uint64_t>(p), size);
@@ -49,7 +52,7 @@ class ManagedBuffers {
     if (it == owned_.end() || free_set_.count(addr)) return te::kInvalidArgument;
     if (it->second > kLargestClass) {
       engine_.unregisterLocalMemory(reinterpret_cast<void*>(addr));
-      std::free(reinterpret_cast<void*>(addr));
+      te::freeSharedMemory(reinterpret_cast<void*>(addr));
       owned_.erase(it);
     } else {
       free_[it->second].push_back(addr);
@@ -62,7 +65,7 @@ class ManagedBuffers {
     std::lock_guard lock(mutex_);
     for (auto& [addr, size] : owned_) {
       engine_.unregisterLocalMemory(reinterpret_cast<void*>(addr));
-      std::free(reinterpret_cast<void*>(addr));
+      te::freeSharedMemory(reinterpret_cast<void*>(addr));
     }
     owned_.clear();
     free_.clear();

@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
+
+#include "batch.h"
 #include "host_identity.h"
+#include "mooncake/te/shared_memory.h"
 #include "transport/shm/shm_transport.h"
 
 namespace mooncake::te {
@@ -53,6 +57,44 @@ TEST_F(ShmReach, RefusesAReusedPid) {
   reused.transports = {"shm"};
   reused.process_start_ticks += 1;  // same pid number, different process
   EXPECT_FALSE(transport_.reaches(*peerLike(reused, 4)));
+}
+
+// A buffer in shared memory is reached through a mapping of the owner's
+// memfd; ordinary memory through cross-memory attach. Both deliver the bytes.
+TEST_F(ShmReach, SharedMemoryIsCopiedThroughAMappingOtherMemoryByAttaching) {
+  constexpr size_t kBytes = 1 << 20;
+  char* shared = static_cast<char*>(allocateSharedMemory(kBytes));
+  ASSERT_NE(shared, nullptr);
+  std::vector<char> ordinary(kBytes, 0), source(kBytes);
+  for (size_t i = 0; i < kBytes; ++i) source[i] = static_cast<char>(i * 131 + 7);
+  SegmentDescriptor d = local_;
+  d.transports = {"shm"};
+  BufferDescriptor shared_buf{reinterpret_cast<uint64_t>(shared), kBytes, "cpu:0", {}};
+  ASSERT_EQ(transport_.registerMemory(MemoryRegion{shared_buf.addr, kBytes, "cpu:0"}, shared_buf), kOk);
+  EXPECT_EQ(shared_buf.attrs.count("shm.fd"), 1u);
+  BufferDescriptor ordinary_buf{reinterpret_cast<uint64_t>(ordinary.data()), kBytes, "cpu:0", {}};
+  ASSERT_EQ(transport_.registerMemory(MemoryRegion{ordinary_buf.addr, kBytes, "cpu:0"}, ordinary_buf), kOk);
+  EXPECT_TRUE(ordinary_buf.attrs.empty());
+  d.buffers = {shared_buf, ordinary_buf};
+  auto peer = peerLike(d, 5);
+  ASSERT_TRUE(transport_.reaches(*peer));
+
+  Batch batch(2);
+  std::vector<TransferTask*> tasks;
+  ASSERT_EQ(batch.addTasks({TransferRequest{Opcode::kWrite, source.data(), 5, shared_buf.addr + 3, kBytes - 3},
+                            TransferRequest{Opcode::kWrite, source.data(), 5, ordinary_buf.addr + 5, kBytes - 5}},
+                           tasks),
+            kOk);
+  transport_.submit(*peer, tasks, true);
+  ASSERT_TRUE(batch.settled());
+  EXPECT_EQ(batch.aggregate().state, TransferState::kCompleted);
+  EXPECT_EQ(transport_.mappedCopies(), 1u);
+  EXPECT_EQ(transport_.attachedCopies(), 1u);
+  EXPECT_EQ(std::memcmp(shared + 3, source.data(), kBytes - 3), 0);
+  EXPECT_EQ(std::memcmp(ordinary.data() + 5, source.data(), kBytes - 5), 0);
+  transport_.forget(5);
+  EXPECT_EQ(freeSharedMemory(shared), kOk);
+  EXPECT_EQ(freeSharedMemory(shared), kInvalidArgument);
 }
 
 }  // namespace

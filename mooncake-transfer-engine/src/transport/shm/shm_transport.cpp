@@ -1,6 +1,8 @@
 #include "transport/shm/shm_transport.h"
 
 #include <poll.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -10,14 +12,30 @@
 #include <cstring>
 
 #include "host_identity.h"
+#include "mooncake/te/shared_memory.h"
 #include "mooncake/te/log.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
 
 namespace mooncake::te {
 namespace {
+
+// Buffer attributes describing where a registered buffer lives in the
+// owner's shared-memory file.
+constexpr const char* kAttrFd = "shm.fd";
+constexpr const char* kAttrInode = "shm.inode";
+constexpr const char* kAttrFileSize = "shm.file_size";
+constexpr const char* kAttrFileOffset = "shm.file_offset";
+
+uint64_t attrNumber(const BufferDescriptor& b, const char* key) {
+  auto it = b.attrs.find(key);
+  return it == b.attrs.end() ? 0 : std::strtoull(it->second.c_str(), nullptr, 10);
+}
 
 int errnoToError(int err) {
   switch (err) {
@@ -30,14 +48,27 @@ int errnoToError(int err) {
 
 }  // namespace
 
-ShmTransport::~ShmTransport() {
-  for (auto& [handle, process] : peers_) {
-    if (process->pidfd >= 0) ::close(process->pidfd);
+ShmTransport::PeerProcess::~PeerProcess() {
+  for (auto& [fd, m] : mappings) {
+    if (m.base != nullptr) ::munmap(m.base, m.size);
   }
+  if (pidfd >= 0) ::close(pidfd);
 }
 
 int ShmTransport::install(const TransportContext& context) {
   context_ = context;
+  return kOk;
+}
+
+int ShmTransport::registerMemory(const MemoryRegion& region, BufferDescriptor& buffer) {
+  std::optional<SharedMemoryFile> file = findSharedMemory(region.addr, region.length);
+  if (!file) return kOk;  // ordinary memory: peers attach to it
+  struct stat st {};
+  if (::fstat(file->fd, &st) != 0) return kOk;
+  buffer.attrs[kAttrFd] = std::to_string(file->fd);
+  buffer.attrs[kAttrInode] = std::to_string(st.st_ino);
+  buffer.attrs[kAttrFileSize] = std::to_string(file->size);
+  buffer.attrs[kAttrFileOffset] = std::to_string(region.addr - file->base);
   return kOk;
 }
 
@@ -67,8 +98,7 @@ std::shared_ptr<ShmTransport::PeerProcess> ShmTransport::attach(PeerSegment& pee
                       << "); using another transport for it";
     }
   }
-  if (it != peers_.end() && it->second->pidfd >= 0) ::close(it->second->pidfd);
-  peers_[peer.handle()] = process;
+  peers_[peer.handle()] = process;  // a replaced PeerProcess closes its pidfd and mappings
   return process;
 }
 
@@ -76,10 +106,7 @@ bool ShmTransport::reaches(PeerSegment& peer) { return attach(peer)->usable; }
 
 void ShmTransport::forget(SegmentHandle handle) {
   std::lock_guard lock(mutex_);
-  auto it = peers_.find(handle);
-  if (it == peers_.end()) return;
-  if (it->second->pidfd >= 0) ::close(it->second->pidfd);
-  peers_.erase(it);
+  peers_.erase(handle);
 }
 
 bool ShmTransport::alive(const PeerProcess& process) const {
@@ -113,7 +140,53 @@ int ShmTransport::checkFresh(PeerSegment& peer, const PeerProcess& process) cons
   return kPeerUnreachable;
 }
 
-int ShmTransport::copy(const PeerProcess& process, const TransferRequest& request) const {
+char* ShmTransport::mapped(PeerProcess& process, const BufferDescriptor& buffer) const {
+  auto fd_attr = buffer.attrs.find(kAttrFd);
+  if (fd_attr == buffer.attrs.end() || process.pidfd < 0) return nullptr;
+  const int fd = std::atoi(fd_attr->second.c_str());
+  const uint64_t inode = attrNumber(buffer, kAttrInode);
+  const uint64_t size = attrNumber(buffer, kAttrFileSize);
+  const uint64_t offset = attrNumber(buffer, kAttrFileOffset);
+  if (offset > size || buffer.length > size - offset) return nullptr;
+  std::lock_guard lock(process.mappings_mutex);
+  Mapping& m = process.mappings[fd];
+  // The peer may have closed that fd and opened another file under the same
+  // number since: the inode tells the files apart.
+  if (m.inode != inode) {
+    if (m.base != nullptr) ::munmap(m.base, m.size);
+    m = Mapping{inode, nullptr, 0};
+    int local_fd = static_cast<int>(::syscall(SYS_pidfd_getfd, process.pidfd, fd, 0));
+    struct stat st {};
+    if (local_fd >= 0 && ::fstat(local_fd, &st) == 0 && static_cast<uint64_t>(st.st_ino) == inode &&
+        static_cast<uint64_t>(st.st_size) >= size) {
+      void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, local_fd, 0);
+      if (p != MAP_FAILED) m = Mapping{inode, static_cast<char*>(p), size};
+    }
+    if (m.base == nullptr) {
+      MC_LOG(Info) << "cannot map shared buffer of pid " << process.pid << " (fd " << fd
+                   << "); copying with process_vm_writev instead";
+    }
+    if (local_fd >= 0) ::close(local_fd);  // the mapping keeps the file
+  }
+  return m.base == nullptr ? nullptr : m.base + offset;
+}
+
+int ShmTransport::copy(PeerProcess& process, const BufferDescriptor& buffer, const TransferRequest& request) const {
+  if (char* view = mapped(process, buffer)) {
+    char* remote = view + (request.target_offset - buffer.addr);
+    if (request.opcode == Opcode::kWrite) {
+      std::memcpy(remote, request.source, request.length);
+    } else {
+      std::memcpy(request.source, remote, request.length);
+    }
+    mapped_copies_.fetch_add(1, std::memory_order_relaxed);
+    return kOk;
+  }
+  attached_copies_.fetch_add(1, std::memory_order_relaxed);
+  return copyAttached(process, request);
+}
+
+int ShmTransport::copyAttached(const PeerProcess& process, const TransferRequest& request) const {
   auto* local = static_cast<char*>(request.source);
   uint64_t remote = request.target_offset;
   uint64_t left = request.length;
@@ -144,17 +217,19 @@ void ShmTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& t
   int verdict = !process->usable       ? kEndpointError
                 : !alive(*process)       ? kPeerUnreachable
                                          : checkFresh(peer, *process);
+  std::shared_ptr<const SegmentDescriptor> d = peer.descriptor();  // checked fresh above
   for (TransferTask* task : tasks) {
     const TransferRequest& r = task->request();
+    const BufferDescriptor* buffer = verdict == kOk ? d->findBuffer(r.target_offset, r.length) : nullptr;
     if (verdict != kOk) {
       task->fail(verdict);
-    } else if (!peer.covers(r.target_offset, r.length)) {
+    } else if (buffer == nullptr) {
       MC_LOG(Warning) << "remote range [0x" << std::hex << r.target_offset << ", +0x" << r.length << std::dec
                       << ") is not registered by " << peer.name();
       task->fail(kAddressNotRegistered);
     } else {
       task->expectSlices(1);
-      int rc = copy(*process, r);
+      int rc = copy(*process, *buffer, r);
       task->completeSlice(rc == kOk ? r.length : 0, rc);
     }
   }
