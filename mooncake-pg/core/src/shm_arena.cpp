@@ -1,0 +1,268 @@
+#include "shm_arena.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <csignal>
+#include <cstring>
+#include <thread>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+namespace mooncake::pg {
+namespace {
+
+constexpr uint64_t kMagic = 0x4d43504753484d31ull;  // "MCPGSHM1"
+constexpr uint32_t kVersion = 1;
+
+size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+void futexWait(std::atomic<uint32_t>* word, uint32_t observed, std::chrono::microseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000), static_cast<long>(timeout.count() % 1000000) * 1000};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, observed, &ts, nullptr, 0);
+}
+
+void futexWakeAll(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+std::unique_ptr<ShmArena> ShmArena::open(const std::string& name, int rank, int size, const ShmGroupOptions& options,
+                                         std::string* error) {
+  auto fail = [&](const std::string& why) -> std::unique_ptr<ShmArena> {
+    if (error) *error = "shared-memory group '" + name + "': " + why;
+    return nullptr;
+  };
+  if (size < 1 || rank < 0 || rank >= size) return fail("invalid rank/size");
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t slot_bytes = roundUp(std::max<size_t>(options.slot_bytes, 4096), 4096);
+  const size_t blocks_offset = roundUp(sizeof(ArenaHeader), 64);
+  const size_t slots_offset = roundUp(blocks_offset + sizeof(RankBlock) * size, page);
+  const size_t total = slots_offset + slot_bytes * size;
+
+  int fd = -1;
+  auto deadline = std::chrono::steady_clock::now() + options.attach_timeout;
+  if (rank == 0) {
+    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) return fail(std::string("shm_open(create): ") + std::strerror(errno));
+    if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      return fail(std::string("ftruncate: ") + std::strerror(errno));
+    }
+  } else {
+    // The creator may not have made it yet: retry until the attach deadline.
+    for (;;) {
+      fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+      if (fd >= 0) {
+        struct stat st {};
+        if (::fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == total) break;
+        ::close(fd);
+        fd = -1;
+      }
+      if (std::chrono::steady_clock::now() > deadline) return fail("rank 0 did not create the arena in time");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    if (rank == 0) ::shm_unlink(name.c_str());
+    return fail(std::string("mmap: ") + std::strerror(errno));
+  }
+  std::unique_ptr<ShmArena> arena(new ShmArena);
+  arena->rank_ = rank;
+  arena->size_ = size;
+  arena->options_ = options;
+  arena->base_ = base;
+  arena->mapped_bytes_ = total;
+  arena->header_ = static_cast<ArenaHeader*>(base);
+  arena->blocks_ = reinterpret_cast<RankBlock*>(static_cast<char*>(base) + blocks_offset);
+  arena->slots_ = static_cast<char*>(base) + slots_offset;
+  arena->oversubscribed_ = size > static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ArenaHeader* h = arena->header_;
+  if (rank == 0) {
+    // A fresh ftruncate'd file is zero: only non-zero fields need writing.
+    h->magic = kMagic;
+    h->version = kVersion;
+    h->size = static_cast<uint32_t>(size);
+    h->slot_bytes = slot_bytes;
+    h->slots_offset = slots_offset;
+    h->broken_by.store(-1, std::memory_order_relaxed);
+    h->ready.store(1, std::memory_order_release);
+  } else {
+    while (h->ready.load(std::memory_order_acquire) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) return fail("arena never became ready");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (h->magic != kMagic || h->version != kVersion || h->size != static_cast<uint32_t>(size) ||
+        h->slot_bytes != slot_bytes) {
+      return fail("arena layout differs (mismatched world size or MOONCAKE_PG_SHM_SLOT_BYTES across ranks)");
+    }
+  }
+  RankBlock& me = arena->mine();
+  me.pid = static_cast<int32_t>(::getpid());
+  me.attached.store(1, std::memory_order_release);
+  // Wait for everyone, then learn their pids (for liveness checks).
+  for (int r = 0; r < size; ++r) {
+    while (arena->block(r).attached.load(std::memory_order_acquire) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        if (rank == 0) ::shm_unlink(name.c_str());
+        return fail("rank " + std::to_string(r) + " did not attach in time");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  if (rank == 0) ::shm_unlink(name.c_str());  // everyone has it mapped: no name left behind
+  arena->pidfds_.assign(size, -1);
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) arena->pidfds_[r] = static_cast<int>(::syscall(SYS_pidfd_open, arena->block(r).pid, 0));
+  }
+  return arena;
+}
+
+ShmArena::~ShmArena() {
+  for (int fd : pidfds_) {
+    if (fd >= 0) ::close(fd);
+  }
+  if (base_ != nullptr) ::munmap(base_, mapped_bytes_);
+}
+
+bool ShmArena::peerAlive(int peer) const {
+  int fd = pidfds_[peer];
+  if (fd >= 0) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 0;  // readable once the process exited
+  }
+  return ::kill(block(peer).pid, 0) == 0 || errno == EPERM;
+}
+
+OpResult ShmArena::brokenResult() const {
+  OpResult r;
+  r.ok = false;
+  int by = header_->broken_by.load(std::memory_order_acquire);
+  r.error = "the group's shared-memory arena is broken (declared by rank " + std::to_string(by) +
+            "): " + std::string(header_->broken_reason);
+  return r;
+}
+
+void ShmArena::breakArena(const std::string& reason) {
+  int32_t expected = -1;
+  if (header_->broken_by.compare_exchange_strong(expected, rank_, std::memory_order_acq_rel)) {
+    std::strncpy(header_->broken_reason, reason.c_str(), sizeof(header_->broken_reason) - 1);
+  }
+  for (int r = 0; r < size_; ++r) futexWakeAll(&block(r).step);
+}
+
+void ShmArena::signal() {
+  RankBlock& me = mine();
+  me.step.store(++steps_, std::memory_order_seq_cst);
+  if (me.waiters.load(std::memory_order_seq_cst) > 0) futexWakeAll(&me.step);
+}
+
+bool ShmArena::waitFor(int peer, uint32_t target, std::chrono::steady_clock::time_point deadline, OpResult& result) {
+  RankBlock& p = block(peer);
+  // Spin briefly (a peer on another core is usually microseconds away), yield
+  // a little, then sleep on the futex in short slices between liveness checks.
+  const int spins = oversubscribed_ ? 0 : 2000;
+  for (int i = 0; i < spins; ++i) {
+    if (reached(p.step.load(std::memory_order_acquire), target)) return true;
+    cpuRelax();
+  }
+  for (int i = 0; i < 8; ++i) {
+    if (reached(p.step.load(std::memory_order_acquire), target)) return true;
+    sched_yield();
+  }
+  for (;;) {
+    p.waiters.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t observed = p.step.load(std::memory_order_seq_cst);
+    if (!reached(observed, target) && !broken()) futexWait(&p.step, observed, std::chrono::milliseconds(20));
+    p.waiters.fetch_sub(1, std::memory_order_seq_cst);
+    if (reached(p.step.load(std::memory_order_acquire), target)) return true;
+    if (broken()) {
+      result = brokenResult();
+      return false;
+    }
+    if (!peerAlive(peer)) {
+      result.ok = false;
+      result.failed_ranks.push_back(peer);
+      result.error = "rank " + std::to_string(peer) + " (pid " + std::to_string(p.pid) + ") exited";
+      return false;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      result.ok = false;
+      result.failed_ranks.push_back(peer);
+      result.error = "timed out after " + std::to_string(options_.timeout.count()) + " ms waiting for rank " +
+                     std::to_string(peer);
+      return false;
+    }
+  }
+}
+
+OpResult ShmArena::waitAll(uint32_t target) {
+  OpResult result;
+  if (broken()) return brokenResult();
+  auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    if (!waitFor(r, target, deadline, result)) {
+      // Name every rank that is not there yet, not only the first one found.
+      for (int q = r + 1; q < size_; ++q) {
+        if (q != rank_ && !reached(block(q).step.load(std::memory_order_acquire), target)) {
+          result.failed_ranks.push_back(q);
+        }
+      }
+      if (!broken()) breakArena(result.error);
+      return result;
+    }
+  }
+  return result;
+}
+
+OpResult ShmArena::begin(uint64_t signature) {
+  signature_ = signature;
+  mine().signature[op_index_ % 4].store(signature, std::memory_order_relaxed);
+  checked_signature_ = false;
+  ++op_index_;
+  return waitAll(steps_);
+}
+
+OpResult ShmArena::step() {
+  signal();
+  OpResult result = waitAll(steps_);
+  if (result.ok && !checked_signature_) {
+    checked_signature_ = true;
+    uint64_t slot = (op_index_ - 1) % 4;
+    for (int r = 0; r < size_; ++r) {
+      if (block(r).signature[slot].load(std::memory_order_relaxed) != signature_) {
+        result.ok = false;
+        result.failed_ranks.push_back(r);
+        result.error = "rank " + std::to_string(r) +
+                       " called a different collective (operation, dtype, size or root differ): every rank must "
+                       "issue the same collectives in the same order";
+      }
+    }
+    if (!result.ok) breakArena(result.error);
+  }
+  return result;
+}
+
+}  // namespace mooncake::pg

@@ -1,0 +1,143 @@
+// ShmGroup: opening, and the collectives that only move bytes. The reducing
+// ones are in shm_group_reduce.cpp.
+#include <algorithm>
+#include <cstring>
+
+#include "shm_arena.h"
+#include "shm_group_internal.h"
+
+namespace mooncake::pg {
+
+uint64_t opSignature(OpCode op, uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+  uint64_t h = 1469598103934665603ull ^ static_cast<uint64_t>(op);
+  for (uint64_t v : {a, b, c, d}) h = (h ^ v) * 1099511628211ull + (h >> 29);
+  return h;
+}
+
+std::unique_ptr<ShmGroup> ShmGroup::open(const std::string& name, int rank, int size, const ShmGroupOptions& options,
+                                         std::string* error) {
+  std::unique_ptr<ShmArena> arena = ShmArena::open(name, rank, size, options, error);
+  if (!arena) return nullptr;
+  return std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, std::move(arena)));
+}
+
+ShmGroup::ShmGroup(int rank, int size, std::unique_ptr<ShmArena> arena)
+    : rank_(rank), size_(size), arena_(std::move(arena)) {}
+ShmGroup::~ShmGroup() = default;
+
+size_t ShmGroup::slotBytes() const { return arena_->slotBytes(); }
+bool ShmGroup::broken() const { return arena_->broken(); }
+
+OpResult ShmGroup::barrier() {
+  ShmArena& a = *arena_;
+  OpResult r = a.begin(opSignature(OpCode::kBarrier));
+  return r.ok ? a.step() : r;
+}
+
+OpResult ShmGroup::broadcast(void* data, size_t bytes, int root) {
+  ShmArena& a = *arena_;
+  OpResult r;
+  const size_t chunk = a.slotBytes();
+  for (size_t off = 0; off < bytes || off == 0; off += chunk) {
+    size_t n = std::min(chunk, bytes - off);
+    if (!(r = a.begin(opSignature(OpCode::kBroadcast, bytes, root))).ok) break;
+    if (rank_ == root) std::memcpy(a.slot(root), static_cast<char*>(data) + off, n);
+    if (!(r = a.step()).ok) break;
+    if (rank_ != root) std::memcpy(static_cast<char*>(data) + off, a.slot(root), n);
+    a.finish();
+    if (bytes == 0) break;
+  }
+  return r;
+}
+
+OpResult ShmGroup::allgather(const void* input, void* output, size_t bytes) {
+  ShmArena& a = *arena_;
+  OpResult r;
+  const size_t chunk = a.slotBytes();
+  for (size_t off = 0; off < bytes || off == 0; off += chunk) {
+    size_t n = std::min(chunk, bytes - off);
+    if (!(r = a.begin(opSignature(OpCode::kAllgather, bytes))).ok) break;
+    std::memcpy(a.slot(rank_), static_cast<const char*>(input) + off, n);
+    if (!(r = a.step()).ok) break;
+    for (int s = 0; s < size_; ++s) std::memcpy(static_cast<char*>(output) + s * bytes + off, a.slot(s), n);
+    a.finish();
+    if (bytes == 0) break;
+  }
+  return r;
+}
+
+OpResult ShmGroup::gather(const void* input, void* output, size_t bytes, int root) {
+  ShmArena& a = *arena_;
+  OpResult r;
+  const size_t chunk = a.slotBytes();
+  for (size_t off = 0; off < bytes || off == 0; off += chunk) {
+    size_t n = std::min(chunk, bytes - off);
+    if (!(r = a.begin(opSignature(OpCode::kGather, bytes, root))).ok) break;
+    std::memcpy(a.slot(rank_), static_cast<const char*>(input) + off, n);
+    if (!(r = a.step()).ok) break;
+    if (rank_ == root) {
+      for (int s = 0; s < size_; ++s) std::memcpy(static_cast<char*>(output) + s * bytes + off, a.slot(s), n);
+    }
+    a.finish();
+    if (bytes == 0) break;
+  }
+  return r;
+}
+
+OpResult ShmGroup::scatter(const void* input, void* output, size_t bytes, int root) {
+  ShmArena& a = *arena_;
+  OpResult r;
+  // The root stages one piece for every rank in its slot per round.
+  const size_t piece = std::max<size_t>(1, a.slotBytes() / size_);
+  for (size_t off = 0; off < bytes || off == 0; off += piece) {
+    size_t n = std::min(piece, bytes - off);
+    if (!(r = a.begin(opSignature(OpCode::kScatter, bytes, root))).ok) break;
+    if (rank_ == root) {
+      for (int d = 0; d < size_; ++d) {
+        std::memcpy(a.slot(root) + d * piece, static_cast<const char*>(input) + d * bytes + off, n);
+      }
+    }
+    if (!(r = a.step()).ok) break;
+    std::memcpy(static_cast<char*>(output) + off, a.slot(root) + rank_ * piece, n);
+    a.finish();
+    if (bytes == 0) break;
+  }
+  return r;
+}
+
+OpResult ShmGroup::alltoall(const void* input, const std::vector<size_t>& send_offsets,
+                            const std::vector<size_t>& send_bytes, void* output,
+                            const std::vector<size_t>& recv_offsets, const std::vector<size_t>& recv_bytes) {
+  ShmArena& a = *arena_;
+  // Round count depends on the largest block anywhere: agree on it first.
+  size_t my_max = 0;
+  for (int p = 0; p < size_; ++p) my_max = std::max({my_max, send_bytes[p], recv_bytes[p]});
+  OpResult r = a.begin(opSignature(OpCode::kAlltoall));
+  if (!r.ok) return r;
+  a.mine().scratch.store(my_max, std::memory_order_relaxed);
+  if (!(r = a.step()).ok) return r;
+  size_t global_max = 0;
+  for (int p = 0; p < size_; ++p) global_max = std::max<size_t>(global_max, a.block(p).scratch.load(std::memory_order_relaxed));
+  a.finish();
+  const size_t piece = std::max<size_t>(1, a.slotBytes() / size_);
+  for (size_t off = 0; off < global_max; off += piece) {
+    if (!(r = a.begin(opSignature(OpCode::kAlltoall, global_max))).ok) break;
+    for (int d = 0; d < size_; ++d) {
+      if (off < send_bytes[d]) {
+        std::memcpy(a.slot(rank_) + d * piece, static_cast<const char*>(input) + send_offsets[d] + off,
+                    std::min(piece, send_bytes[d] - off));
+      }
+    }
+    if (!(r = a.step()).ok) break;
+    for (int s = 0; s < size_; ++s) {
+      if (off < recv_bytes[s]) {
+        std::memcpy(static_cast<char*>(output) + recv_offsets[s] + off, a.slot(s) + rank_ * piece,
+                    std::min(piece, recv_bytes[s] - off));
+      }
+    }
+    a.finish();
+  }
+  return r;
+}
+
+}  // namespace mooncake::pg

@@ -1,0 +1,225 @@
+// ShmGroup across real processes (fork): every collective at world sizes 1-4,
+// sizes from one element to several chunks, checked against closed formulas;
+// and the failure cases: a rank that dies, one that stalls past the
+// deadline, and ranks that disagree on the operation.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "mooncake/pg/shm_group.h"
+
+namespace mooncake::pg {
+namespace {
+
+std::string uniqueName() {
+  static int counter = 0;
+  return "/mc-pg-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
+         std::to_string(std::random_device{}());
+}
+
+// Runs body(group) in `world` forked processes; returns each child's exit
+// status (0 = all checks passed). Children that outlive `limit` are killed.
+std::vector<int> runRanks(int world, const ShmGroupOptions& options,
+                          const std::function<int(ShmGroup&)>& body,
+                          std::chrono::seconds limit = std::chrono::seconds(60)) {
+  std::string name = uniqueName();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      std::string error;
+      auto group = ShmGroup::open(name, r, world, options, &error);
+      if (!group) {
+        std::fprintf(stderr, "rank %d: %s\n", r, error.c_str());
+        _exit(100);
+      }
+      _exit(body(*group));
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> status(world, -1);
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  for (int r = 0; r < world; ++r) {
+    int st = 0;
+    while (waitpid(pids[r], &st, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], &st, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 200 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  }
+  return status;
+}
+
+#define CHECK_OR_FAIL(cond)                                                             \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      std::fprintf(stderr, "rank %d: check failed at line %d: %s\n", g.rank(), __LINE__, #cond); \
+      return 1;                                                                         \
+    }                                                                                   \
+  } while (0)
+
+// Every collective on `count` int32 / float elements, results by formula.
+int everyCollective(ShmGroup& g, size_t count) {
+  const int W = g.size(), R = g.rank();
+  std::vector<int32_t> in(count), out(count);
+  for (size_t i = 0; i < count; ++i) in[i] = static_cast<int32_t>(R + 1 + i % 97);
+  CHECK_OR_FAIL(g.allreduce(in.data(), out.data(), count, DataType::kInt32, ReduceOp::kSum).ok);
+  for (size_t i = 0; i < count; ++i) CHECK_OR_FAIL(out[i] == static_cast<int32_t>(W * (W + 1) / 2 + W * (i % 97)));
+  // in place, MAX
+  std::vector<int32_t> io = in;
+  CHECK_OR_FAIL(g.allreduce(io.data(), io.data(), count, DataType::kInt32, ReduceOp::kMax).ok);
+  for (size_t i = 0; i < count; ++i) CHECK_OR_FAIL(io[i] == static_cast<int32_t>(W + i % 97));
+  // float AVG
+  std::vector<float> f(count, static_cast<float>(R)), favg(count);
+  CHECK_OR_FAIL(g.allreduce(f.data(), favg.data(), count, DataType::kFloat32, ReduceOp::kAvg).ok);
+  for (size_t i = 0; i < count; ++i) CHECK_OR_FAIL(favg[i] == (W - 1) / 2.0f);
+  // reduce to the last rank
+  std::vector<int32_t> red(count, -7);
+  CHECK_OR_FAIL(g.reduce(in.data(), red.data(), count, DataType::kInt32, ReduceOp::kMin, W - 1).ok);
+  for (size_t i = 0; i < count; ++i) CHECK_OR_FAIL(red[i] == (R == W - 1 ? static_cast<int32_t>(1 + i % 97) : -7));
+  // broadcast from rank W/2
+  std::vector<int32_t> b(count, R == W / 2 ? 111 : 0);
+  CHECK_OR_FAIL(g.broadcast(b.data(), count * 4, W / 2).ok);
+  for (size_t i = 0; i < count; ++i) CHECK_OR_FAIL(b[i] == 111);
+  // allgather
+  std::vector<int32_t> gathered(count * W);
+  CHECK_OR_FAIL(g.allgather(in.data(), gathered.data(), count * 4).ok);
+  for (int s = 0; s < W; ++s)
+    for (size_t i = 0; i < count; ++i) CHECK_OR_FAIL(gathered[s * count + i] == static_cast<int32_t>(s + 1 + i % 97));
+  // reduce_scatter: block d of rank s holds s*1000 + d
+  std::vector<int32_t> rs_in(count * W), rs_out(count);
+  for (int d = 0; d < W; ++d)
+    for (size_t i = 0; i < count; ++i) rs_in[d * count + i] = R * 1000 + d;
+  CHECK_OR_FAIL(g.reduceScatter(rs_in.data(), rs_out.data(), count, DataType::kInt32, ReduceOp::kSum).ok);
+  for (size_t i = 0; i < count; ++i) CHECK_OR_FAIL(rs_out[i] == 1000 * W * (W - 1) / 2 + W * R);
+  // gather / scatter at root 0
+  std::vector<int32_t> ga(count * W, -1);
+  CHECK_OR_FAIL(g.gather(in.data(), ga.data(), count * 4, 0).ok);
+  if (R == 0)
+    for (int s = 0; s < W; ++s) CHECK_OR_FAIL(ga[s * count] == s + 1);
+  std::vector<int32_t> sc_in(count * W), sc_out(count, -1);
+  for (int d = 0; d < W; ++d)
+    for (size_t i = 0; i < count; ++i) sc_in[d * count + i] = d * 10 + static_cast<int32_t>(i % 5);
+  CHECK_OR_FAIL(g.scatter(sc_in.data(), sc_out.data(), count * 4, 0).ok);
+  for (size_t i = 0; i < count; ++i) CHECK_OR_FAIL(sc_out[i] == R * 10 + static_cast<int32_t>(i % 5));
+  // uneven all-to-all: rank s sends (s + d + 1) * count bytes to d, filled with s*16+d
+  std::vector<size_t> so(W), sb(W), ro(W), rb(W);
+  size_t stotal = 0, rtotal = 0;
+  for (int p = 0; p < W; ++p) {
+    sb[p] = (R + p + 1) * count;
+    so[p] = stotal;
+    stotal += sb[p];
+    rb[p] = (p + R + 1) * count;
+    ro[p] = rtotal;
+    rtotal += rb[p];
+  }
+  std::vector<uint8_t> a_in(stotal), a_out(rtotal, 0xee);
+  for (int d = 0; d < W; ++d) std::fill(a_in.begin() + so[d], a_in.begin() + so[d] + sb[d], R * 16 + d);
+  CHECK_OR_FAIL(g.alltoall(a_in.data(), so, sb, a_out.data(), ro, rb).ok);
+  for (int s = 0; s < W; ++s)
+    for (size_t i = 0; i < rb[s]; ++i) CHECK_OR_FAIL(a_out[ro[s] + i] == s * 16 + R);
+  CHECK_OR_FAIL(g.barrier().ok);
+  return 0;
+}
+
+class ShmGroupWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShmGroupWorld, EveryCollectiveAtEverySize) {
+  ShmGroupOptions options;
+  options.slot_bytes = 64 * 1024;  // small slots: large sizes take many chunks
+  options.timeout = std::chrono::seconds(20);
+  auto status = runRanks(GetParam(), options, [](ShmGroup& g) {
+    for (size_t count : {size_t{1}, size_t{7}, size_t{16411}, size_t{100000}}) {
+      if (int rc = everyCollective(g, count)) return rc;
+    }
+    return 0;
+  });
+  for (int r = 0; r < GetParam(); ++r) EXPECT_EQ(status[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(World, ShmGroupWorld, ::testing::Values(1, 2, 3, 4));
+
+TEST(ShmGroupLarge, SixteenMegabyteAllreduceWithDefaultSlots) {
+  auto status = runRanks(4, ShmGroupOptions{}, [](ShmGroup& g) {
+    const size_t count = 4u << 20;  // 16 MiB of float
+    std::vector<float> v(count);
+    for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>((i % 1024) * (g.rank() + 1));
+    if (!g.allreduce(v.data(), v.data(), count, DataType::kFloat32, ReduceOp::kSum).ok) return 1;
+    for (size_t i = 0; i < count; ++i) {
+      if (v[i] != static_cast<float>((i % 1024) * 10)) return 2;
+    }
+    return 0;
+  });
+  for (int s : status) EXPECT_EQ(s, 0);
+}
+
+// Exit codes of the failure tests: 0 expected outcome, anything else not.
+TEST(ShmGroupFailure, DeadRankFailsTheOthersQuicklyAndNamesIt) {
+  ShmGroupOptions options;
+  options.timeout = std::chrono::seconds(30);  // far longer than the test may take
+  auto start = std::chrono::steady_clock::now();
+  auto status = runRanks(3, options, [](ShmGroup& g) {
+    int32_t x = 1;
+    if (!g.allreduce(&x, &x, 1, DataType::kInt32, ReduceOp::kSum).ok || x != 3) return 1;
+    if (g.rank() == 1) _exit(0);  // dies before the next collective
+    OpResult r = g.allreduce(&x, &x, 1, DataType::kInt32, ReduceOp::kSum);
+    if (r.ok) return 2;
+    // The rank that saw the death names rank 1; the other may learn it
+    // through the broken arena (then the reason names rank 1 too).
+    bool named = std::find(r.failed_ranks.begin(), r.failed_ranks.end(), 1) != r.failed_ranks.end() ||
+                 r.error.find("rank 1") != std::string::npos;
+    if (!named) return 3;
+    return g.barrier().ok ? 4 : 0;  // the group stays failed, fast
+  });
+  EXPECT_EQ(status, (std::vector<int>{0, 0, 0}));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(ShmGroupFailure, StalledRankTimesOut) {
+  ShmGroupOptions options;
+  options.timeout = std::chrono::milliseconds(700);
+  auto status = runRanks(2, options, [](ShmGroup& g) {
+    if (g.rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(3));  // alive, but not there
+      return 0;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    int32_t x = 1;
+    OpResult r = g.allreduce(&x, &x, 1, DataType::kInt32, ReduceOp::kSum);
+    auto elapsed = std::chrono::steady_clock::now() - t0;
+    if (r.ok || r.failed_ranks != std::vector<int>{1}) return 1;
+    if (elapsed < std::chrono::milliseconds(600) || elapsed > std::chrono::milliseconds(2500)) return 2;
+    return 0;
+  });
+  EXPECT_EQ(status, (std::vector<int>{0, 0}));
+}
+
+TEST(ShmGroupFailure, RanksDisagreeingOnTheOperationGetAnErrorNotCorruption) {
+  ShmGroupOptions options;
+  options.timeout = std::chrono::seconds(10);
+  auto status = runRanks(2, options, [](ShmGroup& g) {
+    std::vector<int32_t> v(64, g.rank());
+    // rank 0 reduces 64 elements, rank 1 only 32: sizes disagree
+    OpResult r = g.allreduce(v.data(), v.data(), g.rank() == 0 ? 64 : 32, DataType::kInt32, ReduceOp::kSum);
+    if (r.ok) return 1;
+    if (r.error.find("different collective") == std::string::npos && r.error.find("broken") == std::string::npos) {
+      return 2;
+    }
+    return 0;
+  });
+  EXPECT_EQ(status, (std::vector<int>{0, 0}));
+}
+
+}  // namespace
+}  // namespace mooncake::pg
