@@ -1,4 +1,4 @@
-#include "host_identity.h"
+#include "mooncake/te/host_identity.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>

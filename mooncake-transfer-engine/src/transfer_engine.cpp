@@ -13,7 +13,7 @@
 #include <unordered_map>
 
 #include "batch.h"
-#include "host_identity.h"
+#include "mooncake/te/host_identity.h"
 #include "mooncake/te/log.h"
 #include "mooncake/te/memory_region.h"
 #include "mooncake/te/transport.h"

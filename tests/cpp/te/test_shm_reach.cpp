@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "batch.h"
-#include "host_identity.h"
+#include "mooncake/te/host_identity.h"
 #include "mooncake/te/shared_memory.h"
 #include "transport/shm/shm_transport.h"
 

@@ -11,7 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "host_identity.h"
+#include "mooncake/te/host_identity.h"
 #include "mooncake/te/shared_memory.h"
 #include "mooncake/te/log.h"
 

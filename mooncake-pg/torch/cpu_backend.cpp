@@ -1,0 +1,466 @@
+#include "cpu_backend.h"
+
+#include <c10/util/Exception.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <numeric>
+#include <random>
+
+#include "mooncake/te/host_identity.h"
+#include "settings.h"
+#include "tensor_checks.h"
+
+namespace mooncake::pg {
+namespace {
+
+std::string storeGet(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key) {
+  std::vector<uint8_t> v = store->get(key);
+  return std::string(v.begin(), v.end());
+}
+
+void storeSet(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, const std::string& value) {
+  store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+size_t slotBytesFromEnv() {
+  const char* text = std::getenv("MOONCAKE_PG_SHM_SLOT_BYTES");
+  if (text == nullptr || *text == '\0') return 4u << 20;
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(text, &end, 10);
+  TORCH_CHECK_VALUE(end != text && *end == '\0' && v >= 4096, "MOONCAKE_PG_SHM_SLOT_BYTES must be a number >= 4096, got '",
+                    text, "'");
+  return static_cast<size_t>(v);
+}
+
+// A tensor the core can read and write as one block: `t` itself when it is
+// contiguous, else a contiguous copy (written back by the caller).
+at::Tensor contiguousOf(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+size_t bytesOf(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+
+}  // namespace
+
+MooncakeCpuBackend::MooncakeCpuBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                       std::chrono::milliseconds timeout, const MooncakeBackendOptions& options)
+    : c10d::Backend(rank, size), max_group_size_(options.max_group_size > 0 ? options.max_group_size : size) {
+  TORCH_CHECK_VALUE(max_group_size_ >= size, "MooncakeBackendOptions: max_group_size (", max_group_size_,
+                    ") must be at least the group size (", size, ")");
+  // Every member must be on this host: the shared-memory data plane is the
+  // one that exists so far.
+  const std::string host = te::hostIdentity();
+  storeSet(store, "mc_host/" + std::to_string(rank), host);
+  for (int r = 0; r < size; ++r) {
+    TORCH_CHECK(storeGet(store, "mc_host/" + std::to_string(r)) == host, "mooncake-cpu: rank ", r,
+                " runs on another host (or pid namespace); groups spanning hosts are not supported yet by this "
+                "build of mooncake-cpu (they need the transfer-engine data plane)");
+  }
+  std::string name;
+  if (rank == 0) {
+    std::random_device rd;
+    name = "/mooncake-pg-" + std::to_string(::getpid()) + "-" + std::to_string(rd()) + std::to_string(rd());
+    storeSet(store, "mc_shm_name", name);
+  } else {
+    name = storeGet(store, "mc_shm_name");
+  }
+  ShmGroupOptions shm;
+  shm.slot_bytes = slotBytesFromEnv();
+  int64_t override_us = settings().collective_timeout_us.load();
+  shm.timeout = override_us >= 0 ? std::chrono::milliseconds(override_us / 1000) : timeout;
+  shm.attach_timeout = std::max(timeout, std::chrono::milliseconds(10000));
+  std::string error;
+  group_ = ShmGroup::open(name, rank, size, shm, &error);
+  TORCH_CHECK(group_ != nullptr, "mooncake-cpu: ", error);
+}
+
+MooncakeCpuBackend::~MooncakeCpuBackend() { queue_.stop(); }
+
+void MooncakeCpuBackend::shutdown() { queue_.stop(); }
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                                           std::function<OpResult()> body) {
+  auto work = c10::make_intrusive<MooncakeWork>(getRank(), type, max_group_size_, std::move(outputs));
+  queue_.push([work, body = std::move(body)] {
+    OpResult result;
+    try {
+      result = body();
+    } catch (const std::exception& e) {  // never let an error escape the worker thread
+      result.ok = false;
+      result.error = e.what();
+    }
+    work->complete(result);
+  });
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                             const c10d::AllreduceOptions& opts) {
+  const at::Tensor& t = checkSingle(tensors, "all_reduce", "tensor");
+  WireType w = wireTypeOf(t, "all_reduce", "tensor");
+  ReduceOp op = reduceOpOf(opts.reduceOp, t, w, "all_reduce");
+  at::Tensor io = contiguousOf(t);
+  return enqueue(c10d::OpType::ALLREDUCE, {t}, [this, t, io, w, op] {
+    OpResult r = group_->allreduce(io.data_ptr(), io.data_ptr(), io.numel() * w.lanes, w.type, op);
+    if (r.ok && !io.is_same(t)) t.copy_(io);
+    return r;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                       const c10d::AllreduceCoalescedOptions& opts) {
+  std::vector<at::Tensor> ios;
+  std::vector<WireType> wires;
+  std::vector<ReduceOp> ops;
+  for (const at::Tensor& t : tensors) {
+    checkCpuDense(t, "all_reduce_coalesced", "tensors");
+    wires.push_back(wireTypeOf(t, "all_reduce_coalesced", "tensors"));
+    ops.push_back(reduceOpOf(opts.reduceOp, t, wires.back(), "all_reduce_coalesced"));
+    ios.push_back(contiguousOf(t));
+  }
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors, [this, tensors, ios, wires, ops] {
+    OpResult r;
+    for (size_t i = 0; i < ios.size() && r.ok; ++i) {
+      r = group_->allreduce(ios[i].data_ptr(), ios[i].data_ptr(), ios[i].numel() * wires[i].lanes, wires[i].type,
+                            ops[i]);
+      if (r.ok && !ios[i].is_same(tensors[i])) tensors[i].copy_(ios[i]);
+    }
+    return r;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                             const c10d::BroadcastOptions& opts) {
+  const at::Tensor& t = checkSingle(tensors, "broadcast", "tensor");
+  wireTypeOf(t, "broadcast", "tensor");
+  checkRank(opts.rootRank, getSize(), "broadcast", "src");
+  TORCH_CHECK_VALUE(opts.rootTensor == 0, "broadcast: rootTensor must be 0 (one tensor per rank)");
+  at::Tensor io = contiguousOf(t);
+  int root = static_cast<int>(opts.rootRank);
+  return enqueue(c10d::OpType::BROADCAST, {t}, [this, t, io, root] {
+    OpResult r = group_->broadcast(io.data_ptr(), bytesOf(io), root);
+    if (r.ok && !io.is_same(t)) t.copy_(io);
+    return r;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::ReduceOptions& opts) {
+  const at::Tensor& t = checkSingle(tensors, "reduce", "tensor");
+  WireType w = wireTypeOf(t, "reduce", "tensor");
+  ReduceOp op = reduceOpOf(opts.reduceOp, t, w, "reduce");
+  checkRank(opts.rootRank, getSize(), "reduce", "dst");
+  at::Tensor io = contiguousOf(t);
+  int root = static_cast<int>(opts.rootRank);
+  return enqueue(c10d::OpType::REDUCE, {t}, [this, t, io, w, op, root] {
+    OpResult r = group_->reduce(io.data_ptr(), io.data_ptr(), io.numel() * w.lanes, w.type, op, root);
+    if (r.ok && root == getRank() && !io.is_same(t)) t.copy_(io);
+    return r;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgatherPairs(std::vector<at::Tensor> outputs,
+                                                                  std::vector<at::Tensor> inputs, const char* op) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), op, ": ", outputs.size(), " output tensors but ", inputs.size(),
+                    " inputs");
+  std::vector<at::Tensor> ins, outs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkCpuDense(inputs[i], op, "input_tensor");
+    checkSameKind(inputs[i], outputs[i], op, "input_tensor", "output_tensor");
+    wireTypeOf(inputs[i], op, "input_tensor");
+    TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * getSize(), op, ": output_tensor must have world_size (",
+                      getSize(), ") times the elements of input_tensor (", inputs[i].numel(), "), got ",
+                      outputs[i].numel());
+    ins.push_back(contiguousOf(inputs[i]));
+    outs.push_back(contiguousOf(outputs[i]));
+  }
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, outputs, [this, outputs, ins, outs] {
+    OpResult r;
+    for (size_t i = 0; i < ins.size() && r.ok; ++i) {
+      r = group_->allgather(ins[i].data_ptr(), outs[i].data_ptr(), bytesOf(ins[i]));
+      if (r.ok && !outs[i].is_same(outputs[i])) outputs[i].copy_(outs[i]);
+    }
+    return r;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                   const c10d::AllgatherOptions&) {
+  return allgatherPairs({output}, {input}, "all_gather_into_tensor");
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                   std::vector<at::Tensor>& inputs,
+                                                                                   const c10d::AllgatherOptions&) {
+  return allgatherPairs(outputs, inputs, "all_gather_into_tensor_coalesced");
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                             std::vector<at::Tensor>& inputs,
+                                                             const c10d::AllgatherOptions&) {
+  const at::Tensor& in = checkSingle(inputs, "all_gather", "tensor");
+  wireTypeOf(in, "all_gather", "tensor");
+  TORCH_CHECK_VALUE(outputs.size() == 1, "all_gather: expects one output list, got ", outputs.size());
+  std::vector<at::Tensor> list = outputs[0];
+  TORCH_CHECK_VALUE(static_cast<int>(list.size()) == getSize(), "all_gather: tensor_list must have world_size (",
+                    getSize(), ") tensors, got ", list.size());
+  for (const at::Tensor& o : list) {
+    checkSameKind(in, o, "all_gather", "tensor", "tensor_list[i]");
+    TORCH_CHECK_VALUE(o.numel() == in.numel(), "all_gather: every tensor in tensor_list must have ", in.numel(),
+                      " elements like the input, got ", o.numel());
+  }
+  at::Tensor src = contiguousOf(in);
+  return enqueue(c10d::OpType::ALLGATHER, list, [this, list, src] {
+    at::Tensor flat = at::empty({static_cast<int64_t>(list.size()) * src.numel()}, src.options());
+    OpResult r = group_->allgather(src.data_ptr(), flat.data_ptr(), bytesOf(src));
+    for (size_t i = 0; r.ok && i < list.size(); ++i) list[i].copy_(flat.narrow(0, i * src.numel(), src.numel()).view_as(list[i]));
+    return r;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                       std::vector<at::Tensor>& inputs,
+                                                                       const c10d::AllgatherOptions&) {
+  const char* op = "all_gather_coalesced";
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), op, ": ", outputs.size(), " output lists for ", inputs.size(),
+                    " inputs");
+  std::vector<at::Tensor> srcs, all_outputs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkCpuDense(inputs[i], op, "input_list[i]");
+    wireTypeOf(inputs[i], op, "input_list[i]");
+    TORCH_CHECK_VALUE(static_cast<int>(outputs[i].size()) == getSize(), op, ": output list ", i,
+                      " must have world_size (", getSize(), ") tensors");
+    for (const at::Tensor& o : outputs[i]) {
+      checkSameKind(inputs[i], o, op, "input_list[i]", "output_lists[i][j]");
+      TORCH_CHECK_VALUE(o.numel() == inputs[i].numel(), op, ": output tensors must match their input's size");
+      all_outputs.push_back(o);
+    }
+    srcs.push_back(contiguousOf(inputs[i]));
+  }
+  return enqueue(c10d::OpType::ALLGATHER_COALESCED, all_outputs, [this, outputs, srcs] {
+    OpResult r;
+    for (size_t i = 0; r.ok && i < srcs.size(); ++i) {
+      const int64_t n = srcs[i].numel();
+      at::Tensor flat = at::empty({n * getSize()}, srcs[i].options());
+      r = group_->allgather(srcs[i].data_ptr(), flat.data_ptr(), bytesOf(srcs[i]));
+      for (int p = 0; r.ok && p < getSize(); ++p) outputs[i][p].copy_(flat.narrow(0, p * n, n).view_as(outputs[i][p]));
+    }
+    return r;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduceScatterPairs(std::vector<at::Tensor> outputs,
+                                                                      std::vector<at::Tensor> inputs,
+                                                                      const c10d::ReduceOp& reduce_op, const char* op) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), op, ": ", outputs.size(), " output tensors but ", inputs.size(),
+                    " inputs");
+  std::vector<at::Tensor> ins, outs;
+  std::vector<WireType> wires;
+  std::vector<ReduceOp> ops;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkCpuDense(inputs[i], op, "input");
+    checkSameKind(inputs[i], outputs[i], op, "input", "output");
+    wires.push_back(wireTypeOf(inputs[i], op, "input"));
+    ops.push_back(reduceOpOf(reduce_op, inputs[i], wires.back(), op));
+    TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * getSize(), op, ": input must have world_size (",
+                      getSize(), ") times the elements of output (", outputs[i].numel(), "), got ", inputs[i].numel());
+    ins.push_back(contiguousOf(inputs[i]));
+    outs.push_back(contiguousOf(outputs[i]));
+  }
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, outputs, [this, outputs, ins, outs, wires, ops] {
+    OpResult r;
+    for (size_t i = 0; i < ins.size() && r.ok; ++i) {
+      r = group_->reduceScatter(ins[i].data_ptr(), outs[i].data_ptr(), outs[i].numel() * wires[i].lanes,
+                                wires[i].type, ops[i]);
+      if (r.ok && !outs[i].is_same(outputs[i])) outputs[i].copy_(outs[i]);
+    }
+    return r;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                        const c10d::ReduceScatterOptions& opts) {
+  return reduceScatterPairs({output}, {input}, opts.reduceOp, "reduce_scatter_tensor");
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  return reduceScatterPairs(outputs, inputs, opts.reduceOp, "reduce_scatter_tensor_coalesced");
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                  std::vector<std::vector<at::Tensor>>& inputs,
+                                                                  const c10d::ReduceScatterOptions& opts) {
+  const at::Tensor& out = checkSingle(outputs, "reduce_scatter", "output");
+  TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+                    "reduce_scatter: input_list must have world_size (", getSize(), ") tensors");
+  for (const at::Tensor& in : inputs[0]) {
+    checkSameKind(out, in, "reduce_scatter", "output", "input_list[i]");
+    TORCH_CHECK_VALUE(in.numel() == out.numel(), "reduce_scatter: every tensor in input_list must have ", out.numel(),
+                      " elements like output, got ", in.numel());
+  }
+  std::vector<at::Tensor> flat_parts;
+  for (const at::Tensor& in : inputs[0]) flat_parts.push_back(in.reshape({-1}));
+  at::Tensor flat = at::cat(flat_parts);
+  return reduceScatterPairs({out}, {flat}, opts.reduceOp, "reduce_scatter");
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                 std::vector<int64_t>& output_split_sizes,
+                                                                 std::vector<int64_t>& input_split_sizes,
+                                                                 const c10d::AllToAllOptions&) {
+  const char* op = "all_to_all_single";
+  checkCpuDense(input, op, "input");
+  checkSameKind(input, output, op, "input", "output");
+  wireTypeOf(input, op, "input");
+  const int W = getSize();
+  auto layout = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* arg,
+                    std::vector<size_t>& offsets, std::vector<size_t>& bytes) {
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    const size_t row_bytes = rows == 0 ? 0 : bytesOf(t) / rows;
+    std::vector<int64_t> s = splits;
+    if (s.empty()) {
+      TORCH_CHECK_VALUE(rows % W == 0, op, ": without split sizes, ", arg, ".size(0) (", rows,
+                        ") must be divisible by world_size (", W, ")");
+      s.assign(W, rows / W);
+    }
+    TORCH_CHECK_VALUE(static_cast<int>(s.size()) == W, op, ": ", arg, "_split_sizes must have world_size (", W,
+                      ") entries, got ", s.size());
+    int64_t total = 0;
+    for (int64_t v : s) {
+      TORCH_CHECK_VALUE(v >= 0, op, ": ", arg, "_split_sizes must not be negative");
+      total += v;
+    }
+    TORCH_CHECK_VALUE(total == rows, op, ": ", arg, "_split_sizes sum to ", total, " but ", arg, ".size(0) is ", rows);
+    offsets.resize(W);
+    bytes.resize(W);
+    size_t off = 0;
+    for (int p = 0; p < W; ++p) {
+      offsets[p] = off;
+      bytes[p] = static_cast<size_t>(s[p]) * row_bytes;
+      off += bytes[p];
+    }
+  };
+  std::vector<size_t> so, sb, ro, rb;
+  layout(input, input_split_sizes, "input", so, sb);
+  layout(output, output_split_sizes, "output", ro, rb);
+  at::Tensor in = contiguousOf(input), out = contiguousOf(output);
+  return enqueue(c10d::OpType::ALLTOALL_BASE, {output}, [this, output, in, out, so, sb, ro, rb] {
+    OpResult r = group_->alltoall(in.data_ptr(), so, sb, out.data_ptr(), ro, rb);
+    if (r.ok && !out.is_same(output)) output.copy_(out);
+    return r;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                            std::vector<at::Tensor>& inputs,
+                                                            const c10d::AllToAllOptions&) {
+  const char* op = "all_to_all";
+  const int W = getSize();
+  TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == W && static_cast<int>(outputs.size()) == W, op,
+                    ": input_tensor_list and output_tensor_list must have world_size (", W, ") tensors, got ",
+                    inputs.size(), " and ", outputs.size());
+  std::vector<size_t> so(W), sb(W), ro(W), rb(W);
+  size_t soff = 0, roff = 0;
+  for (int p = 0; p < W; ++p) {
+    checkCpuDense(inputs[p], op, "input_tensor_list[i]");
+    checkSameKind(inputs[0], inputs[p], op, "input_tensor_list[0]", "input_tensor_list[i]");
+    checkSameKind(inputs[0], outputs[p], op, "input_tensor_list[0]", "output_tensor_list[i]");
+    so[p] = soff;
+    sb[p] = bytesOf(inputs[p]);
+    soff += sb[p];
+    ro[p] = roff;
+    rb[p] = bytesOf(outputs[p]);
+    roff += rb[p];
+  }
+  wireTypeOf(inputs[0], op, "input_tensor_list[0]");
+  std::vector<at::Tensor> flat_in;
+  for (const at::Tensor& t : inputs) flat_in.push_back(t.reshape({-1}));
+  at::Tensor packed = at::cat(flat_in);
+  return enqueue(c10d::OpType::ALLTOALL, outputs, [this, outputs, packed, so, sb, ro, rb, roff] {
+    at::Tensor received = at::empty({static_cast<int64_t>(roff)}, packed.options().dtype(at::kByte));
+    OpResult r = group_->alltoall(packed.data_ptr(), so, sb, received.data_ptr(), ro, rb);
+    for (size_t p = 0; r.ok && p < outputs.size(); ++p) {
+      at::Tensor bytes = received.narrow(0, ro[p], rb[p]);
+      outputs[p].copy_(bytes.view(outputs[p].scalar_type()).view(outputs[p].sizes()));
+    }
+    return r;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::GatherOptions& opts) {
+  const at::Tensor& in = checkSingle(inputs, "gather", "tensor");
+  wireTypeOf(in, "gather", "tensor");
+  checkRank(opts.rootRank, getSize(), "gather", "dst");
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> list;
+  if (getRank() == root) {
+    TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
+                      "gather: on the destination rank, gather_list must have world_size (", getSize(), ") tensors");
+    list = outputs[0];
+    for (const at::Tensor& o : list) {
+      checkSameKind(in, o, "gather", "tensor", "gather_list[i]");
+      TORCH_CHECK_VALUE(o.numel() == in.numel(), "gather: every tensor in gather_list must have ", in.numel(),
+                        " elements, got ", o.numel());
+    }
+  } else {
+    TORCH_CHECK_VALUE(outputs.empty() || outputs[0].empty(), "gather: gather_list must be empty on non-destination ranks");
+  }
+  at::Tensor src = contiguousOf(in);
+  return enqueue(c10d::OpType::GATHER, list, [this, list, src, root] {
+    at::Tensor flat = getRank() == root ? at::empty({src.numel() * getSize()}, src.options()) : at::Tensor();
+    OpResult r = group_->gather(src.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, bytesOf(src), root);
+    for (size_t i = 0; r.ok && i < list.size(); ++i) list[i].copy_(flat.narrow(0, i * src.numel(), src.numel()).view_as(list[i]));
+    return r;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                                           const c10d::ScatterOptions& opts) {
+  const at::Tensor& out = checkSingle(outputs, "scatter", "tensor");
+  wireTypeOf(out, "scatter", "tensor");
+  checkRank(opts.rootRank, getSize(), "scatter", "src");
+  const int root = static_cast<int>(opts.rootRank);
+  at::Tensor packed;
+  if (getRank() == root) {
+    TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+                      "scatter: on the source rank, scatter_list must have world_size (", getSize(), ") tensors");
+    std::vector<at::Tensor> parts;
+    for (const at::Tensor& in : inputs[0]) {
+      checkSameKind(out, in, "scatter", "tensor", "scatter_list[i]");
+      TORCH_CHECK_VALUE(in.numel() == out.numel(), "scatter: every tensor in scatter_list must have ", out.numel(),
+                        " elements, got ", in.numel());
+      parts.push_back(in.reshape({-1}));
+    }
+    packed = at::cat(parts);
+  } else {
+    TORCH_CHECK_VALUE(inputs.empty() || inputs[0].empty(), "scatter: scatter_list must be empty on non-source ranks");
+  }
+  at::Tensor dst = contiguousOf(out);
+  return enqueue(c10d::OpType::SCATTER, {out}, [this, out, dst, packed, root] {
+    OpResult r = group_->scatter(packed.defined() ? packed.data_ptr() : nullptr, dst.data_ptr(), bytesOf(dst), root);
+    if (r.ok && !dst.is_same(out)) out.copy_(dst);
+    return r;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::barrier(const c10d::BarrierOptions&) {
+  return enqueue(c10d::OpType::BARRIER, {}, [this] { return group_->barrier(); });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::send(std::vector<at::Tensor>&, int, int) {
+  TORCH_CHECK(false, "mooncake-cpu: send/recv are not available in this build yet (the credit-based P2P protocol "
+                     "is under construction); collectives are");
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  return send(tensors, src, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::recvAnysource(std::vector<at::Tensor>&, int) {
+  TORCH_CHECK(false, "mooncake-cpu: receiving from any source is not supported; name the source rank");
+}
+
+}  // namespace mooncake::pg

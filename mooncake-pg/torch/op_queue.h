@@ -1,0 +1,60 @@
+// Runs a group's operations one at a time, in issue order, on one thread:
+// every rank issues collectives in the same order, and the shared-memory
+// protocol needs them executed in that order.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace mooncake::pg {
+
+class OpQueue {
+ public:
+  OpQueue() : thread_([this] { loop(); }) {}
+  ~OpQueue() { stop(); }
+
+  void push(std::function<void()> op) {
+    {
+      std::lock_guard lock(mutex_);
+      ops_.push_back(std::move(op));
+    }
+    cv_.notify_one();
+  }
+
+  // Runs what is queued, then ends the thread. Idempotent.
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> op;
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [this] { return stopping_ || !ops_.empty(); });
+        if (ops_.empty()) return;
+        op = std::move(ops_.front());
+        ops_.pop_front();
+      }
+      op();  // ops catch their own errors and complete their Work
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> ops_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace mooncake::pg

@@ -1,0 +1,155 @@
+// mooncake.pg_<torch version>: the torch-facing module. python/mooncake/pg.py
+// loads it, re-exports its names and registers the backends with
+// torch.distributed.
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/python.h>
+
+#include "backend_options.h"
+#include "process_group.h"
+#include "settings.h"
+#include "work.h"
+
+namespace py = pybind11;
+using namespace mooncake::pg;
+
+namespace {
+
+MooncakeProcessGroup& requireMooncake(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const char* fn) {
+  auto* pg = dynamic_cast<MooncakeProcessGroup*>(group.get());
+  TORCH_CHECK_TYPE(pg != nullptr, fn, ": backend must be a process group created with backend \"mooncake\" or "
+                   "\"mooncake-cpu\", got one of backend \"", group ? group->getBackendName() : "None", "\"");
+  return *pg;
+}
+
+MooncakeBackendOptions optionsFrom(const py::object& pg_options) {
+  if (pg_options.is_none()) {
+    MooncakeBackendOptions o;
+    // Without options, the environment decides the failure policy (as in the reference).
+    auto flag = [](const char* name) {
+      const char* v = std::getenv(name);
+      return v == nullptr || std::string(v) != "0";
+    };
+    o.auto_deactivate_on_failure = flag("MOONCAKE_PG_AUTO_DEACTIVATE_ON_FAILURE");
+    o.auto_sync_on_failure = flag("MOONCAKE_PG_AUTO_SYNC_ON_FAILURE");
+    if (!o.auto_deactivate_on_failure) o.auto_sync_on_failure = false;
+    return o;
+  }
+  TORCH_CHECK_TYPE(py::isinstance<MooncakeBackendOptions>(pg_options),
+                   "pg_options must be mooncake.pg.MooncakeBackendOptions or None, got ",
+                   std::string(py::str(pg_options.get_type())));
+  return pg_options.cast<MooncakeBackendOptions>();
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> createCpuGroup(const c10d::DistributedBackendOptions& opts,
+                                                      const py::object& pg_options) {
+  MooncakeBackendOptions options = optionsFrom(pg_options);
+  auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(opts.timeout);
+  c10::intrusive_ptr<MooncakeCpuBackend> backend;
+  {
+    py::gil_scoped_release release;  // the store exchange blocks until every rank arrives
+    backend = c10::make_intrusive<MooncakeCpuBackend>(opts.store, opts.group_rank, opts.group_size, timeout, options);
+  }
+  settings().groups_created++;
+  return c10::make_intrusive<MooncakeProcessGroup>(opts.store, opts.group_rank, opts.group_size, backend, options);
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> createCudaGroup(const c10d::DistributedBackendOptions&, const py::object&) {
+  TORCH_CHECK(false, "backend \"mooncake\" (CUDA tensors) is not built in this version; use \"mooncake-cpu\" for CPU "
+                     "tensors");
+}
+
+MooncakeBackendOptions makeOptions(std::optional<at::Tensor> active_ranks, bool is_extension, int max_group_size,
+                                   bool auto_deactivate, bool auto_sync) {
+  MooncakeBackendOptions o{std::move(active_ranks), is_extension, max_group_size, auto_deactivate, auto_sync};
+  try {
+    o.validate();
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
+  return o;
+}
+
+void beforeAnyGroup(const char* fn) {
+  TORCH_CHECK(settings().groups_created.load() == 0, fn, " must be called before the first Mooncake process group is "
+              "created");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(MOONCAKE_PG_MODULE_NAME, m) {
+  m.doc() = "Mooncake process group for torch.distributed (built against torch " MOONCAKE_TORCH_VERSION ")";
+  py::module_::import("torch.distributed");
+
+  py::class_<MooncakeProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<MooncakeProcessGroup>>(
+      m, "MooncakeProcessGroup");
+
+  // Tensor overloads first, so that a one-element tensor is not taken for an int.
+  py::class_<MooncakeBackendOptions>(m, "MooncakeBackendOptions")
+      .def(py::init([](at::Tensor active) { return makeOptions(active, false, 0, true, true); }), py::arg("active_ranks"))
+      .def(py::init([](at::Tensor active, bool ext) { return makeOptions(active, ext, 0, true, true); }),
+           py::arg("active_ranks"), py::arg("is_extension"))
+      .def(py::init([](at::Tensor active, bool ext, int max) { return makeOptions(active, ext, max, true, true); }),
+           py::arg("active_ranks"), py::arg("is_extension"), py::arg("max_group_size"))
+      .def(py::init([](int max) { return makeOptions(std::nullopt, false, max, true, true); }), py::arg("max_group_size"))
+      .def(py::init([](int max, bool ext) { return makeOptions(std::nullopt, ext, max, true, true); }),
+           py::arg("max_group_size"), py::arg("is_extension"))
+      .def(py::init([](int max, bool ext, bool deact, bool sync) {
+             return makeOptions(std::nullopt, ext, max, deact, sync);
+           }),
+           py::arg("max_group_size"), py::arg("is_extension"), py::arg("auto_deactivate_on_failure"),
+           py::arg("auto_sync_on_failure"));
+
+
+  m.def("createMooncakeCpuBackend", &createCpuGroup, py::arg("distributed_backend_options"), py::arg("pg_options"));
+  m.def("createMooncakeBackend", &createCudaGroup, py::arg("distributed_backend_options"), py::arg("pg_options"));
+
+  m.def("set_host_ip", [](const std::string& host) {
+    TORCH_CHECK_VALUE(!host.empty(), "set_host_ip: host must not be empty");
+    std::lock_guard lock(settings().mutex);
+    TORCH_CHECK(settings().groups_created.load() == 0 || settings().host_ip == host,
+                "set_host_ip: cannot change the host after the first group was created");
+    settings().host_ip = host;
+  }, py::arg("host"));
+  m.def("set_device_filter", [](std::vector<std::string> filter) {
+    std::sort(filter.begin(), filter.end());
+    filter.erase(std::unique(filter.begin(), filter.end()), filter.end());
+    std::lock_guard lock(settings().mutex);
+    TORCH_CHECK(settings().groups_created.load() == 0 || settings().device_filter == filter,
+                "set_device_filter: cannot change the device filter after the first group was created");
+    settings().device_filter = filter;
+  }, py::arg("device_filter"));
+  m.def("set_transfer_engine", [](py::object engine) {
+    beforeAnyGroup("set_transfer_engine");
+    settings().transfer_engine_ptr = engine.is_none() ? 0 : engine.attr("get_engine_ptr")().cast<uint64_t>();
+  }, py::arg("engine"));
+  m.def("set_collective_timeout_us", [](int64_t us) {
+    TORCH_CHECK_VALUE(us > 0, "set_collective_timeout_us: timeout must be positive, got ", us);
+    settings().collective_timeout_us = us;
+  }, py::arg("timeout_us"));
+  m.def("set_p2p_timeout_us", [](int64_t us) {
+    TORCH_CHECK_VALUE(us >= 0, "set_p2p_timeout_us: timeout must not be negative, got ", us);
+    settings().p2p_timeout_us = us;
+  }, py::arg("timeout_us"));
+
+  m.def("get_active_ranks", [](const c10::intrusive_ptr<c10d::ProcessGroup>& backend) {
+    return requireMooncake(backend, "get_active_ranks").activeRanks();
+  }, py::arg("backend"));
+  m.def("get_num_synced_ranks", [](const c10::intrusive_ptr<c10d::ProcessGroup>& backend) {
+    return requireMooncake(backend, "get_num_synced_ranks").activeRanks().count_nonzero().item<int64_t>();
+  }, py::arg("backend"));
+  m.def("get_current_epoch", [](const c10::intrusive_ptr<c10d::ProcessGroup>& backend) {
+    return requireMooncake(backend, "get_current_epoch").epoch();
+  }, py::arg("backend"));
+  m.def("get_failed_ranks_hint", [](const c10::intrusive_ptr<c10d::Work>& work) -> py::object {
+    auto* w = dynamic_cast<MooncakeWork*>(work.get());
+    if (w == nullptr) return py::none();
+    return py::cast(w->failedRanksHint());
+  }, py::arg("work"));
+  m.def("get_local_success", [](const c10::intrusive_ptr<c10d::Work>& work) {
+    auto* w = dynamic_cast<MooncakeWork*>(work.get());
+    return w != nullptr && w->localSuccess();
+  }, py::arg("work"));
+
+  m.attr("TORCH_VERSION") = MOONCAKE_TORCH_VERSION;
+}

@@ -1,0 +1,10 @@
+#include "settings.h"
+
+namespace mooncake::pg {
+
+PgSettings& settings() {
+  static PgSettings s;
+  return s;
+}
+
+}  // namespace mooncake::pg

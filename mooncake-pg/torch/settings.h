@@ -1,0 +1,26 @@
+// Process-wide settings of the PG, set through module functions of
+// mooncake.pg before groups are created (set_host_ip, set_*_timeout_us, ...).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace mooncake::pg {
+
+struct PgSettings {
+  std::mutex mutex;
+  std::string host_ip = "127.0.0.1";
+  std::vector<std::string> device_filter;
+  uint64_t transfer_engine_ptr = 0;  // an external TransferEngine (set_transfer_engine), 0 = own
+  // Negative: not set; the group's torch timeout applies.
+  std::atomic<int64_t> collective_timeout_us{-1};
+  std::atomic<int64_t> p2p_timeout_us{10'000'000};
+  std::atomic<int> groups_created{0};
+};
+
+PgSettings& settings();
+
+}  // namespace mooncake::pg

@@ -1,0 +1,31 @@
+// Argument checks shared by the operations: each failure raises on the
+// calling rank with a message naming the argument and the rule, before
+// anything is queued, so the group stays usable.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <string>
+#include <vector>
+
+#include "mooncake/pg/types.h"
+
+namespace mooncake::pg {
+
+// The core's element type for a tensor, with the element count multiplier
+// (complex tensors travel as pairs of reals).
+struct WireType {
+  DataType type;
+  int64_t lanes = 1;
+};
+
+WireType wireTypeOf(const at::Tensor& t, const char* op, const char* arg);
+ReduceOp reduceOpOf(const c10d::ReduceOp& op, const at::Tensor& t, const WireType& w, const char* opname);
+
+void checkCpuDense(const at::Tensor& t, const char* op, const char* arg);
+const at::Tensor& checkSingle(const std::vector<at::Tensor>& tensors, const char* op, const char* arg);
+void checkSameKind(const at::Tensor& a, const at::Tensor& b, const char* op, const char* arg_a, const char* arg_b);
+void checkRank(int64_t rank, int size, const char* op, const char* arg);
+
+}  // namespace mooncake::pg

@@ -1,0 +1,29 @@
+"""torch.distributed backends ``"mooncake-cpu"`` (CPU tensors) and ``"mooncake"``
+(CUDA tensors), and the ``pg.*`` helpers.
+
+``from mooncake import pg`` loads ``mooncake.pg_<torch version>`` for the
+running torch, re-exports its names here, and registers the backends, so
+that ``dist.init_process_group(backend="mooncake-cpu")`` works after it.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as _dist
+
+from mooncake._torch_ext import load_torch_extension as _load
+
+_module = _load("pg")
+globals().update({name: getattr(_module, name) for name in dir(_module) if not name.startswith("__")})
+
+
+def _register(name: str, creator, devices: list[str]) -> None:
+    # Registering twice raises in torch; importing this module twice must not.
+    if name.upper() in _dist.Backend._plugins:
+        return
+    _dist.Backend.register_backend(name, creator, extended_api=True, devices=devices)
+
+
+_register("mooncake-cpu", _module.createMooncakeCpuBackend, ["cpu"])
+_register("mooncake", _module.createMooncakeBackend, ["cuda"])
+
+__all__ = [name for name in dir(_module) if not name.startswith("_")]
