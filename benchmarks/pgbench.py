@@ -1,0 +1,260 @@
+"""nccl-tests style benchmark for torch.distributed backends: mooncake,
+mooncake-cpu, nccl, gloo.
+
+    python3 benchmarks/pgbench.py --collective all_reduce --backend mooncake-cpu -g 4 -b 8 -e 16M -f 4
+
+Launches -g processes on 127.0.0.1 (or runs as one rank when RANK is set,
+e.g. under torchrun). For each size it prints, for out-of-place and in-place
+runs: time(us), algbw(GB/s) = bytes / 1e9 / time, busbw(GB/s) = algbw times
+the nccl-tests factor (2(n-1)/n all_reduce; (n-1)/n all_gather,
+reduce_scatter, alltoall; 1 broadcast, sendrecv), and #wrong (elements that
+differ from the expected result, summed over ranks; -c 0 skips the check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+COLLECTIVES = ["all_reduce", "all_gather", "broadcast", "reduce_scatter", "alltoall", "sendrecv"]
+DTYPES = {
+    "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32, "uint32": torch.uint32, "int64": torch.int64,
+    "uint64": torch.uint64, "half": torch.float16, "float": torch.float32, "double": torch.float64,
+    "bfloat16": torch.bfloat16, "f8e4m3": torch.float8_e4m3fn, "f8e5m2": torch.float8_e5m2,
+}
+OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
+       "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.SUM}
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"(\d+)\s*([KMGT]?)B?", text.strip().upper())
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (e.g. 64, 16K, 32M, 1G)")
+    return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " ")
+
+
+def bus_factor(coll: str, n: int) -> float:
+    if coll == "all_reduce":
+        return 2 * (n - 1) / n
+    if coll in ("all_gather", "reduce_scatter", "alltoall"):
+        return (n - 1) / n
+    return 1.0
+
+
+def sizes(args) -> list[int]:
+    out, s = [], args.minbytes
+    while s <= args.maxbytes:
+        out.append(s)
+        s = s * args.stepfactor if args.stepfactor > 1 else s + args.stepbytes
+    return out
+
+
+class Case:
+    """Buffers and expected results of one collective at one size."""
+
+    def __init__(self, args, nbytes: int, rank: int, world: int, device, inplace: bool):
+        self.args, self.rank, self.world, self.inplace = args, rank, world, inplace
+        dtype = DTYPES[args.datatype]
+        esize = torch.empty(0, dtype=dtype).element_size()
+        count = max(1, nbytes // esize)
+        if args.collective in ("all_gather", "reduce_scatter", "alltoall"):
+            count = max(world, count - count % world) if args.collective != "all_gather" else count
+            # nccl-tests align these to 16 bytes
+            align = max(1, 16 // esize) * (world if args.collective != "all_gather" else 1)
+            count = max(align, count - count % align)
+        self.count, self.dtype, self.device = count, dtype, device
+        base = (torch.arange(count) % 7 + 1 + rank).to(torch.float32)
+        mk = lambda t: t.to(dtype).to(device)  # noqa: E731
+        c = args.collective
+        if c == "all_reduce" or c == "broadcast":
+            self.send = mk(base)
+            self.recv = self.send if inplace else None
+        elif c == "all_gather":
+            self.recv = torch.empty(count * world, dtype=dtype, device=device)
+            self.send = self.recv.narrow(0, rank * count, count) if inplace else mk(base)
+            if inplace:
+                self.send.copy_(mk(base))
+        elif c == "reduce_scatter":
+            self.send = mk(base)
+            self.recv = torch.empty(count // world, dtype=dtype, device=device)
+        elif c == "alltoall":
+            self.send = mk(base)
+            self.recv = torch.empty(count, dtype=dtype, device=device)
+        elif c == "sendrecv":
+            self.send = mk(base)
+            self.recv = torch.empty(count, dtype=dtype, device=device)
+
+    def run(self, group=None):
+        a, c = self.args, self.args.collective
+        if c == "all_reduce":
+            # torch's all_reduce works in place: both columns time the same call
+            dist.all_reduce(self.send, op=OPS[a.op], group=group)
+        elif c == "broadcast":
+            dist.broadcast(self.send, src=a.root, group=group)
+        elif c == "all_gather":
+            dist.all_gather_into_tensor(self.recv, self.send, group=group)
+        elif c == "reduce_scatter":
+            dist.reduce_scatter_tensor(self.recv, self.send, op=OPS[a.op], group=group)
+        elif c == "alltoall":
+            dist.all_to_all_single(self.recv, self.send, group=group)
+        elif c == "sendrecv":
+            peer_to, peer_from = (self.rank + 1) % self.world, (self.rank - 1) % self.world
+            ops = [dist.P2POp(dist.isend, self.send, peer_to), dist.P2POp(dist.irecv, self.recv, peer_from)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+
+    def wrong(self) -> int:
+        """Elements that differ from the closed-form result of one run."""
+        a, c, W, r = self.args, self.args.collective, self.world, self.rank
+        f = lambda x: x.to(self.dtype).to(torch.float64)  # noqa: E731
+        idx = torch.arange(self.count) % 7 + 1
+        if c == "all_reduce":
+            vals = torch.stack([f((idx + q).to(torch.float32)) for q in range(W)])
+            exp = {"sum": vals.sum(0), "prod": vals.prod(0), "max": vals.max(0).values,
+                   "min": vals.min(0).values, "avg": vals.sum(0)}[a.op]
+            got = self.send.cpu().to(torch.float64)
+            exp = exp.to(self.dtype).to(torch.float64)
+        elif c == "broadcast":
+            got, exp = self.send.cpu().to(torch.float64), f((idx + a.root).to(torch.float32))
+        elif c == "all_gather":
+            got = self.recv.cpu().to(torch.float64)
+            exp = torch.cat([f((idx + q).to(torch.float32)) for q in range(W)])
+        elif c == "reduce_scatter":
+            n = self.count // W
+            vals = torch.stack([f((idx + q).to(torch.float32)) for q in range(W)])
+            exp = vals.sum(0)[r * n:(r + 1) * n].to(self.dtype).to(torch.float64)
+            got = self.recv.cpu().to(torch.float64)
+        elif c == "alltoall":
+            n = self.count // W
+            exp = torch.cat([f((idx + q).to(torch.float32))[r * n:(r + 1) * n] for q in range(W)])
+            got = self.recv.cpu().to(torch.float64)
+        else:  # sendrecv
+            got, exp = self.recv.cpu().to(torch.float64), f((idx + (r - 1) % W).to(torch.float32))
+        return int((got != exp).sum())
+
+
+def bench(args, rank: int, world: int) -> None:
+    device = torch.device("cuda", rank % max(1, torch.cuda.device_count())) if args.device == "cuda" else torch.device("cpu")
+    if args.device == "cuda":
+        torch.cuda.set_device(device)
+    if rank == 0:
+        print(f"# pgbench: {args.collective} backend={args.backend} world={world} dtype={args.datatype} "
+              f"op={args.op} iters={args.iters} warmup={args.warmup_iters}")
+        print(f"#{'':>10} {'':>12} {'':>8} {'':>6} {'':>5}   {'out-of-place':^34}   {'in-place':^34}")
+        print(f"#{'size(B)':>10} {'count':>12} {'type':>8} {'redop':>6} {'root':>5}   "
+              f"{'time(us)':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>7}   {'time(us)':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>7}")
+    stat = {0: None, 1: torch.sum, 2: torch.min, 3: torch.max}[args.average]
+    for nbytes in sizes(args):
+        cols = []
+        for inplace in (False, True):
+            if inplace and args.collective in ("alltoall", "sendrecv"):
+                cols.append(f"{'N/A':>9} {'N/A':>7} {'N/A':>7} {'N/A':>7}")
+                continue
+            case = Case(args, nbytes, rank, world, device, inplace)
+            for _ in range(args.warmup_iters):
+                case.run()
+            wrong = 0
+            if args.check:
+                case = Case(args, nbytes, rank, world, device, inplace)
+                case.run()
+                if args.device == "cuda":
+                    torch.cuda.synchronize()
+                wrong = case.wrong()
+            dist.barrier()
+            clock = time.process_time if args.cputime else time.perf_counter
+            t0 = clock()
+            for _ in range(args.iters):
+                for _ in range(args.agg_iters):
+                    case.run()
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            t = torch.tensor([(clock() - t0) / (args.iters * args.agg_iters)], dtype=torch.float64)
+            w = torch.tensor([wrong], dtype=torch.int64)
+            if args.device == "cuda":
+                t, w = t.cuda(), w.cuda()
+            dist.all_reduce(w)
+            if stat is torch.sum:
+                dist.all_reduce(t)
+                t /= world
+            elif stat is torch.min:
+                dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            elif stat is torch.max:
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            secs = float(t)
+            moved = case.count * case.send.element_size() * (world if args.collective == "all_gather" else 1)
+            algbw = moved / 1e9 / secs
+            cols.append(f"{secs * 1e6:>9.1f} {algbw:>7.2f} {algbw * bus_factor(args.collective, world):>7.2f} "
+                        f"{int(w) if args.check else 'N/A':>7}")
+        if rank == 0:
+            case = Case(args, nbytes, rank, world, torch.device("cpu"), False)
+            stamp = time.strftime("%H:%M:%S ") if args.timestamps else ""
+            print(f" {stamp}{case.count * case.send.element_size():>10} {case.count:>12} {args.datatype:>8} {args.op:>6} "
+                  f"{args.root:>5}   {cols[0]}   {cols[1]}", flush=True)
+
+
+def worker(rank: int, world: int, args) -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(args.port))
+    if args.backend.startswith("mooncake"):
+        from mooncake import pg  # noqa: F401  (registers the backends)
+    dist.init_process_group(args.backend, rank=rank, world_size=world)
+    try:
+        bench(args, rank, world)
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--collective", required=True, choices=COLLECTIVES)
+    p.add_argument("--backend", default="mooncake" if torch.cuda.is_available() else "mooncake-cpu",
+                   choices=["mooncake", "mooncake-cpu", "nccl", "gloo"])
+    p.add_argument("--device", choices=["cuda", "cpu"])
+    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("32M"))
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("32M"))
+    p.add_argument("-i", "--stepbytes", type=parse_size, default=parse_size("1M"))
+    p.add_argument("-f", "--stepfactor", type=int, default=1)
+    p.add_argument("-n", "--iters", type=int, default=20)
+    p.add_argument("-w", "--warmup_iters", type=int, default=1)
+    p.add_argument("-m", "--agg_iters", type=int, default=1)
+    p.add_argument("-c", "--check", type=int, default=1)
+    p.add_argument("-a", "--average", type=int, default=1, choices=[0, 1, 2, 3])
+    p.add_argument("-C", "--cputime", action="store_true", help="report process CPU time instead of wall time")
+    p.add_argument("-S", "--timestamps", action="store_true")
+    p.add_argument("-d", "--datatype", default="float", choices=sorted(DTYPES))
+    p.add_argument("-o", "--op", default="sum", choices=sorted(OPS))
+    p.add_argument("-r", "--root", type=int, default=0)
+    p.add_argument("-g", "--ngpus", type=int, default=1, help="processes to launch")
+    p.add_argument("-t", "--nthreads", type=int, default=1)
+    p.add_argument("-J", "--report_json", action="store_true")
+    p.add_argument("--port", type=int, default=29500)
+    args = p.parse_args()
+    if args.nthreads != 1:
+        p.error("-t must be 1: one rank per process")
+    if args.report_json:
+        p.error("-J (JSON report) is not supported")
+    args.device = args.device or ("cpu" if args.backend in ("mooncake-cpu", "gloo") else "cuda")
+    if (args.backend in ("mooncake-cpu", "gloo")) != (args.device == "cpu"):
+        p.error(f"backend {args.backend} does not run on device {args.device}")
+    if args.op == "avg":
+        print("# note: avg is measured as SUM (divide by world size afterwards), as nccl-tests does", file=sys.stderr)
+    if "RANK" in os.environ:
+        worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            args.port = s.getsockname()[1]
+        mp.spawn(worker, args=(args.ngpus, args), nprocs=args.ngpus, join=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
