@@ -1,6 +1,7 @@
 #include "cpu_backend.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/utils/pybind.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -23,13 +24,14 @@ void storeSet(const c10::intrusive_ptr<c10d::Store>& store, const std::string& k
   store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
 }
 
-size_t slotBytesFromEnv() {
-  const char* text = std::getenv("MOONCAKE_PG_SHM_SLOT_BYTES");
-  if (text == nullptr || *text == '\0') return 4u << 20;
+// A byte count from the environment (plain decimal), or `fallback`.
+size_t envBytes(const char* name, size_t fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
   char* end = nullptr;
   unsigned long long v = std::strtoull(text, &end, 10);
-  TORCH_CHECK_VALUE(end != text && *end == '\0' && v >= 4096, "MOONCAKE_PG_SHM_SLOT_BYTES must be a number >= 4096, got '",
-                    text, "'");
+  TORCH_CHECK_VALUE(end != text && *end == '\0' && v >= 4096, name, " must be a number of bytes >= 4096, got '", text,
+                    "'");
   return static_cast<size_t>(v);
 }
 
@@ -64,18 +66,72 @@ MooncakeCpuBackend::MooncakeCpuBackend(const c10::intrusive_ptr<c10d::Store>& st
     name = storeGet(store, "mc_shm_name");
   }
   ShmGroupOptions shm;
-  shm.slot_bytes = slotBytesFromEnv();
+  shm.slot_bytes = envBytes("MOONCAKE_PG_SHM_SLOT_BYTES", 4u << 20);
   int64_t override_us = settings().collective_timeout_us.load();
   shm.timeout = override_us >= 0 ? std::chrono::milliseconds(override_us / 1000) : timeout;
   shm.attach_timeout = std::max(timeout, std::chrono::milliseconds(10000));
   std::string error;
   group_ = ShmGroup::open(name, rank, size, shm, &error);
   TORCH_CHECK(group_ != nullptr, "mooncake-cpu: ", error);
+  startP2p(store, timeout);
 }
 
-MooncakeCpuBackend::~MooncakeCpuBackend() { queue_.stop(); }
+void MooncakeCpuBackend::startP2p(const c10::intrusive_ptr<c10d::Store>& store, std::chrono::milliseconds timeout) {
+  // Every rank publishes an endpoint (possibly "none"), so no rank waits for
+  // a key that never comes when another rank could not start P2P.
+  P2pEndpoint mine;
+  try {
+    te::TransferEngine* engine = pgTransferEngine(&p2p_error_);
+    if (engine != nullptr) {
+      P2pOptions o;
+      o.chunk_bytes = envBytes("MOONCAKE_P2P_CHUNK_SIZE", o.chunk_bytes);
+      size_t pool = envBytes("MOONCAKE_P2P_POOL_SIZE", o.chunk_bytes * o.pool_chunks);
+      TORCH_CHECK_VALUE(pool >= o.chunk_bytes && pool % o.chunk_bytes == 0,
+                        "MOONCAKE_P2P_POOL_SIZE must be a positive multiple of MOONCAKE_P2P_CHUNK_SIZE");
+      o.pool_chunks = pool / o.chunk_bytes;
+      int64_t us = settings().p2p_timeout_us.load();
+      o.timeout = us >= 0 ? std::chrono::milliseconds(us / 1000) : timeout;
+      p2p_ = std::make_unique<P2pChannel>(*engine, getRank(), getSize(), o);
+      mine = p2p_->localEndpoint();
+    }
+  } catch (const std::exception& e) {
+    p2p_.reset();
+    p2p_error_ = e.what();
+  }
+  storeSet(store, "mc_p2p/" + std::to_string(getRank()), p2p_ ? mine.encode() : "none");
+  std::vector<P2pEndpoint> peers(getSize());
+  for (int r = 0; r < getSize(); ++r) {
+    std::string text = storeGet(store, "mc_p2p/" + std::to_string(r));
+    if (p2p_ && (text == "none" || !P2pEndpoint::decode(text, peers[r]))) {
+      p2p_.reset();
+      p2p_error_ = "rank " + std::to_string(r) + " could not start point-to-point communication";
+    }
+  }
+  if (p2p_) p2p_->connect(peers);
+}
 
-void MooncakeCpuBackend::shutdown() { queue_.stop(); }
+P2pChannel& MooncakeCpuBackend::p2p(const char* op) {
+  TORCH_CHECK(p2p_ != nullptr, "mooncake-cpu: ", op, " is unavailable in this group: ", p2p_error_);
+  return *p2p_;
+}
+
+MooncakeCpuBackend::~MooncakeCpuBackend() { shutdown(); }
+
+void MooncakeCpuBackend::shutdown() {
+  // Our threads may be dropping tensors that Python created, which takes the
+  // GIL: never wait for them while holding it (Python destroys groups with
+  // the GIL held).
+  auto stop = [this] {
+    queue_.stop();
+    p2p_.reset();
+  };
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    pybind11::gil_scoped_release release;
+    stop();
+  } else {
+    stop();
+  }
+}
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
                                                            std::function<OpResult()> body) {
@@ -450,13 +506,29 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::barrier(const c10d::BarrierOp
   return enqueue(c10d::OpType::BARRIER, {}, [this] { return group_->barrier(); });
 }
 
-c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::send(std::vector<at::Tensor>&, int, int) {
-  TORCH_CHECK(false, "mooncake-cpu: send/recv are not available in this build yet (the credit-based P2P protocol "
-                     "is under construction); collectives are");
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  const at::Tensor& t = checkSingle(tensors, "send", "tensor");
+  wireTypeOf(t, "send", "tensor");
+  checkRank(dst_rank, getSize(), "send", "dst");
+  P2pChannel& channel = p2p("send");
+  at::Tensor src = t.contiguous();  // kept alive by the callback until the bytes are out
+  auto work = c10::make_intrusive<MooncakeWork>(getRank(), c10d::OpType::SEND, max_group_size_, std::vector<at::Tensor>{t});
+  channel.send(dst_rank, tag, src.data_ptr(), bytesOf(src), [work, src](const OpResult& r) { work->complete(r); });
+  return work;
 }
 
-c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  return send(tensors, src, tag);
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  const at::Tensor& t = checkSingle(tensors, "recv", "tensor");
+  wireTypeOf(t, "recv", "tensor");
+  checkRank(src_rank, getSize(), "recv", "src");
+  P2pChannel& channel = p2p("recv");
+  at::Tensor dst = contiguousOf(t);
+  auto work = c10::make_intrusive<MooncakeWork>(getRank(), c10d::OpType::RECV, max_group_size_, std::vector<at::Tensor>{t});
+  channel.recv(src_rank, tag, dst.data_ptr(), bytesOf(dst), [work, t, dst](const OpResult& r) {
+    if (r.ok && !dst.is_same(t)) t.copy_(dst);  // only a complete message is copied back
+    work->complete(r);
+  });
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::recvAnysource(std::vector<at::Tensor>&, int) {

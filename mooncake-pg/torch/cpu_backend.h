@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "backend_options.h"
+#include "mooncake/pg/p2p_channel.h"
 #include "mooncake/pg/shm_group.h"
 #include "op_queue.h"
 #include "work.h"
@@ -73,8 +74,13 @@ class MooncakeCpuBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduceScatterPairs(std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
                                                     const c10d::ReduceOp& reduce_op, const char* op);
 
+  void startP2p(const c10::intrusive_ptr<c10d::Store>& store, std::chrono::milliseconds timeout);
+  P2pChannel& p2p(const char* op);
+
   int max_group_size_;
   std::unique_ptr<ShmGroup> group_;
+  std::unique_ptr<P2pChannel> p2p_;
+  std::string p2p_error_;  // why P2P is unavailable, when it is
   OpQueue queue_;  // last: its thread stops before the group goes away
 };
 

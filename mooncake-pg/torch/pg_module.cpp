@@ -37,7 +37,7 @@ MooncakeBackendOptions optionsFrom(const py::object& pg_options) {
   }
   TORCH_CHECK_TYPE(py::isinstance<MooncakeBackendOptions>(pg_options),
                    "pg_options must be mooncake.pg.MooncakeBackendOptions or None, got ",
-                   std::string(py::str(pg_options.get_type())));
+                   std::string(py::str(py::type::handle_of(pg_options))));
   return pg_options.cast<MooncakeBackendOptions>();
 }
 

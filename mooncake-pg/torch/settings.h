@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+namespace mooncake::te {
+class TransferEngine;
+}
+
 namespace mooncake::pg {
 
 struct PgSettings {
@@ -17,10 +21,15 @@ struct PgSettings {
   uint64_t transfer_engine_ptr = 0;  // an external TransferEngine (set_transfer_engine), 0 = own
   // Negative: not set; the group's torch timeout applies.
   std::atomic<int64_t> collective_timeout_us{-1};
-  std::atomic<int64_t> p2p_timeout_us{10'000'000};
+  std::atomic<int64_t> p2p_timeout_us{-1};
   std::atomic<int> groups_created{0};
 };
 
 PgSettings& settings();
+
+// The process's transfer engine for P2P: the one given to set_transfer_engine,
+// else one made on first use (P2PHANDSHAKE on the host of set_host_ip).
+// Null, with *error set, when it cannot be started.
+te::TransferEngine* pgTransferEngine(std::string* error);
 
 }  // namespace mooncake::pg

@@ -1,0 +1,70 @@
+// Point-to-point messages between the ranks of a group, receiver-driven:
+// the receiver grants credits (a chunk of its receive pool, by address), the
+// sender writes that chunk one-sidedly through the transfer engine and then
+// writes an acknowledgement; the receiver copies the chunk out and reuses it.
+// Nothing is sent before the receiver has room, so messages of any size flow
+// through fixed pools, chunk by chunk.
+//
+// Order: FIFO per (peer, direction); among one peer's messages, a receive
+// matches the oldest unmatched send with the same tag. Sends and receives
+// progress independently, so any order inside a batch is deadlock-free.
+// Every slot token carries the membership epoch and a sequence number.
+// Failures (peer gone, size mismatch, no progress before the deadline) end
+// the operation with an error naming the peer; nothing else is affected.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mooncake/pg/shm_group.h"
+
+namespace mooncake::te {
+class TransferEngine;
+}
+
+namespace mooncake::pg {
+
+struct P2pOptions {
+  size_t chunk_bytes = 1u << 20;  // MOONCAKE_P2P_CHUNK_SIZE
+  size_t pool_chunks = 8;         // MOONCAKE_P2P_POOL_SIZE / chunk
+  std::chrono::milliseconds timeout{std::chrono::seconds(600)};  // without progress
+};
+
+// What a rank publishes so peers can reach its slots (exchanged by the caller).
+struct P2pEndpoint {
+  std::string segment;        // transfer engine segment "host:port"
+  uint64_t credit_region = 0;  // CreditSlot[size][64]: peers (as receivers) write here
+  uint64_t ack_region = 0;     // AckSlot[size][64]: peers (as senders) write here
+
+  std::string encode() const;
+  static bool decode(const std::string& text, P2pEndpoint& out);
+};
+
+class P2pChannel {
+ public:
+  using Done = std::function<void(const OpResult&)>;
+
+  // Registers this rank's slots and pools with `engine` (which must outlive
+  // the channel). Throws std::runtime_error when registration fails.
+  P2pChannel(te::TransferEngine& engine, int rank, int size, const P2pOptions& options);
+  ~P2pChannel();
+
+  P2pEndpoint localEndpoint() const;
+  // The peers' endpoints, indexed by rank. Before the first send/recv.
+  void connect(const std::vector<P2pEndpoint>& peers);
+
+  // Queue a message; `done` runs on the progress thread when it ends. The
+  // buffer must stay valid until then.
+  void send(int peer, int tag, const void* data, size_t bytes, Done done);
+  void recv(int peer, int tag, void* data, size_t bytes, Done done);
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mooncake::pg

@@ -1,0 +1,437 @@
+#include "mooncake/pg/p2p_channel.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "mooncake/te/shared_memory.h"
+#include "mooncake/te/transfer_engine.h"
+#include "p2p_slots.h"
+
+namespace mooncake::pg {
+
+using namespace p2p;
+using Clock = std::chrono::steady_clock;
+
+std::string P2pEndpoint::encode() const {
+  std::ostringstream s;
+  s << segment << ' ' << credit_region << ' ' << ack_region;
+  return s.str();
+}
+
+bool P2pEndpoint::decode(const std::string& text, P2pEndpoint& out) {
+  std::istringstream s(text);
+  return static_cast<bool>(s >> out.segment >> out.credit_region >> out.ack_region);
+}
+
+class P2pChannel::Impl {
+ public:
+  Impl(te::TransferEngine& engine, int rank, int size, const P2pOptions& options);
+  ~Impl();
+
+  P2pEndpoint localEndpoint() const {
+    return P2pEndpoint{engine_.segmentName(), addr(credits_), addr(acks_)};
+  }
+  void connect(const std::vector<P2pEndpoint>& peers);
+  void post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done);
+
+ private:
+  struct RecvOp {
+    int tag;
+    char* data;
+    size_t total;
+    Done done;
+    uint32_t op_id = 0;
+    size_t credited = 0;
+    size_t received = 0;
+    std::string error;  // set when the sender refused the pair; completes once credits drain
+  };
+  struct SendOp {
+    int tag;
+    const char* data;
+    size_t total;
+    Done done;
+    bool bound = false;
+    uint32_t op_id = 0;
+    size_t sent = 0;
+  };
+  struct Outstanding {
+    uint32_t seq;
+    int chunk;
+    size_t offset;
+    uint32_t length;
+  };
+  struct RecvLane {
+    std::deque<RecvOp> ops;
+    std::deque<Outstanding> outstanding;
+    uint32_t issue_seq = 0;
+    uint32_t next_op_id = 0;
+  };
+  struct SendLane {
+    std::list<SendOp> ops;
+    uint32_t consume_seq = 0;
+    uint32_t rejected_op_id = ~0u;  // credits of this receiver message get a mismatch ack
+  };
+  struct Peer {
+    P2pEndpoint endpoint;
+    te::SegmentHandle handle = te::kInvalidSegment;
+    std::string failure;  // non-empty once the peer is known gone
+    Clock::time_point last_progress;
+    Clock::time_point last_probe;
+  };
+  struct Posted {
+    bool is_send;
+    int peer;
+    int tag;
+    char* data;
+    size_t bytes;
+    Done done;
+  };
+
+  static uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
+  void loop();
+  bool stepRecv(int peer);
+  bool stepSend(int peer);
+  void checkPeers();
+  int writeSlot(int peer, const void* slot, uint64_t remote);
+  int writeData(int peer, const char* src, uint64_t remote, size_t length);
+  void failPeer(int peer, const std::string& why);
+  OpResult failure(int peer, const std::string& why) const {
+    OpResult r;
+    r.ok = false;
+    r.error = why;
+    r.failed_ranks.push_back(peer);
+    return r;
+  }
+
+  te::TransferEngine& engine_;
+  const int rank_, size_;
+  const P2pOptions options_;
+  const uint32_t epoch_ = 0;  // membership epoch; views arrive with the elastic control plane
+
+  // Registered shared memory: [credits | acks | outbox | staging | recv pool].
+  char* memory_ = nullptr;
+  size_t memory_bytes_ = 0;
+  CreditSlot* credits_ = nullptr;  // [size][kSlotsPerLane], written by receivers
+  AckSlot* acks_ = nullptr;        // [size][kSlotsPerLane], written by senders
+  char* outbox_ = nullptr;         // one slot: source of control writes
+  char* staging_ = nullptr;        // one chunk: source of data writes
+  char* recv_pool_ = nullptr;      // pool_chunks chunks
+  std::vector<int> free_chunks_;
+
+  std::vector<Peer> peers_;
+  std::vector<RecvLane> recv_lanes_;
+  std::vector<SendLane> send_lanes_;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<Posted> posted_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+P2pChannel::Impl::Impl(te::TransferEngine& engine, int rank, int size, const P2pOptions& options)
+    : engine_(engine), rank_(rank), size_(size), options_(options), peers_(size), recv_lanes_(size),
+      send_lanes_(size) {
+  const size_t slots = static_cast<size_t>(size) * kSlotsPerLane;
+  const size_t chunk = options_.chunk_bytes;
+  memory_bytes_ = slots * sizeof(CreditSlot) + slots * sizeof(AckSlot) + 64 + chunk + chunk * options_.pool_chunks;
+  // Shared memory: same-host peers write it through a mapping (a memcpy).
+  memory_ = static_cast<char*>(te::allocateSharedMemory(memory_bytes_));
+  if (memory_ == nullptr) throw std::runtime_error("P2P: cannot allocate " + std::to_string(memory_bytes_) + " bytes");
+  credits_ = reinterpret_cast<CreditSlot*>(memory_);
+  acks_ = reinterpret_cast<AckSlot*>(memory_ + slots * sizeof(CreditSlot));
+  outbox_ = memory_ + slots * (sizeof(CreditSlot) + sizeof(AckSlot));
+  staging_ = outbox_ + 64;
+  recv_pool_ = staging_ + chunk;
+  for (size_t i = 0; i < slots; ++i) {
+    reset(&credits_[i]);
+    reset(&acks_[i]);
+  }
+  for (int c = static_cast<int>(options_.pool_chunks) - 1; c >= 0; --c) free_chunks_.push_back(c);
+  if (int rc = engine_.registerLocalMemory(memory_, memory_bytes_); rc != te::kOk) {
+    te::freeSharedMemory(memory_);
+    throw std::runtime_error(std::string("P2P: cannot register its buffers with the transfer engine: ") +
+                             te::errorName(rc));
+  }
+  thread_ = std::thread([this] { loop(); });
+}
+
+P2pChannel::Impl::~Impl() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  engine_.unregisterLocalMemory(memory_);
+  te::freeSharedMemory(memory_);
+}
+
+void P2pChannel::Impl::connect(const std::vector<P2pEndpoint>& peers) {
+  std::lock_guard lock(mutex_);
+  for (int p = 0; p < size_; ++p) {
+    peers_[p].endpoint = peers[p];
+    peers_[p].handle = engine_.openSegment(peers[p].segment);
+    if (peers_[p].handle == te::kInvalidSegment) peers_[p].failure = "cannot reach rank " + std::to_string(p) + " at " + peers[p].segment;
+  }
+}
+
+void P2pChannel::Impl::post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done) {
+  {
+    std::lock_guard lock(mutex_);
+    posted_.push_back(Posted{is_send, peer, tag, data, bytes, std::move(done)});
+  }
+  cv_.notify_all();
+}
+
+int P2pChannel::Impl::writeSlot(int peer, const void* slot, uint64_t remote) {
+  std::memcpy(outbox_, slot, 64);
+  return engine_.transferSync({te::TransferRequest{te::Opcode::kWrite, outbox_, peers_[peer].handle, remote, 64}});
+}
+
+int P2pChannel::Impl::writeData(int peer, const char* src, uint64_t remote, size_t length) {
+  std::memcpy(staging_, src, length);
+  return engine_.transferSync({te::TransferRequest{te::Opcode::kWrite, staging_, peers_[peer].handle, remote, length}});
+}
+
+void P2pChannel::Impl::failPeer(int peer, const std::string& why) {
+  Peer& p = peers_[peer];
+  if (p.failure.empty()) p.failure = why;
+  RecvLane& rl = recv_lanes_[peer];
+  for (const Outstanding& o : rl.outstanding) free_chunks_.push_back(o.chunk);
+  rl.outstanding.clear();
+  for (RecvOp& op : rl.ops) op.done(failure(peer, p.failure));
+  rl.ops.clear();
+  for (SendOp& op : send_lanes_[peer].ops) op.done(failure(peer, p.failure));
+  send_lanes_[peer].ops.clear();
+}
+
+bool P2pChannel::Impl::stepRecv(int peer) {
+  RecvLane& lane = recv_lanes_[peer];
+  if (lane.ops.empty()) return false;
+  RecvOp& op = lane.ops.front();
+  bool progressed = false;
+  const size_t chunk = options_.chunk_bytes;
+  while (op.error.empty() && op.credited < op.total && lane.outstanding.size() < kSlotsPerLane && !free_chunks_.empty()) {
+    int c = free_chunks_.back();
+    free_chunks_.pop_back();
+    uint32_t length = static_cast<uint32_t>(std::min(chunk, op.total - op.credited));
+    uint32_t seq = lane.issue_seq++;
+    CreditSlot credit{};
+    credit.recv_addr = addr(recv_pool_ + c * chunk);
+    credit.total = op.total;
+    credit.length = length;
+    credit.tag = op.tag;
+    credit.op_id = op.op_id;
+    seal(credit, token(epoch_, seq));
+    const uint64_t remote = peers_[peer].endpoint.credit_region +
+                            (static_cast<uint64_t>(rank_) * kSlotsPerLane + seq % kSlotsPerLane) * sizeof(CreditSlot);
+    lane.outstanding.push_back(Outstanding{seq, c, op.credited, length});
+    op.credited += length;
+    if (int rc = writeSlot(peer, &credit, remote); rc != te::kOk) {
+      failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
+      return true;
+    }
+    progressed = true;
+  }
+  while (!lane.outstanding.empty()) {
+    const Outstanding o = lane.outstanding.front();
+    AckSlot* slot = &acks_[static_cast<size_t>(peer) * kSlotsPerLane + o.seq % kSlotsPerLane];
+    AckSlot ack;
+    if (!tryLoad(slot, token(epoch_, o.seq), ack)) break;
+    reset(slot);
+    lane.outstanding.pop_front();
+    if (ack.length == kAckSizeMismatch) {
+      op.error = "message size mismatch with rank " + std::to_string(peer) + ": this rank receives " +
+                 std::to_string(op.total) + " bytes, the matching send has a different size";
+      op.credited = op.total;  // issue nothing more for it
+    } else if (op.error.empty()) {
+      std::memcpy(op.data + o.offset, recv_pool_ + o.chunk * chunk, o.length);
+      op.received += o.length;
+    }
+    free_chunks_.push_back(o.chunk);
+    progressed = true;
+  }
+  if ((op.received == op.total || !op.error.empty()) && lane.outstanding.empty()) {
+    OpResult r = op.error.empty() ? OpResult{} : failure(peer, op.error);
+    Done done = std::move(op.done);
+    lane.ops.pop_front();
+    done(r);
+    progressed = true;
+  }
+  if (progressed) peers_[peer].last_progress = Clock::now();
+  return progressed;
+}
+
+bool P2pChannel::Impl::stepSend(int peer) {
+  SendLane& lane = send_lanes_[peer];
+  bool progressed = false;
+  for (;;) {
+    CreditSlot* slot = &credits_[static_cast<size_t>(peer) * kSlotsPerLane + lane.consume_seq % kSlotsPerLane];
+    CreditSlot credit;
+    const uint32_t seq = lane.consume_seq;
+    if (!tryLoad(slot, token(epoch_, seq), credit)) break;
+    const uint64_t ack_remote = peers_[peer].endpoint.ack_region +
+                                (static_cast<uint64_t>(rank_) * kSlotsPerLane + seq % kSlotsPerLane) * sizeof(AckSlot);
+    AckSlot ack{};
+    if (credit.op_id == lane.rejected_op_id) {
+      ack.length = kAckSizeMismatch;  // drain the rest of a refused message's credits
+    } else {
+      // The send this credit serves: the one bound to the receiver's message,
+      // else the oldest unbound send with the credit's tag.
+      auto it = std::find_if(lane.ops.begin(), lane.ops.end(),
+                             [&](const SendOp& op) { return op.bound && op.op_id == credit.op_id; });
+      if (it == lane.ops.end()) {
+        it = std::find_if(lane.ops.begin(), lane.ops.end(),
+                          [&](const SendOp& op) { return !op.bound && op.tag == credit.tag; });
+        if (it == lane.ops.end()) break;  // not posted yet: keep the credit for later
+        it->bound = true;
+        it->op_id = credit.op_id;
+        if (it->total != credit.total) {
+          lane.rejected_op_id = credit.op_id;
+          ack.length = kAckSizeMismatch;
+          Done done = std::move(it->done);
+          std::string why = "message size mismatch with rank " + std::to_string(peer) + ": this rank sends " +
+                            std::to_string(it->total) + " bytes, the matching receive expects " +
+                            std::to_string(credit.total);
+          lane.ops.erase(it);
+          done(failure(peer, why));
+          it = lane.ops.end();
+        }
+      }
+      if (it != lane.ops.end()) {
+        if (credit.length > it->total - it->sent) {
+          ack.length = kAckSizeMismatch;  // cannot happen with matching sizes; refuse rather than overrun
+        } else {
+          if (int rc = writeData(peer, it->data + it->sent, credit.recv_addr, credit.length); rc != te::kOk) {
+            failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
+            return true;
+          }
+          ack.length = credit.length;
+          it->sent += credit.length;
+        }
+      }
+      if (it != lane.ops.end() && it->sent == it->total) {
+        Done done = std::move(it->done);
+        lane.ops.erase(it);
+        // The ack below is written before completion is reported.
+        seal(ack, token(epoch_, seq));
+        if (int rc = writeSlot(peer, &ack, ack_remote); rc != te::kOk) {
+          done(failure(peer, "rank " + std::to_string(peer) + " is unreachable"));
+          failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
+          return true;
+        }
+        reset(slot);
+        lane.consume_seq++;
+        done(OpResult{});
+        progressed = true;
+        continue;
+      }
+    }
+    seal(ack, token(epoch_, seq));
+    if (int rc = writeSlot(peer, &ack, ack_remote); rc != te::kOk) {
+      failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
+      return true;
+    }
+    reset(slot);
+    lane.consume_seq++;
+    progressed = true;
+  }
+  if (progressed) peers_[peer].last_progress = Clock::now();
+  return progressed;
+}
+
+void P2pChannel::Impl::checkPeers() {
+  const auto now = Clock::now();
+  for (int p = 0; p < size_; ++p) {
+    bool waiting = !recv_lanes_[p].ops.empty() || !send_lanes_[p].ops.empty();
+    if (!waiting) continue;
+    Peer& peer = peers_[p];
+    if (!peer.failure.empty()) {
+      failPeer(p, peer.failure);
+      continue;
+    }
+    if (now - peer.last_progress > options_.timeout) {
+      // Credits already granted may still be used by a late sender: the only
+      // safe way on is to close the lanes to this peer (as a failure does).
+      failPeer(p, "no progress with rank " + std::to_string(p) + " for " + std::to_string(options_.timeout.count()) +
+                      " ms (P2P timeout); point-to-point with this rank is closed");
+      continue;
+    }
+    // Waiting on a peer: make sure it is still there, a few times a second.
+    if (now - peer.last_progress > std::chrono::milliseconds(200) &&
+        now - peer.last_probe > std::chrono::milliseconds(200)) {
+      peer.last_probe = now;
+      if (engine_.probe(peer.endpoint.segment, std::chrono::milliseconds(500)) != te::kOk) {
+        failPeer(p, "rank " + std::to_string(p) + " (" + peer.endpoint.segment + ") is gone");
+      }
+    }
+  }
+}
+
+void P2pChannel::Impl::loop() {
+  int idle_rounds = 0;
+  for (;;) {
+    std::vector<Posted> incoming;
+    {
+      std::unique_lock lock(mutex_);
+      bool busy = false;
+      for (int p = 0; p < size_ && !busy; ++p) busy = !recv_lanes_[p].ops.empty() || !send_lanes_[p].ops.empty();
+      if (!busy) cv_.wait(lock, [this] { return stopping_ || !posted_.empty(); });
+      if (stopping_) break;
+      incoming.swap(posted_);
+    }
+    for (Posted& op : incoming) {
+      Peer& peer = peers_[op.peer];
+      if (!peer.failure.empty()) {
+        op.done(failure(op.peer, peer.failure));
+      } else if (op.bytes == 0) {
+        op.done(OpResult{});  // nothing to move; matched trivially
+      } else if (op.is_send) {
+        send_lanes_[op.peer].ops.push_back(SendOp{op.tag, op.data, op.bytes, std::move(op.done), false, 0, 0});
+      } else {
+        RecvLane& lane = recv_lanes_[op.peer];
+        lane.ops.push_back(RecvOp{op.tag, op.data, op.bytes, std::move(op.done), lane.next_op_id++, 0, 0, {}});
+      }
+      if (recv_lanes_[op.peer].ops.size() + send_lanes_[op.peer].ops.size() == 1) peer.last_progress = Clock::now();
+    }
+    bool progressed = !incoming.empty();
+    for (int p = 0; p < size_; ++p) {
+      progressed |= stepRecv(p);
+      progressed |= stepSend(p);
+    }
+    checkPeers();
+    // Nothing moved: back off from spinning to short sleeps, so that waiting
+    // for a slow peer does not burn a core.
+    idle_rounds = progressed ? 0 : idle_rounds + 1;
+    if (idle_rounds > 200) {
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min(idle_rounds - 200, 200)));
+    } else if (idle_rounds > 20) {
+      std::this_thread::yield();
+    }
+  }
+  // Shutting down: whatever is pending fails.
+  for (int p = 0; p < size_; ++p) failPeer(p, "the process group was shut down");
+  for (Posted& op : posted_) op.done(failure(op.peer, "the process group was shut down"));
+}
+
+P2pChannel::P2pChannel(te::TransferEngine& engine, int rank, int size, const P2pOptions& options)
+    : impl_(std::make_unique<Impl>(engine, rank, size, options)) {}
+P2pChannel::~P2pChannel() = default;
+P2pEndpoint P2pChannel::localEndpoint() const { return impl_->localEndpoint(); }
+void P2pChannel::connect(const std::vector<P2pEndpoint>& peers) { impl_->connect(peers); }
+void P2pChannel::send(int peer, int tag, const void* data, size_t bytes, Done done) {
+  impl_->post(true, peer, tag, const_cast<char*>(static_cast<const char*>(data)), bytes, std::move(done));
+}
+void P2pChannel::recv(int peer, int tag, void* data, size_t bytes, Done done) {
+  impl_->post(false, peer, tag, static_cast<char*>(data), bytes, std::move(done));
+}
+
+}  // namespace mooncake::pg

@@ -1,0 +1,68 @@
+// The 64-byte control slots of the P2P credit protocol. A slot is written by
+// a peer through the transfer engine in one piece; its header and footer
+// carry the same token, so a reader that sees them equal saw a whole slot
+// (payload written between them), whatever order the bytes landed in.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+namespace mooncake::pg::p2p {
+
+constexpr uint64_t kEmptyToken = ~0ull;
+constexpr int kSlotsPerLane = 64;  // credits in flight per (peer, direction)
+constexpr uint32_t kAckSizeMismatch = 0xffffffffu;
+
+inline uint64_t token(uint32_t epoch, uint32_t seq) { return (static_cast<uint64_t>(epoch) << 32) | seq; }
+
+// Receiver -> sender: "write up to `length` bytes of your message at
+// `recv_addr`". `total` is the receiver's whole message size, so the sender
+// can refuse a mismatched pair instead of spilling into the next message.
+struct alignas(64) CreditSlot {
+  uint64_t header;
+  uint64_t recv_addr;
+  uint64_t total;
+  uint32_t length;
+  int32_t tag;
+  uint32_t op_id;  // which of the receiver's messages (per lane) this credit serves
+  uint8_t reserved[20];
+  uint64_t footer;
+};
+static_assert(sizeof(CreditSlot) == 64);
+
+// Sender -> receiver: "the bytes of credit `seq` are in place" (or, with
+// length == kAckSizeMismatch, "your message size does not match mine").
+struct alignas(64) AckSlot {
+  uint64_t header;
+  uint32_t length;
+  uint8_t reserved[44];
+  uint64_t footer;
+};
+static_assert(sizeof(AckSlot) == 64);
+
+template <typename Slot>
+void seal(Slot& slot, uint64_t tok) {
+  slot.footer = tok;
+  slot.header = tok;
+}
+
+// Copies the slot out if it holds `expected`, whole. Acquire on the header,
+// then the payload, then an acquire fence before the footer.
+template <typename Slot>
+bool tryLoad(const Slot* shared, uint64_t expected, Slot& out) {
+  auto* header = reinterpret_cast<const std::atomic<uint64_t>*>(&shared->header);
+  if (header->load(std::memory_order_acquire) != expected) return false;
+  std::memcpy(&out, shared, sizeof(Slot));
+  std::atomic_thread_fence(std::memory_order_acquire);
+  auto* footer = reinterpret_cast<const std::atomic<uint64_t>*>(&shared->footer);
+  return footer->load(std::memory_order_relaxed) == expected && out.header == expected;
+}
+
+template <typename Slot>
+void reset(Slot* shared) {
+  reinterpret_cast<std::atomic<uint64_t>*>(&shared->header)->store(kEmptyToken, std::memory_order_relaxed);
+  reinterpret_cast<std::atomic<uint64_t>*>(&shared->footer)->store(kEmptyToken, std::memory_order_release);
+}
+
+}  // namespace mooncake::pg::p2p
