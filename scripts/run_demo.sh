@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine (scripts/setup.sh), then runs the main job: a
-# multi-process transfer engine demo (a KV-cache holder and two clients moving
-# blocks one-sidedly over shm and tcp, every byte checked).
+# data-parallel training demo on the "mooncake-cpu" torch.distributed
+# backend, launched through torchrun with 4 ranks (scripts/pg_demo.py).
+# scripts/te_demo.py is the transfer engine's own three-process demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 scripts/setup.sh
-PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" scripts/te_demo.py "$@"
+port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m torch.distributed.run \
+  --nproc_per_node="${NPROC:-4}" --master_addr=127.0.0.1 --master_port="$port" scripts/pg_demo.py "$@"

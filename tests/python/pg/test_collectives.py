@@ -595,12 +595,13 @@ def _coalesced_rank(ctx):
         assert_reduced(ts[0], reduce_ref(ins[torch.float32], "MAX"), "all_reduce_coalesced[0]")
         assert_reduced(ts[1], reduce_ref([x[:5] * 2 for x in ins[torch.float32]], "MAX"), "all_reduce_coalesced[1]")
 
-        a, b = ins[torch.int64][r], ins[torch.uint8][r]
+        # torch requires one dtype across the inputs here.
+        a, b = ins[torch.int64][r], ins[torch.int64][r][:9] * 3
         out_lists = [[torch.empty_like(a) for _ in range(W)], [torch.empty_like(b) for _ in range(W)]]
         dist.all_gather_coalesced(out_lists, [a, b])
         for s in range(W):
             assert_same_bits(out_lists[0][s], ins[torch.int64][s], f"all_gather_coalesced[0] block {s}")
-            assert_same_bits(out_lists[1][s], ins[torch.uint8][s], f"all_gather_coalesced[1] block {s}")
+            assert_same_bits(out_lists[1][s], ins[torch.int64][s][:9] * 3, f"all_gather_coalesced[1] block {s}")
     return 5
 
 
