@@ -12,11 +12,21 @@ Two ways to use it:
 * ``run_world(fn, size, ...)``: a world for a single call, for tests that
   break or kill the group.
 
+Each rank sets MASTER_ADDR=127.0.0.1 and MASTER_PORT (a free port) and
+calls ``init_process_group("mooncake-cpu", rank=..., world_size=...,
+timeout=init_timeout_s)``; options: ``pg_options`` (a module-level factory
+``(rank, size) -> options``; without it no pg_options argument is passed),
+``before_init`` (a module-level ``(rank, size)`` hook, e.g. to call
+``pg.set_collective_timeout_us``), ``env`` (extra environment) and ``gloo``
+(whether to create the gloo reference group).
+
 Inside a rank, ``ctx`` (a ``RankContext``) has ``rank``, ``size``, ``gloo``
 (a gloo group over the same ranks, used as the reference) and ``pg`` (the
 ``mooncake.pg`` module). ``fn`` must be a module-level function (it is
-pickled by name). Every wait is bounded: a world that does not answer in time
-is killed and the call fails with what each rank said so far.
+pickled by name). What ``fn`` returns, or the exception it raised (type name,
+message, traceback), comes back per rank through a queue. Every wait is
+bounded: a world that does not answer in time is killed and the call fails
+with what each rank said so far.
 """
 
 from __future__ import annotations
@@ -24,12 +34,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import pickle
 import queue as queue_mod
 import signal
 import socket
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import multiprocessing
 
@@ -62,7 +73,6 @@ class RankContext:
     size: int
     gloo: object = None
     pg: object = None
-    extra: dict = field(default_factory=dict)
 
     def seed(self, *parts) -> int:
         """A reproducible seed from `parts` (same on every rank)."""
@@ -105,6 +115,7 @@ def _init_group(rank, size, port, init_timeout_s, pg_options_factory, gloo):
 def _reply(results, rank, call_id, fn):
     try:
         value = fn()
+        pickle.dumps(value)  # fail here, not silently in the queue's feeder thread
         results.put((call_id, rank, "ok", value))
     except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
         results.put((call_id, rank, "err", (type(e).__name__, str(e), traceback.format_exc())))
@@ -143,6 +154,10 @@ def _worker_main(rank, size, port, commands, results, options):
 
         if dist.is_initialized():
             dist.destroy_process_group()
+    # Every answer is in the queue: leave without the interpreter's slow teardown.
+    results.close()
+    results.join_thread()
+    os._exit(0)
 
 
 # ---------------------------------------------------------------------------
