@@ -50,7 +50,9 @@ class P2pChannel::Impl {
     uint32_t op_id = 0;
     size_t credited = 0;
     size_t received = 0;
-    std::string error;  // set when the sender refused the pair; completes once credits drain
+    std::string error;      // set when the sender refused the pair; completes once credits drain
+    bool credits_done = false;  // every credit this message needs was issued
+    int in_flight = 0;          // its credits not acknowledged yet
   };
   struct SendOp {
     int tag;
@@ -63,19 +65,23 @@ class P2pChannel::Impl {
   };
   struct Outstanding {
     uint32_t seq;
-    int chunk;
+    int chunk;  // -1 for the credit of an empty message
     size_t offset;
     uint32_t length;
+    RecvOp* op;
   };
+  // Receives are credited in post order but may complete in any order
+  // (different tags), so both lists keep element addresses stable.
   struct RecvLane {
-    std::deque<RecvOp> ops;
-    std::deque<Outstanding> outstanding;
+    std::list<RecvOp> ops;
+    std::list<Outstanding> outstanding;
     uint32_t issue_seq = 0;
     uint32_t next_op_id = 0;
   };
   struct SendLane {
     std::list<SendOp> ops;
-    uint32_t consume_seq = 0;
+    uint32_t consume_seq = 0;              // lowest credit not consumed yet
+    std::vector<bool> consumed = std::vector<bool>(kSlotsPerLane);  // credits taken ahead of consume_seq
     uint32_t rejected_op_id = ~0u;  // credits of this receiver message get a mismatch ack
   };
   struct Peer {
@@ -205,7 +211,9 @@ void P2pChannel::Impl::failPeer(int peer, const std::string& why) {
   Peer& p = peers_[peer];
   if (p.failure.empty()) p.failure = why;
   RecvLane& rl = recv_lanes_[peer];
-  for (const Outstanding& o : rl.outstanding) free_chunks_.push_back(o.chunk);
+  for (const Outstanding& o : rl.outstanding) {
+    if (o.chunk >= 0) free_chunks_.push_back(o.chunk);
+  }
   rl.outstanding.clear();
   for (RecvOp& op : rl.ops) op.done(failure(peer, p.failure));
   rl.ops.clear();
@@ -216,53 +224,75 @@ void P2pChannel::Impl::failPeer(int peer, const std::string& why) {
 bool P2pChannel::Impl::stepRecv(int peer) {
   RecvLane& lane = recv_lanes_[peer];
   if (lane.ops.empty()) return false;
-  RecvOp& op = lane.ops.front();
   bool progressed = false;
   const size_t chunk = options_.chunk_bytes;
-  while (op.error.empty() && op.credited < op.total && lane.outstanding.size() < kSlotsPerLane && !free_chunks_.empty()) {
-    int c = free_chunks_.back();
-    free_chunks_.pop_back();
-    uint32_t length = static_cast<uint32_t>(std::min(chunk, op.total - op.credited));
-    uint32_t seq = lane.issue_seq++;
-    CreditSlot credit{};
-    credit.recv_addr = addr(recv_pool_ + c * chunk);
-    credit.total = op.total;
-    credit.length = length;
-    credit.tag = op.tag;
-    credit.op_id = op.op_id;
-    seal(credit, token(epoch_, seq));
-    const uint64_t remote = peers_[peer].endpoint.credit_region +
-                            (static_cast<uint64_t>(rank_) * kSlotsPerLane + seq % kSlotsPerLane) * sizeof(CreditSlot);
-    lane.outstanding.push_back(Outstanding{seq, c, op.credited, length});
-    op.credited += length;
-    if (int rc = writeSlot(peer, &credit, remote); rc != te::kOk) {
-      failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
-      return true;
+  // Grant credits to every posted receive, in post order: a sender may only
+  // have the message of a later receive ready (another tag).
+  for (RecvOp& op : lane.ops) {
+    while (op.error.empty() && !op.credits_done) {
+      uint32_t oldest = lane.outstanding.empty() ? lane.issue_seq : lane.outstanding.front().seq;
+      for (const Outstanding& o : lane.outstanding) oldest = std::min(oldest, o.seq);
+      if (lane.issue_seq - oldest >= static_cast<uint32_t>(kSlotsPerLane)) break;  // its slot is still in use
+      const uint32_t length = static_cast<uint32_t>(std::min(chunk, op.total - op.credited));
+      if (length > 0 && free_chunks_.empty()) break;
+      const int c = length > 0 ? free_chunks_.back() : -1;
+      if (c >= 0) free_chunks_.pop_back();
+      const uint32_t seq = lane.issue_seq++;
+      CreditSlot credit{};
+      credit.recv_addr = c >= 0 ? addr(recv_pool_ + c * chunk) : 0;
+      credit.total = op.total;
+      credit.length = length;
+      credit.tag = op.tag;
+      credit.op_id = op.op_id;
+      seal(credit, token(epoch_, seq));
+      const uint64_t remote = peers_[peer].endpoint.credit_region +
+                              (static_cast<uint64_t>(rank_) * kSlotsPerLane + seq % kSlotsPerLane) * sizeof(CreditSlot);
+      lane.outstanding.push_back(Outstanding{seq, c, op.credited, length, &op});
+      op.in_flight++;
+      op.credited += length;
+      op.credits_done = op.credited == op.total;
+      if (int rc = writeSlot(peer, &credit, remote); rc != te::kOk) {
+        failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
+        return true;
+      }
+      progressed = true;
     }
-    progressed = true;
   }
-  while (!lane.outstanding.empty()) {
-    const Outstanding o = lane.outstanding.front();
-    AckSlot* slot = &acks_[static_cast<size_t>(peer) * kSlotsPerLane + o.seq % kSlotsPerLane];
+  // Acknowledgements may come in any order.
+  for (auto it = lane.outstanding.begin(); it != lane.outstanding.end();) {
+    AckSlot* slot = &acks_[static_cast<size_t>(peer) * kSlotsPerLane + it->seq % kSlotsPerLane];
     AckSlot ack;
-    if (!tryLoad(slot, token(epoch_, o.seq), ack)) break;
-    reset(slot);
-    lane.outstanding.pop_front();
-    if (ack.length == kAckSizeMismatch) {
-      op.error = "message size mismatch with rank " + std::to_string(peer) + ": this rank receives " +
-                 std::to_string(op.total) + " bytes, the matching send has a different size";
-      op.credited = op.total;  // issue nothing more for it
-    } else if (op.error.empty()) {
-      std::memcpy(op.data + o.offset, recv_pool_ + o.chunk * chunk, o.length);
-      op.received += o.length;
+    if (!tryLoad(slot, token(epoch_, it->seq), ack)) {
+      ++it;
+      continue;
     }
-    free_chunks_.push_back(o.chunk);
+    reset(slot);
+    RecvOp& op = *it->op;
+    if (ack.length == kAckSizeMismatch) {
+      if (op.error.empty()) {
+        op.error = "message size mismatch with rank " + std::to_string(peer) + ": this rank receives " +
+                   std::to_string(op.total) + " bytes, the matching send has a different size";
+      }
+      op.credits_done = true;  // issue nothing more for it
+    } else if (op.error.empty() && it->length > 0) {
+      std::memcpy(op.data + it->offset, recv_pool_ + it->chunk * chunk, it->length);
+      op.received += it->length;
+    }
+    if (it->chunk >= 0) free_chunks_.push_back(it->chunk);
+    op.in_flight--;
+    it = lane.outstanding.erase(it);
     progressed = true;
   }
-  if ((op.received == op.total || !op.error.empty()) && lane.outstanding.empty()) {
+  for (auto it = lane.ops.begin(); it != lane.ops.end();) {
+    RecvOp& op = *it;
+    bool finished = op.in_flight == 0 && op.credits_done && (op.received == op.total || !op.error.empty());
+    if (!finished) {
+      ++it;
+      continue;
+    }
     OpResult r = op.error.empty() ? OpResult{} : failure(peer, op.error);
     Done done = std::move(op.done);
-    lane.ops.pop_front();
+    it = lane.ops.erase(it);
     done(r);
     progressed = true;
   }
@@ -273,14 +303,17 @@ bool P2pChannel::Impl::stepRecv(int peer) {
 bool P2pChannel::Impl::stepSend(int peer) {
   SendLane& lane = send_lanes_[peer];
   bool progressed = false;
-  for (;;) {
-    CreditSlot* slot = &credits_[static_cast<size_t>(peer) * kSlotsPerLane + lane.consume_seq % kSlotsPerLane];
+  // Look at every credit in the window, not only the oldest: the oldest may
+  // be for a message this rank has not posted yet (another tag).
+  for (uint32_t seq = lane.consume_seq; seq != lane.consume_seq + kSlotsPerLane; ++seq) {
+    const size_t index = seq % kSlotsPerLane;
+    if (lane.consumed[index]) continue;
+    CreditSlot* slot = &credits_[static_cast<size_t>(peer) * kSlotsPerLane + index];
     CreditSlot credit;
-    const uint32_t seq = lane.consume_seq;
-    if (!tryLoad(slot, token(epoch_, seq), credit)) break;
-    const uint64_t ack_remote = peers_[peer].endpoint.ack_region +
-                                (static_cast<uint64_t>(rank_) * kSlotsPerLane + seq % kSlotsPerLane) * sizeof(AckSlot);
+    if (!tryLoad(slot, token(epoch_, seq), credit)) continue;
     AckSlot ack{};
+    Done finished;
+    OpResult finished_result;
     if (credit.op_id == lane.rejected_op_id) {
       ack.length = kAckSizeMismatch;  // drain the rest of a refused message's credits
     } else {
@@ -291,57 +324,50 @@ bool P2pChannel::Impl::stepSend(int peer) {
       if (it == lane.ops.end()) {
         it = std::find_if(lane.ops.begin(), lane.ops.end(),
                           [&](const SendOp& op) { return !op.bound && op.tag == credit.tag; });
-        if (it == lane.ops.end()) break;  // not posted yet: keep the credit for later
+        if (it == lane.ops.end()) continue;  // not posted yet: keep the credit for later
         it->bound = true;
         it->op_id = credit.op_id;
-        if (it->total != credit.total) {
-          lane.rejected_op_id = credit.op_id;
-          ack.length = kAckSizeMismatch;
-          Done done = std::move(it->done);
-          std::string why = "message size mismatch with rank " + std::to_string(peer) + ": this rank sends " +
-                            std::to_string(it->total) + " bytes, the matching receive expects " +
-                            std::to_string(credit.total);
-          lane.ops.erase(it);
-          done(failure(peer, why));
-          it = lane.ops.end();
-        }
       }
-      if (it != lane.ops.end()) {
-        if (credit.length > it->total - it->sent) {
-          ack.length = kAckSizeMismatch;  // cannot happen with matching sizes; refuse rather than overrun
-        } else {
+      if (it->total != credit.total || credit.length > it->total - it->sent) {
+        lane.rejected_op_id = credit.op_id;
+        ack.length = kAckSizeMismatch;
+        finished = std::move(it->done);
+        finished_result = failure(peer, "message size mismatch with rank " + std::to_string(peer) +
+                                            ": this rank sends " + std::to_string(it->total) +
+                                            " bytes, the matching receive expects " + std::to_string(credit.total));
+        lane.ops.erase(it);
+      } else {
+        if (credit.length > 0) {
           if (int rc = writeData(peer, it->data + it->sent, credit.recv_addr, credit.length); rc != te::kOk) {
             failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
             return true;
           }
-          ack.length = credit.length;
-          it->sent += credit.length;
         }
-      }
-      if (it != lane.ops.end() && it->sent == it->total) {
-        Done done = std::move(it->done);
-        lane.ops.erase(it);
-        // The ack below is written before completion is reported.
-        seal(ack, token(epoch_, seq));
-        if (int rc = writeSlot(peer, &ack, ack_remote); rc != te::kOk) {
-          done(failure(peer, "rank " + std::to_string(peer) + " is unreachable"));
-          failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
-          return true;
+        ack.length = credit.length;
+        it->sent += credit.length;
+        if (it->sent == it->total) {
+          finished = std::move(it->done);
+          lane.ops.erase(it);
         }
-        reset(slot);
-        lane.consume_seq++;
-        done(OpResult{});
-        progressed = true;
-        continue;
       }
     }
+    // Free the credit slot before acknowledging: the ack lets the receiver
+    // reuse this slot for a new credit.
+    reset(slot);
     seal(ack, token(epoch_, seq));
-    if (int rc = writeSlot(peer, &ack, ack_remote); rc != te::kOk) {
+    const uint64_t ack_remote = peers_[peer].endpoint.ack_region +
+                                (static_cast<uint64_t>(rank_) * kSlotsPerLane + index) * sizeof(AckSlot);
+    int rc = writeSlot(peer, &ack, ack_remote);
+    lane.consumed[index] = true;
+    while (lane.consumed[lane.consume_seq % kSlotsPerLane]) {
+      lane.consumed[lane.consume_seq % kSlotsPerLane] = false;
+      lane.consume_seq++;
+    }
+    if (finished) finished(rc == te::kOk ? finished_result : failure(peer, "rank " + std::to_string(peer) + " is unreachable"));
+    if (rc != te::kOk) {
       failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
       return true;
     }
-    reset(slot);
-    lane.consume_seq++;
     progressed = true;
   }
   if (progressed) peers_[peer].last_progress = Clock::now();
@@ -392,13 +418,11 @@ void P2pChannel::Impl::loop() {
       Peer& peer = peers_[op.peer];
       if (!peer.failure.empty()) {
         op.done(failure(op.peer, peer.failure));
-      } else if (op.bytes == 0) {
-        op.done(OpResult{});  // nothing to move; matched trivially
       } else if (op.is_send) {
         send_lanes_[op.peer].ops.push_back(SendOp{op.tag, op.data, op.bytes, std::move(op.done), false, 0, 0});
       } else {
         RecvLane& lane = recv_lanes_[op.peer];
-        lane.ops.push_back(RecvOp{op.tag, op.data, op.bytes, std::move(op.done), lane.next_op_id++, 0, 0, {}});
+        lane.ops.push_back(RecvOp{op.tag, op.data, op.bytes, std::move(op.done), lane.next_op_id++, 0, 0, {}, false, 0});
       }
       if (recv_lanes_[op.peer].ops.size() + send_lanes_[op.peer].ops.size() == 1) peer.last_progress = Clock::now();
     }

@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <csignal>
 #include <cstring>
@@ -158,13 +159,20 @@ bool ShmArena::peerAlive(int peer) const {
 OpResult ShmArena::brokenResult() const {
   OpResult r;
   r.ok = false;
+  for (int q = 0; q < size_ && q < 64 * kMaxFailedMaskWords; ++q) {
+    bool named = header_->failed_mask[q / 64].load(std::memory_order_acquire) & (1ull << (q % 64));
+    if (named && q != rank_) r.failed_ranks.push_back(q);
+  }
   int by = header_->broken_by.load(std::memory_order_acquire);
   r.error = "the group's shared-memory arena is broken (declared by rank " + std::to_string(by) +
             "): " + std::string(header_->broken_reason);
   return r;
 }
 
-void ShmArena::breakArena(const std::string& reason) {
+void ShmArena::breakArena(const std::string& reason, const std::vector<int>& failed_ranks) {
+  for (int q : failed_ranks) {
+    if (q >= 0 && q < 64 * kMaxFailedMaskWords) header_->failed_mask[q / 64].fetch_or(1ull << (q % 64));
+  }
   int32_t expected = -1;
   if (header_->broken_by.compare_exchange_strong(expected, rank_, std::memory_order_acq_rel)) {
     std::strncpy(header_->broken_reason, reason.c_str(), sizeof(header_->broken_reason) - 1);
@@ -201,10 +209,11 @@ bool ShmArena::waitFor(int peer, uint32_t target, std::chrono::steady_clock::tim
       result = brokenResult();
       return false;
     }
-    if (!peerAlive(peer)) {
+    // Any rank still missing may have died, not only the one waited on.
+    if (int dead = deadLaggard(target); dead >= 0) {
       result.ok = false;
-      result.failed_ranks.push_back(peer);
-      result.error = "rank " + std::to_string(peer) + " (pid " + std::to_string(p.pid) + ") exited";
+      result.failed_ranks.push_back(dead);
+      result.error = "rank " + std::to_string(dead) + " (pid " + std::to_string(block(dead).pid) + ") exited";
       return false;
     }
     if (std::chrono::steady_clock::now() > deadline) {
@@ -217,6 +226,13 @@ bool ShmArena::waitFor(int peer, uint32_t target, std::chrono::steady_clock::tim
   }
 }
 
+int ShmArena::deadLaggard(uint32_t target) const {
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_ && !reached(block(q).step.load(std::memory_order_acquire), target) && !peerAlive(q)) return q;
+  }
+  return -1;
+}
+
 OpResult ShmArena::waitAll(uint32_t target) {
   OpResult result;
   if (broken()) return brokenResult();
@@ -224,13 +240,19 @@ OpResult ShmArena::waitAll(uint32_t target) {
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     if (!waitFor(r, target, deadline, result)) {
-      // Name every rank that is not there yet, not only the first one found.
-      for (int q = r + 1; q < size_; ++q) {
-        if (q != rank_ && !reached(block(q).step.load(std::memory_order_acquire), target)) {
+      if (broken() && result.failed_ranks.empty()) return result;
+      // Name every rank at fault, not only the first one found: after a
+      // death, every rank that is gone too; after a timeout, every rank that
+      // is still missing. A rank merely on its way is not named for a death.
+      const bool timed_out = result.error.rfind("timed out", 0) == 0;
+      for (int q = 0; q < size_; ++q) {
+        bool missing = q != rank_ && !reached(block(q).step.load(std::memory_order_acquire), target);
+        if (missing && (timed_out || !peerAlive(q)) &&
+            std::find(result.failed_ranks.begin(), result.failed_ranks.end(), q) == result.failed_ranks.end()) {
           result.failed_ranks.push_back(q);
         }
       }
-      if (!broken()) breakArena(result.error);
+      breakArena(result.error, result.failed_ranks);
       return result;
     }
   }
@@ -260,7 +282,7 @@ OpResult ShmArena::step() {
                        "issue the same collectives in the same order";
       }
     }
-    if (!result.ok) breakArena(result.error);
+    if (!result.ok) breakArena(result.error, result.failed_ranks);
   }
   return result;
 }

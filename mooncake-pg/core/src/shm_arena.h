@@ -13,6 +13,8 @@
 
 namespace mooncake::pg {
 
+constexpr int kMaxFailedMaskWords = 4;  // failure hints name ranks below 256
+
 // One rank's control block, on its own cache lines.
 struct alignas(64) RankBlock {
   std::atomic<uint32_t> step;     // steps this rank has completed (futex word)
@@ -20,8 +22,6 @@ struct alignas(64) RankBlock {
   std::atomic<uint32_t> attached;
   int32_t pid;
   std::atomic<uint64_t> signature[4];  // operation signature by op index % 4
-  std::atomic<uint64_t> scratch;       // small per-step values (e.g. all-to-all round counts)
-  char pad[64 - 8];
 };
 static_assert(sizeof(RankBlock) % 64 == 0);
 
@@ -34,6 +34,7 @@ struct ArenaHeader {
   std::atomic<uint32_t> ready;   // set by the creator once the layout is written
   std::atomic<int32_t> broken_by;  // -1, or the rank that declared the arena broken
   char broken_reason[240];
+  std::atomic<uint64_t> failed_mask[kMaxFailedMaskWords];  // ranks named by the failure, one bit each
 };
 
 class ShmArena {
@@ -62,8 +63,9 @@ class ShmArena {
   // Publishes that this rank is done reading peers' slots for the current
   // chunk, without waiting: the next begin() of any rank waits for it.
   void finish() { signal(); }
-  // Marks the arena broken (idempotent) and wakes every sleeper.
-  void breakArena(const std::string& reason);
+  // Marks the arena broken (idempotent), records the ranks at fault, and
+  // wakes every sleeper.
+  void breakArena(const std::string& reason, const std::vector<int>& failed_ranks = {});
 
  private:
   ShmArena() = default;
@@ -71,6 +73,8 @@ class ShmArena {
   // kOk-like: empty optional when reached; otherwise the failure.
   bool waitFor(int peer, uint32_t target, std::chrono::steady_clock::time_point deadline, OpResult& result);
   bool peerAlive(int peer) const;
+  // The first peer that has not reached `target` and whose process is gone, or -1.
+  int deadLaggard(uint32_t target) const;
   OpResult brokenResult() const;
   void signal();
 

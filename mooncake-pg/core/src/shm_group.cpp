@@ -109,16 +109,37 @@ OpResult ShmGroup::alltoall(const void* input, const std::vector<size_t>& send_o
                             const std::vector<size_t>& send_bytes, void* output,
                             const std::vector<size_t>& recv_offsets, const std::vector<size_t>& recv_bytes) {
   ShmArena& a = *arena_;
-  // Round count depends on the largest block anywhere: agree on it first.
-  size_t my_max = 0;
-  for (int p = 0; p < size_; ++p) my_max = std::max({my_max, send_bytes[p], recv_bytes[p]});
+  // First step: every rank stages what it will send to each peer. Each rank
+  // checks that it expects exactly that from everyone (a mismatch is an
+  // error for the whole group, never silently truncated or padded data),
+  // and all agree on the number of rounds from the largest block.
   OpResult r = a.begin(opSignature(OpCode::kAlltoall));
   if (!r.ok) return r;
-  a.mine().scratch.store(my_max, std::memory_order_relaxed);
+  if (static_cast<size_t>(size_) * sizeof(uint64_t) > a.slotBytes()) {
+    r.ok = false;
+    r.error = "all_to_all: the staging slot is too small for the size table";
+    return r;
+  }
+  auto* my_sizes = reinterpret_cast<uint64_t*>(a.slot(rank_));
+  for (int p = 0; p < size_; ++p) my_sizes[p] = send_bytes[p];
   if (!(r = a.step()).ok) return r;
   size_t global_max = 0;
-  for (int p = 0; p < size_; ++p) global_max = std::max<size_t>(global_max, a.block(p).scratch.load(std::memory_order_relaxed));
+  for (int s = 0; s < size_; ++s) {
+    const auto* sizes = reinterpret_cast<const uint64_t*>(a.slot(s));
+    for (int p = 0; p < size_; ++p) global_max = std::max<size_t>(global_max, sizes[p]);
+    if (sizes[rank_] != recv_bytes[s] && r.ok) {
+      r.ok = false;
+      r.failed_ranks.push_back(s);
+      r.error = "all_to_all: rank " + std::to_string(s) + " sends " + std::to_string(sizes[rank_]) +
+                " bytes to rank " + std::to_string(rank_) + ", which expects " + std::to_string(recv_bytes[s]) +
+                " (split sizes disagree)";
+    }
+  }
   a.finish();
+  if (!r.ok) {
+    a.breakArena(r.error, r.failed_ranks);
+    return r;
+  }
   const size_t piece = std::max<size_t>(1, a.slotBytes() / size_);
   for (size_t off = 0; off < global_max; off += piece) {
     if (!(r = a.begin(opSignature(OpCode::kAlltoall, global_max))).ok) break;

@@ -111,6 +111,43 @@ TEST_P(P2pPair, ReceivesMatchSendsByTag) {
   EXPECT_EQ(got_b, b);
 }
 
+TEST_P(P2pPair, ReceivesPostedInAnotherTagOrderThanTheSenderPostsDoNotDeadlock) {
+  // The sender posts tag 2 only after tag 1 completed (a blocking send);
+  // the receiver posted tag 2 first. Credits for both must be out at once.
+  auto one = pattern(200000, 1), two = pattern(70000, 2);
+  std::vector<uint8_t> got_two(70000), got_one(200000);
+  auto r2 = recv(1, 0, 2, got_two);
+  auto r1 = recv(1, 0, 1, got_one);
+  auto s1 = send(0, 1, 1, one);
+  ASSERT_TRUE(get(s1).ok);
+  auto s2 = send(0, 1, 2, two);
+  for (auto* f : {&s2, &r1, &r2}) ASSERT_TRUE(get(*f).ok);
+  EXPECT_EQ(got_one, one);
+  EXPECT_EQ(got_two, two);
+}
+
+TEST_P(P2pPair, EmptyMessagesArePairedLikeAnyOther) {
+  std::vector<uint8_t> empty, got_empty;
+  auto three = pattern(3, 9);
+  std::vector<uint8_t> got_three(3);
+  auto s0 = send(0, 1, 0, empty);
+  auto s1 = send(0, 1, 0, three);
+  auto r0 = recv(1, 0, 0, got_empty);
+  auto r1 = recv(1, 0, 0, got_three);
+  for (auto* f : {&s0, &s1, &r0, &r1}) ASSERT_TRUE(get(*f).ok);
+  EXPECT_EQ(got_three, three);
+  // Now the sizes are swapped: both pairs must fail, not shift.
+  std::vector<uint8_t> want_three(3), want_empty;
+  auto e0 = send(0, 1, 0, empty);
+  auto e1 = send(0, 1, 0, three);
+  auto f0 = recv(1, 0, 0, want_three);
+  auto f1 = recv(1, 0, 0, want_empty);
+  EXPECT_FALSE(get(e0).ok);
+  EXPECT_FALSE(get(f0).ok);
+  EXPECT_FALSE(get(e1).ok);
+  EXPECT_FALSE(get(f1).ok);
+}
+
 TEST_P(P2pPair, SizeMismatchFailsBothSidesAndTheNextMessageStillWorks) {
   auto big = pattern(300000, 3);
   std::vector<uint8_t> small(200000);

@@ -193,12 +193,6 @@ def test_cuda_tensor_is_refused_and_group_survives(cuda_outcomes):
 
 
 @needs_cuda
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (spec): the group registers its backend for the CPU device only, so torch's dispatcher refuses "
-    "a CUDA tensor before the backend's own check: RuntimeError('No backend type associated with device type "
-    "cuda') instead of a ValueError naming the argument",
-)
 def test_cuda_tensor_error_names_the_argument(cuda_outcomes):
     for out, _ in cuda_outcomes:
         kind, message = out["all_gather_into_tensor output"]

@@ -119,12 +119,6 @@ def test_dead_rank_every_survivor_fails(late_survivor):
     assert late_survivor[0]["hint"][1] == 1, "the rank that saw the death names it in the hint"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a survivor whose collective finds the arena already broken by another rank gets the error "
-    "(whose text names the dead rank) but an all-zero get_failed_ranks_hint: brokenResult() carries no "
-    "failed ranks",
-)
 def test_dead_rank_hint_on_every_survivor(late_survivor):
     assert late_survivor[2]["hint"] == [0, 1, 0], late_survivor[2]["hint"]
 
@@ -138,12 +132,6 @@ def _die_while_waiting_on_a_slow_rank(ctx):
     return _outcome(lambda: dist.all_reduce(torch.ones(10)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: while a rank waits on a peer that is alive but late (ShmArena::waitAll checks peers one at a "
-    "time, in rank order), it does not notice that another peer died: rank 0 fails only when the late rank "
-    "arrives (or at the timeout), not within milliseconds",
-)
 def test_dead_rank_noticed_while_another_rank_is_late():
     res = run_world(_die_while_waiting_on_a_slow_rank, 3, allow_dead=(2,), gloo=False)
     kind, message, elapsed = res[0]
@@ -268,12 +256,6 @@ def _a2a_mismatch(ctx):
     return call[:2], out.tolist()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: all_to_all_single does not check that a sender's split agrees with the receiver's (the "
-    "operation signature holds no sizes): with mismatched splits no rank raises, and the receiver gets a "
-    "truncated block or stale bytes from the staging slot",
-)
 def test_mismatched_all_to_all_single_splits_fail(world2):
     res = world2.run(_a2a_mismatch)
     for rank, (call, out) in enumerate(res):

@@ -423,13 +423,6 @@ def _short_active(ctx):
     return result, t.tolist()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: MooncakeBackendOptions(active_ranks) with fewer elements than the group is accepted (the length "
-    "is only checked against an explicit max_group_size); creating the group then fails with torch's "
-    "RuntimeError from narrow() ('start (0) + length (4) exceeds dimension size (2)') instead of a ValueError "
-    "naming active_ranks",
-)
 def test_active_ranks_shorter_than_the_group_is_refused(world4):
     for (kind, message), after in world4.run(_short_active):
         assert after == [4.0, 4.0]
