@@ -134,9 +134,9 @@ void MooncakeCpuBackend::shutdown() {
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                                           std::function<OpResult()> body) {
+                                                           std::function<OpResult()> body, bool may_run_inline) {
   auto work = c10::make_intrusive<MooncakeWork>(getRank(), type, max_group_size_, std::move(outputs));
-  queue_.push([work, body = std::move(body)] {
+  auto run = [work, body = std::move(body)] {
     OpResult result;
     try {
       result = body();
@@ -145,7 +145,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::enqueue(c10d::OpType type, st
       result.error = e.what();
     }
     work->complete(result);
-  });
+  };
+  if (!may_run_inline || !queue_.runInlineIfIdle(run)) queue_.push(std::move(run));
   return work;
 }
 
@@ -159,7 +160,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allreduce(std::vector<at::Ten
     OpResult r = group_->allreduce(io.data_ptr(), io.data_ptr(), io.numel() * w.lanes, w.type, op);
     if (r.ok && !io.is_same(t)) t.copy_(io);
     return r;
-  });
+  }, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -196,7 +197,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::broadcast(std::vector<at::Ten
     OpResult r = group_->broadcast(io.data_ptr(), bytesOf(io), root);
     if (r.ok && !io.is_same(t)) t.copy_(io);
     return r;
-  });
+  }, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduce(std::vector<at::Tensor>& tensors,
@@ -211,11 +212,12 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduce(std::vector<at::Tensor
     OpResult r = group_->reduce(io.data_ptr(), io.data_ptr(), io.numel() * w.lanes, w.type, op, root);
     if (r.ok && root == getRank() && !io.is_same(t)) t.copy_(io);
     return r;
-  });
+  }, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgatherPairs(std::vector<at::Tensor> outputs,
-                                                                  std::vector<at::Tensor> inputs, const char* op) {
+                                                                  std::vector<at::Tensor> inputs, const char* op,
+                                                                  bool may_run_inline) {
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), op, ": ", outputs.size(), " output tensors but ", inputs.size(),
                     " inputs");
   std::vector<at::Tensor> ins, outs;
@@ -236,18 +238,18 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgatherPairs(std::vector<at
       if (r.ok && !outs[i].is_same(outputs[i])) outputs[i].copy_(outs[i]);
     }
     return r;
-  });
+  }, may_run_inline);
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                                   const c10d::AllgatherOptions&) {
-  return allgatherPairs({output}, {input}, "all_gather_into_tensor");
+                                                                   const c10d::AllgatherOptions& opts) {
+  return allgatherPairs({output}, {input}, "all_gather_into_tensor", !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                    std::vector<at::Tensor>& inputs,
-                                                                                   const c10d::AllgatherOptions&) {
-  return allgatherPairs(outputs, inputs, "all_gather_into_tensor_coalesced");
+                                                                                   const c10d::AllgatherOptions& opts) {
+  return allgatherPairs(outputs, inputs, "all_gather_into_tensor_coalesced", !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -306,7 +308,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgather_coalesced(std::vect
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduceScatterPairs(std::vector<at::Tensor> outputs,
                                                                       std::vector<at::Tensor> inputs,
-                                                                      const c10d::ReduceOp& reduce_op, const char* op) {
+                                                                      const c10d::ReduceOp& reduce_op, const char* op,
+                                                                      bool may_run_inline) {
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), op, ": ", outputs.size(), " output tensors but ", inputs.size(),
                     " inputs");
   std::vector<at::Tensor> ins, outs;
@@ -330,17 +333,17 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduceScatterPairs(std::vecto
       if (r.ok && !outs[i].is_same(outputs[i])) outputs[i].copy_(outs[i]);
     }
     return r;
-  });
+  }, may_run_inline);
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                         const c10d::ReduceScatterOptions& opts) {
-  return reduceScatterPairs({output}, {input}, opts.reduceOp, "reduce_scatter_tensor");
+  return reduceScatterPairs({output}, {input}, opts.reduceOp, "reduce_scatter_tensor", !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  return reduceScatterPairs(outputs, inputs, opts.reduceOp, "reduce_scatter_tensor_coalesced");
+  return reduceScatterPairs(outputs, inputs, opts.reduceOp, "reduce_scatter_tensor_coalesced", !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -357,13 +360,13 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduce_scatter(std::vector<at
   std::vector<at::Tensor> flat_parts;
   for (const at::Tensor& in : inputs[0]) flat_parts.push_back(in.reshape({-1}));
   at::Tensor flat = at::cat(flat_parts);
-  return reduceScatterPairs({out}, {flat}, opts.reduceOp, "reduce_scatter");
+  return reduceScatterPairs({out}, {flat}, opts.reduceOp, "reduce_scatter", !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                  std::vector<int64_t>& output_split_sizes,
                                                                  std::vector<int64_t>& input_split_sizes,
-                                                                 const c10d::AllToAllOptions&) {
+                                                                 const c10d::AllToAllOptions& opts) {
   const char* op = "all_to_all_single";
   checkCpuDense(input, op, "input");
   checkSameKind(input, output, op, "input", "output");
@@ -404,7 +407,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::alltoall_base(at::Tensor& out
     OpResult r = group_->alltoall(in.data_ptr(), so, sb, out.data_ptr(), ro, rb);
     if (r.ok && !out.is_same(output)) output.copy_(out);
     return r;
-  });
+  }, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::alltoall(std::vector<at::Tensor>& outputs,
@@ -502,8 +505,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::scatter(std::vector<at::Tenso
   });
 }
 
-c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::barrier(const c10d::BarrierOptions&) {
-  return enqueue(c10d::OpType::BARRIER, {}, [this] { return group_->barrier(); });
+c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::barrier(const c10d::BarrierOptions& opts) {
+  return enqueue(c10d::OpType::BARRIER, {}, [this] { return group_->barrier(); }, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {

@@ -67,12 +67,15 @@ class MooncakeCpuBackend : public c10d::Backend {
 
  private:
   // Queues `body` and returns its Work; `outputs` become the Work's result.
+  // A synchronous call (opts.asyncOp false: the caller waits right away)
+  // runs on the calling thread when the queue is idle, saving two thread
+  // hand-offs; asynchronous ones, and any issued behind pending work, queue.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                         std::function<OpResult()> body);
+                                         std::function<OpResult()> body, bool may_run_inline = false);
   c10::intrusive_ptr<c10d::Work> allgatherPairs(std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
-                                                const char* op);
+                                                const char* op, bool may_run_inline);
   c10::intrusive_ptr<c10d::Work> reduceScatterPairs(std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
-                                                    const c10d::ReduceOp& reduce_op, const char* op);
+                                                    const c10d::ReduceOp& reduce_op, const char* op, bool may_run_inline);
 
   void startP2p(const c10::intrusive_ptr<c10d::Store>& store, std::chrono::milliseconds timeout);
   P2pChannel& p2p(const char* op);

@@ -20,8 +20,24 @@ class OpQueue {
     {
       std::lock_guard lock(mutex_);
       ops_.push_back(std::move(op));
+      ++outstanding_;
     }
     cv_.notify_one();
+  }
+
+  // Runs `op` on the calling thread when nothing is queued or running (so
+  // issue order is kept) and returns true; false leaves it to the caller to
+  // push(). Saves the two thread wake-ups of a hand-off on small operations.
+  bool runInlineIfIdle(const std::function<void()>& op) {
+    {
+      std::lock_guard lock(mutex_);
+      if (outstanding_ != 0 || stopping_) return false;
+      ++outstanding_;
+    }
+    op();
+    std::lock_guard lock(mutex_);
+    --outstanding_;
+    return true;
   }
 
   // Runs what is queued, then ends the thread. Idempotent.
@@ -47,6 +63,8 @@ class OpQueue {
         ops_.pop_front();
       }
       op();  // ops catch their own errors and complete their Work
+      std::lock_guard lock(mutex_);
+      --outstanding_;
     }
   }
 
@@ -54,6 +72,7 @@ class OpQueue {
   std::condition_variable cv_;
   std::deque<std::function<void()>> ops_;
   bool stopping_ = false;
+  int outstanding_ = 0;  // queued or running
   std::thread thread_;
 };
 
