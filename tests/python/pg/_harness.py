@@ -313,3 +313,22 @@ def run_world(fn, size, *args, timeout=60.0, allow_dead=(), **world_kwargs):
     """Starts a world of `size` ranks, runs fn(ctx, *args) once, and ends it."""
     with World(size, **world_kwargs) as world:
         return world.run(fn, *args, timeout=timeout, allow_dead=allow_dead)
+
+
+def outcome(fn):
+    """(kind, value or message, seconds) of calling fn(): kind is "ok" or the exception's type name."""
+    start = time.monotonic()
+    try:
+        value = fn()
+        return ("ok", value, time.monotonic() - start)
+    except Exception as e:  # noqa: BLE001 - returned for the test to inspect
+        return (type(e).__name__, str(e), time.monotonic() - start)
+
+
+def errors_of(calls):
+    """{name: (exception type name, message)} for each zero-argument call; ("no exception", "") if none."""
+    out = {}
+    for name, call in calls.items():
+        kind, message, _ = outcome(call)
+        out[name] = ("no exception", "") if kind == "ok" else (kind, message)
+    return out

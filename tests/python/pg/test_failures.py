@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _harness import World, free_port, run_world
+from _harness import World, free_port, run_world, outcome
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -19,13 +19,7 @@ FAST = 3.0  # seconds: "quickly" for a dead peer (detection polls every ~20 ms)
 AT_ONCE = 0.5  # seconds: a call on a group that already failed
 
 
-def _outcome(fn):
-    start = time.monotonic()
-    try:
-        value = fn()
-        return ("ok", value, time.monotonic() - start)
-    except Exception as e:  # noqa: BLE001 - returned for the test to inspect
-        return (type(e).__name__, str(e), time.monotonic() - start)
+_outcome = outcome
 
 
 def _later_calls(group=None):

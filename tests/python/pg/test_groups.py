@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _harness import World, free_port, run_world
+from _harness import World, free_port, run_world, errors_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -277,19 +277,12 @@ def _helpers(ctx):
         out["sub_active"] = pg.get_active_ranks(sub).tolist()
         out["sub_synced"] = pg.get_num_synced_ranks(sub)
     # A gloo group or Work is not a Mooncake one.
-    errors = {}
-    for name, call in {
+    out["errors"] = errors_of({
         "get_active_ranks": lambda: pg.get_active_ranks(ctx.gloo),
         "get_num_synced_ranks": lambda: pg.get_num_synced_ranks(ctx.gloo),
         "get_current_epoch": lambda: pg.get_current_epoch(ctx.gloo),
         "get_active_ranks(None)": lambda: pg.get_active_ranks(None),
-    }.items():
-        try:
-            call()
-            errors[name] = ("no exception", "")
-        except Exception as e:  # noqa: BLE001
-            errors[name] = (type(e).__name__, str(e))
-    out["errors"] = errors
+    })
     gw = dist.all_reduce(torch.ones(3), group=ctx.gloo, async_op=True)
     gw.wait()
     out["gloo_hint"] = pg.get_failed_ranks_hint(gw)

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _harness import World
+from _harness import World, outcome
 from _refs import GLOO_DTYPES, MOVE_DTYPES, assert_same_bits, dtype_id, make
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,13 +38,7 @@ def _group_with_short_p2p_timeout(ctx):
         ctx.pg.set_p2p_timeout_us(30_000_000)
 
 
-def _outcome(fn):
-    start = time.monotonic()
-    try:
-        value = fn()
-        return ("ok", value, time.monotonic() - start)
-    except Exception as e:  # noqa: BLE001 - returned for the test to inspect
-        return (type(e).__name__, str(e), time.monotonic() - start)
+_outcome = outcome
 
 
 # ---------------------------------------------------------------------------
