@@ -6,6 +6,7 @@
 #include <torch/python.h>
 
 #include "backend_options.h"
+#include "mooncake/pg/membership.h"
 #include "process_group.h"
 #include "settings.h"
 #include "work.h"
@@ -100,6 +101,25 @@ PYBIND11_MODULE(MOONCAKE_PG_MODULE_NAME, m) {
            py::arg("max_group_size"), py::arg("is_extension"), py::arg("auto_deactivate_on_failure"),
            py::arg("auto_sync_on_failure"));
 
+
+  // Membership statuses and responses (no export_values, as in the reference).
+  py::enum_<SyncAfterFailureStatus> sync_status(m, "SyncAfterFailureStatus");
+  sync_status.value("Reconciled", SyncAfterFailureStatus::Reconciled)
+      .value("NoPending", SyncAfterFailureStatus::NoPending)
+      .value("Rejected", SyncAfterFailureStatus::Rejected);
+  py::enum_<ProposalStatus> proposal_status(m, "ProposalStatus");
+  proposal_status.value("Rejected", ProposalStatus::Rejected)
+      .value("Applied", ProposalStatus::Applied)
+      .value("AppliedWithDroppedRanks", ProposalStatus::AppliedWithDroppedRanks);
+  m.attr("ViewUpdateStatus") = proposal_status;
+  py::class_<SyncAfterFailureResponse>(m, "SyncAfterFailureResponse")
+      .def_readonly("status", &SyncAfterFailureResponse::status)
+      .def_readonly("reject_reason", &SyncAfterFailureResponse::reject_reason);
+  py::class_<ProposeViewUpdateResponse>(m, "ProposeViewUpdateResponse")
+      .def_readonly("status", &ProposeViewUpdateResponse::status)
+      .def_readonly("new_epoch", &ProposeViewUpdateResponse::new_epoch)
+      .def_readonly("dropped_ranks", &ProposeViewUpdateResponse::dropped_ranks)
+      .def_readonly("reject_reason", &ProposeViewUpdateResponse::reject_reason);
 
   m.def("createMooncakeCpuBackend", &createCpuGroup, py::arg("distributed_backend_options"), py::arg("pg_options"));
   m.def("createMooncakeBackend", &createCudaGroup, py::arg("distributed_backend_options"), py::arg("pg_options"));

@@ -462,3 +462,20 @@ def test_settings_fixed_once_a_group_exists(world4):
         for name, (kind, message) in out.items():
             assert kind == "RuntimeError", (name, kind, message)
             assert "group" in message, (name, message)
+
+
+def test_membership_enums_and_response_types_match_the_reference():
+    from mooncake import pg
+
+    assert [(e.name, int(e)) for e in (pg.SyncAfterFailureStatus.Reconciled, pg.SyncAfterFailureStatus.NoPending,
+                                       pg.SyncAfterFailureStatus.Rejected)] == [
+        ("Reconciled", 0), ("NoPending", 1), ("Rejected", 2)]
+    assert [(e.name, int(e)) for e in (pg.ProposalStatus.Rejected, pg.ProposalStatus.Applied,
+                                       pg.ProposalStatus.AppliedWithDroppedRanks)] == [
+        ("Rejected", 0), ("Applied", 1), ("AppliedWithDroppedRanks", 2)]
+    assert pg.ViewUpdateStatus is pg.ProposalStatus
+    assert not hasattr(pg, "Reconciled")  # no export_values, as in the reference
+    for cls, fields in ((pg.SyncAfterFailureResponse, ("status", "reject_reason")),
+                        (pg.ProposeViewUpdateResponse, ("status", "new_epoch", "dropped_ranks", "reject_reason"))):
+        for f in fields:
+            assert isinstance(getattr(cls, f), property), (cls, f)
