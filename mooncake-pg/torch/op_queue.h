@@ -33,10 +33,15 @@ class OpQueue {
       std::lock_guard lock(mutex_);
       if (outstanding_ != 0 || stopping_) return false;
       ++outstanding_;
+      running_inline_ = true;
     }
     op();
-    std::lock_guard lock(mutex_);
-    --outstanding_;
+    {
+      std::lock_guard lock(mutex_);
+      --outstanding_;
+      running_inline_ = false;
+    }
+    cv_.notify_one();  // an op queued meanwhile by another thread may start now
     return true;
   }
 
@@ -57,7 +62,9 @@ class OpQueue {
       std::function<void()> op;
       {
         std::unique_lock lock(mutex_);
-        cv_.wait(lock, [this] { return stopping_ || !ops_.empty(); });
+        // Never alongside an op running inline on a caller's thread: the
+        // group executes one operation at a time.
+        cv_.wait(lock, [this] { return !running_inline_ && (stopping_ || !ops_.empty()); });
         if (ops_.empty()) return;
         op = std::move(ops_.front());
         ops_.pop_front();
@@ -73,6 +80,7 @@ class OpQueue {
   std::deque<std::function<void()>> ops_;
   bool stopping_ = false;
   int outstanding_ = 0;  // queued or running
+  bool running_inline_ = false;
   std::thread thread_;
 };
 
