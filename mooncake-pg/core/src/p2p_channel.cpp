@@ -83,6 +83,10 @@ class P2pChannel::Impl {
     uint32_t consume_seq = 0;              // lowest credit not consumed yet
     std::vector<bool> consumed = std::vector<bool>(kSlotsPerLane);  // credits taken ahead of consume_seq
     uint32_t rejected_op_id = ~0u;  // credits of this receiver message get a mismatch ack
+    // Until then, keep polling without posted sends: the refused message's
+    // remaining credits must be acknowledged (as mismatches) for the
+    // receiver to finish, even when this rank posts nothing more.
+    Clock::time_point drain_until{};
   };
   struct Peer {
     P2pEndpoint endpoint;
@@ -244,6 +248,7 @@ bool P2pChannel::Impl::stepRecv(int peer) {
       credit.length = length;
       credit.tag = op.tag;
       credit.op_id = op.op_id;
+      credit.offset = op.credited;
       seal(credit, token(epoch_, seq));
       const uint64_t remote = peers_[peer].endpoint.credit_region +
                               (static_cast<uint64_t>(rank_) * kSlotsPerLane + seq % kSlotsPerLane) * sizeof(CreditSlot);
@@ -316,6 +321,7 @@ bool P2pChannel::Impl::stepSend(int peer) {
     OpResult finished_result;
     if (credit.op_id == lane.rejected_op_id) {
       ack.length = kAckSizeMismatch;  // drain the rest of a refused message's credits
+      lane.drain_until = Clock::now() + std::chrono::seconds(1);
     } else {
       // The send this credit serves: the one bound to the receiver's message,
       // else the oldest unbound send with the credit's tag.
@@ -328,8 +334,11 @@ bool P2pChannel::Impl::stepSend(int peer) {
         it->bound = true;
         it->op_id = credit.op_id;
       }
-      if (it->total != credit.total || credit.length > it->total - it->sent) {
+      // Credits may be served out of order (the window is scanned), so the
+      // bytes come from the offset the credit names, not from a cursor.
+      if (it->total != credit.total || credit.offset > it->total || credit.length > it->total - credit.offset) {
         lane.rejected_op_id = credit.op_id;
+        lane.drain_until = Clock::now() + std::chrono::seconds(1);
         ack.length = kAckSizeMismatch;
         finished = std::move(it->done);
         finished_result = failure(peer, "message size mismatch with rank " + std::to_string(peer) +
@@ -338,7 +347,7 @@ bool P2pChannel::Impl::stepSend(int peer) {
         lane.ops.erase(it);
       } else {
         if (credit.length > 0) {
-          if (int rc = writeData(peer, it->data + it->sent, credit.recv_addr, credit.length); rc != te::kOk) {
+          if (int rc = writeData(peer, it->data + credit.offset, credit.recv_addr, credit.length); rc != te::kOk) {
             failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
             return true;
           }
@@ -409,7 +418,10 @@ void P2pChannel::Impl::loop() {
     {
       std::unique_lock lock(mutex_);
       bool busy = false;
-      for (int p = 0; p < size_ && !busy; ++p) busy = !recv_lanes_[p].ops.empty() || !send_lanes_[p].ops.empty();
+      const auto now = Clock::now();
+      for (int p = 0; p < size_ && !busy; ++p) {
+        busy = !recv_lanes_[p].ops.empty() || !send_lanes_[p].ops.empty() || now < send_lanes_[p].drain_until;
+      }
       if (!busy) cv_.wait(lock, [this] { return stopping_ || !posted_.empty(); });
       if (stopping_) break;
       incoming.swap(posted_);

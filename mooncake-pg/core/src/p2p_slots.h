@@ -23,10 +23,11 @@ struct alignas(64) CreditSlot {
   uint64_t header;
   uint64_t recv_addr;
   uint64_t total;
+  uint64_t offset;  // where in that message the credited bytes start
   uint32_t length;
   int32_t tag;
-  uint32_t op_id;  // which of the receiver's messages (per lane) this credit serves
-  uint8_t reserved[20];
+  uint32_t op_id;   // which of the receiver's messages (per lane) this credit serves
+  uint8_t reserved[12];
   uint64_t footer;
 };
 static_assert(sizeof(CreditSlot) == 64);
