@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <numeric>
 #include <random>
 
 #include "mooncake/te/host_identity.h"

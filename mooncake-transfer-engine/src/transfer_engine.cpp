@@ -115,6 +115,10 @@ class EngineImpl {
   int submit(BatchId id, const std::vector<TransferRequest>& requests, const std::string& hint, bool caller_waits);
   std::chrono::nanoseconds waitBudget(const Batch& batch) const;
 
+  // The transport for `peer`: the hint, else the forced protocol, else the
+  // first in kAutoOrder that reaches it; null when none does.
+  Transport* chooseTransport(PeerSegment& peer, const std::string& hint);
+
   int sendNotify(const std::string& name, const Notify& notify);
   std::vector<Notify> drainNotifies();
   int probe(const std::string& name, std::chrono::milliseconds timeout);
@@ -129,10 +133,6 @@ class EngineImpl {
   int dispatchRpc(uint32_t type, const std::string& request, std::string& reply);
   std::string encodeLocalDescriptor();
   Transport* transportByName(const std::string& name);
- public:
-  Transport* chooseTransport(PeerSegment& peer, const std::string& hint);
-
- private:
   rpc::CallOptions callOptions() const {
     return rpc::CallOptions{config_.connect_timeout, config_.rpc_timeout, config_.max_rpc_message};
   }

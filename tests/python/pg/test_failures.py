@@ -19,19 +19,18 @@ FAST = 3.0  # seconds: "quickly" for a dead peer (detection polls every ~20 ms)
 AT_ONCE = 0.5  # seconds: a call on a group that already failed
 
 
-_outcome = outcome
 
 
 def _later_calls(group=None):
     """Each kind of call on a failed group: how it ends and how long it takes."""
     out = {}
-    out["all_reduce"] = _outcome(lambda: dist.all_reduce(torch.ones(4), group=group))
-    out["broadcast"] = _outcome(lambda: dist.broadcast(torch.ones(4), src=0, group=group))
-    out["barrier"] = _outcome(lambda: dist.barrier(group=group))
+    out["all_reduce"] = outcome(lambda: dist.all_reduce(torch.ones(4), group=group))
+    out["broadcast"] = outcome(lambda: dist.broadcast(torch.ones(4), src=0, group=group))
+    out["barrier"] = outcome(lambda: dist.barrier(group=group))
     ws = dist.get_world_size(group)
-    out["all_gather_into_tensor"] = _outcome(
+    out["all_gather_into_tensor"] = outcome(
         lambda: dist.all_gather_into_tensor(torch.empty(4 * ws), torch.ones(4), group=group))
-    out["async all_reduce"] = _outcome(lambda: dist.all_reduce(torch.ones(4), group=group, async_op=True).wait())
+    out["async all_reduce"] = outcome(lambda: dist.all_reduce(torch.ones(4), group=group, async_op=True).wait())
     return out
 
 
@@ -52,16 +51,16 @@ def _die_before_collective(ctx, victim):
     time.sleep(0.3)  # the victim is gone by now
     t = torch.ones(1000)
     work = dist.all_reduce(t, async_op=True)
-    res = {"wait": _outcome(work.wait)}
+    res = {"wait": outcome(work.wait)}
     res["hint"] = ctx.pg.get_failed_ranks_hint(work).tolist()
     res["local_success"] = ctx.pg.get_local_success(work)
     res["completed"] = work.is_completed()
-    res["future"] = _outcome(lambda: work.get_future().wait())
-    res["sync"] = _outcome(lambda: dist.all_reduce(torch.ones(3)))
+    res["future"] = outcome(lambda: work.get_future().wait())
+    res["sync"] = outcome(lambda: dist.all_reduce(torch.ones(3)))
     res["later"] = _later_calls()
     # Point-to-point with the dead rank fails too (its own liveness probe).
-    res["recv"] = _outcome(lambda: dist.recv(torch.empty(3), src=victim))
-    res["send"] = _outcome(lambda: dist.send(torch.ones(3), dst=victim))
+    res["recv"] = outcome(lambda: dist.recv(torch.empty(3), src=victim))
+    res["send"] = outcome(lambda: dist.send(torch.ones(3), dst=victim))
     return res
 
 
@@ -92,7 +91,7 @@ def _die_with_a_late_survivor(ctx):
         os._exit(17)
     time.sleep(0.3 if ctx.rank == 0 else 1.3)
     work = dist.all_reduce(torch.ones(10), async_op=True)
-    res = {"wait": _outcome(work.wait)}
+    res = {"wait": outcome(work.wait)}
     res["hint"] = ctx.pg.get_failed_ranks_hint(work).tolist()
     res["later"] = _later_calls()
     return res
@@ -123,7 +122,7 @@ def _die_while_waiting_on_a_slow_rank(ctx):
     if ctx.rank == 2:
         os._exit(17)
     time.sleep(2.0 if ctx.rank == 1 else 0.3)
-    return _outcome(lambda: dist.all_reduce(torch.ones(10)))
+    return outcome(lambda: dist.all_reduce(torch.ones(10)))
 
 
 def test_dead_rank_noticed_while_another_rank_is_late():
@@ -154,7 +153,7 @@ def _stall_with_init_timeout(ctx, port):
     if ctx.rank == 1:
         time.sleep(3.0)
     work = dist.all_reduce(torch.ones(10), async_op=True)
-    res = {"wait": _outcome(work.wait), "hint": ctx.pg.get_failed_ranks_hint(work).tolist()}
+    res = {"wait": outcome(work.wait), "hint": ctx.pg.get_failed_ranks_hint(work).tolist()}
     res["later"] = _later_calls()
     return res
 
@@ -170,7 +169,7 @@ def _stall_with_collective_timeout(ctx):
     if ctx.rank == 1:
         time.sleep(2.5)
     work = dist.all_reduce(torch.ones(10), group=grp, async_op=True)
-    res = {"wait": _outcome(work.wait), "hint": ctx.pg.get_failed_ranks_hint(work).tolist()}
+    res = {"wait": outcome(work.wait), "hint": ctx.pg.get_failed_ranks_hint(work).tolist()}
     res["later"] = _later_calls(grp)
     t = torch.full((2,), float(ctx.rank))
     dist.all_reduce(t)  # WORLD has its own arena and is unaffected
@@ -217,7 +216,7 @@ MISMATCHES = {
 
 def _mismatch(ctx, name):
     grp = dist.new_group()  # a fresh arena: the failure stays in it
-    res = {"call": _outcome(lambda: MISMATCHES[name](ctx.rank, grp))}
+    res = {"call": outcome(lambda: MISMATCHES[name](ctx.rank, grp))}
     res["later"] = _later_calls(grp)
     t = torch.full((2,), float(ctx.rank))
     dist.all_reduce(t)
@@ -243,10 +242,10 @@ def _a2a_mismatch(ctx):
     # rank 1 sends 3 where rank 0 expects 2): the pair disagrees on sizes.
     if ctx.rank == 0:
         out = torch.full((4,), -1.0)
-        call = _outcome(lambda: dist.all_to_all_single(out, torch.arange(4.0), [2, 2], [2, 2], group=grp))
+        call = outcome(lambda: dist.all_to_all_single(out, torch.arange(4.0), [2, 2], [2, 2], group=grp))
     else:
         out = torch.full((6,), -1.0)
-        call = _outcome(lambda: dist.all_to_all_single(out, torch.arange(6.0) + 100, [3, 3], [3, 3], group=grp))
+        call = outcome(lambda: dist.all_to_all_single(out, torch.arange(6.0) + 100, [3, 3], [3, 3], group=grp))
     return call[:2], out.tolist()
 
 
@@ -260,10 +259,10 @@ def _one_rank_bad_input(ctx):
     grp = dist.new_group()
     if ctx.rank == 0:
         # Rank 0's output has the wrong size: it raises at once, queues nothing, and moves on.
-        bad = _outcome(lambda: dist.all_gather_into_tensor(torch.empty(5), torch.ones(2), group=grp))
-        nxt = _outcome(lambda: dist.all_reduce(torch.ones(3), group=grp))
+        bad = outcome(lambda: dist.all_gather_into_tensor(torch.empty(5), torch.ones(2), group=grp))
+        nxt = outcome(lambda: dist.all_reduce(torch.ones(3), group=grp))
         return bad, nxt
-    good = _outcome(lambda: dist.all_gather_into_tensor(torch.empty(4), torch.ones(2), group=grp))
+    good = outcome(lambda: dist.all_gather_into_tensor(torch.empty(4), torch.ones(2), group=grp))
     return good, None
 
 

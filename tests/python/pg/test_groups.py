@@ -406,11 +406,8 @@ def test_backend_options_on_groups(world4):
 def _short_active(ctx):
     from mooncake import pg
 
-    try:
-        dist.new_group(pg_options=pg.MooncakeBackendOptions(torch.zeros(2, dtype=torch.int32)))
-        result = ("no exception", "")
-    except Exception as e:  # noqa: BLE001
-        result = (type(e).__name__, str(e))
+    result = errors_of({"new_group": lambda: dist.new_group(
+        pg_options=pg.MooncakeBackendOptions(torch.zeros(2, dtype=torch.int32)))})["new_group"]
     t = torch.ones(2)
     dist.all_reduce(t)
     return result, t.tolist()
@@ -423,11 +420,7 @@ def test_active_ranks_shorter_than_the_group_is_refused(world4):
 
 
 def _cuda_backend(ctx):
-    try:
-        dist.new_group(backend="mooncake")
-        result = ("no exception", "")
-    except Exception as e:  # noqa: BLE001
-        result = (type(e).__name__, str(e))
+    result = errors_of({"new_group": lambda: dist.new_group(backend="mooncake")})["new_group"]
     t = torch.ones(2)
     dist.all_reduce(t)
     return result, t.tolist()

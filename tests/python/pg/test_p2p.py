@@ -38,7 +38,6 @@ def _group_with_short_p2p_timeout(ctx):
         ctx.pg.set_p2p_timeout_us(30_000_000)
 
 
-_outcome = outcome
 
 
 # ---------------------------------------------------------------------------
@@ -182,7 +181,7 @@ def _tag_order_blocking_sender(ctx, backend):
             return x.tolist(), y.tolist()
         return None
 
-    return _outcome(exchange)
+    return outcome(exchange)
 
 
 def test_receives_posted_out_of_tag_order_with_a_blocking_sender(world):
@@ -199,12 +198,12 @@ def _mismatch_rank(ctx, sent, expected):
     r = ctx.rank
     out = {}
     if r == 0:
-        out["mismatch"] = _outcome(lambda: dist.send(torch.ones(sent), 1, group=grp))
-        out["next"] = _outcome(lambda: dist.send(torch.full((7,), 5.0), 1, group=grp))
+        out["mismatch"] = outcome(lambda: dist.send(torch.ones(sent), 1, group=grp))
+        out["next"] = outcome(lambda: dist.send(torch.full((7,), 5.0), 1, group=grp))
     elif r == 1:
-        out["mismatch"] = _outcome(lambda: dist.recv(torch.empty(expected), 0, group=grp))
+        out["mismatch"] = outcome(lambda: dist.recv(torch.empty(expected), 0, group=grp))
         buf = torch.empty(7)
-        out["next"] = _outcome(lambda: (dist.recv(buf, 0, group=grp), buf.tolist())[1])
+        out["next"] = outcome(lambda: (dist.recv(buf, 0, group=grp), buf.tolist())[1])
     t = torch.full((2,), float(r))
     dist.all_reduce(t, group=grp)
     out["all_reduce"] = t.tolist()
@@ -253,14 +252,14 @@ def _zero_vs_nonzero_rank(ctx):
     r = ctx.rank
     if r == 0:
         # An empty message, then a 3-element one.
-        first = _outcome(lambda: dist.send(torch.empty(0), 1, group=grp))
-        second = _outcome(lambda: dist.send(torch.full((3,), 9.0), 1, group=grp))
+        first = outcome(lambda: dist.send(torch.empty(0), 1, group=grp))
+        second = outcome(lambda: dist.send(torch.full((3,), 9.0), 1, group=grp))
         return first[:2], second[:2]
     if r == 1:
         # Receives a 3-element message where the sender's first message is empty.
         a, b = torch.full((3,), -1.0), torch.empty(0)
-        first = _outcome(lambda: (dist.recv(a, 0, group=grp), a.tolist())[1])
-        second = _outcome(lambda: dist.recv(b, 0, group=grp))
+        first = outcome(lambda: (dist.recv(a, 0, group=grp), a.tolist())[1])
+        second = outcome(lambda: dist.recv(b, 0, group=grp))
         return first[:2], second[:2]
     return None
 
@@ -342,9 +341,9 @@ def _p2p_timeout_rank(ctx):
     out = {}
     if r == 0:
         # Nobody sends to rank 0 on this group.
-        out["recv"] = _outcome(lambda: dist.recv(torch.empty(3), 1, group=grp))
+        out["recv"] = outcome(lambda: dist.recv(torch.empty(3), 1, group=grp))
         # The lanes to rank 1 are closed now: the next message fails at once.
-        out["again"] = _outcome(lambda: dist.send(torch.empty(3), 1, group=grp))
+        out["again"] = outcome(lambda: dist.send(torch.empty(3), 1, group=grp))
     dist.barrier()  # on WORLD, after rank 0 is done
     t = torch.full((2,), float(r))
     dist.all_reduce(t, group=grp)  # the group's collectives are not affected
