@@ -7,14 +7,24 @@ Prints a table with the ratio mooncake/gloo (< 1 means mooncake is faster)
 and writes a CSV; benchmarks/plot_pg.py turns it into a picture.
 
     PYTHONPATH=python python3 benchmarks/pg_vs_gloo.py --world 2 4 --csv docs/benchmarks/pg_cpu.csv
+
+With --hosts H the ranks are split into H blocks, each started in its own
+user + pid namespace (unshare -Urp), which the transfer engine treats as a
+separate host: mooncake-cpu then runs its cross-host path (shared memory
+inside each block, the transfer engine's tcp between blocks), Gloo its usual
+tcp everywhere.
+
+    PYTHONPATH=python python3 benchmarks/pg_vs_gloo.py --world 4 --hosts 2 --csv docs/benchmarks/pg_cpu_2hosts.csv
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import socket
+import subprocess
 import sys
 import time
 
@@ -92,32 +102,75 @@ def _worker(rank: int, world: int, port: int, ops, sizes, budget_s: float, queue
         queue.put(None)
 
 
+def _spawn(ranks, world: int, port: int, args, sizes):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, args.ops, sizes, args.budget, queue)) for r in ranks]
+    for p in procs:
+        p.start()
+    return procs, queue
+
+
+def _relay(args, sizes) -> int:
+    """Inside one host's namespace: run its ranks, print rank 0's rows."""
+    ranks = [int(r) for r in args.ranks.split(",")]
+    procs, queue = _spawn(ranks, args.world[0], args.port, args, sizes)
+    if 0 in ranks:
+        while (item := queue.get(timeout=900)) is not None:
+            print("ROW " + json.dumps(item), flush=True)
+    for p in procs:
+        p.join(timeout=900)
+    return 0
+
+
+def _rows_across_hosts(world: int, hosts: int, args, sizes):
+    """Starts each block of ranks as its own host and yields rank 0's rows."""
+    port = _free_port()
+    blocks = [list(range(world))[h * world // hosts:(h + 1) * world // hosts] for h in range(hosts)]
+    common = ["--world", str(world), "--port", str(port), "--budget", str(args.budget), "--max-bytes",
+              str(args.max_bytes), "--ops", *args.ops]
+    procs = [subprocess.Popen(["unshare", "-Urp", "--fork", "--kill-child", sys.executable, os.path.abspath(__file__),
+                               "--ranks", ",".join(map(str, b)), *common], stdout=subprocess.PIPE, text=True)
+             for b in blocks]
+    for line in procs[0].stdout:
+        if line.startswith("ROW "):
+            yield tuple(json.loads(line[4:]))
+    for p in procs:
+        p.wait(timeout=900)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--hosts", type=int, default=1, help="split the ranks over this many namespace hosts")
+    parser.add_argument("--ranks", help=argparse.SUPPRESS)  # internal: the ranks of one namespace host
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
     parser.add_argument("--max-bytes", type=int, default=16 << 20)
     parser.add_argument("--budget", type=float, default=0.05, help="seconds of work per size and backend (approx.)")
     parser.add_argument("--csv", help="write results here")
     args = parser.parse_args()
     sizes = [s for s in SIZES if s <= args.max_bytes]
+    if args.ranks is not None:
+        return _relay(args, sizes)
     rows = []
+    if args.hosts > 1:
+        print(f"ranks split over {args.hosts} hosts (user+pid namespaces)")
     print(f"{'world':>5} {'op':>15} {'bytes':>10} {'mooncake us':>12} {'gloo us':>12} {'ratio':>7}")
     for world in args.world:
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        port = _free_port()
-        procs = [ctx.Process(target=_worker, args=(r, world, port, args.ops, sizes, args.budget, queue))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        while (item := queue.get(timeout=900)) is not None:
+        if args.hosts > 1:
+            items = _rows_across_hosts(world, args.hosts, args, sizes)
+        else:
+            procs, queue = _spawn(range(world), world, _free_port(), args, sizes)
+            items = iter(lambda: queue.get(timeout=900), None)
+        for item in items:
             w, op, nbytes, t_mc, t_gloo = item
             rows.append(item)
             print(f"{w:>5} {op:>15} {nbytes:>10} {t_mc * 1e6:>12.1f} {t_gloo * 1e6:>12.1f} {t_mc / t_gloo:>7.2f}",
                   flush=True)
-        for p in procs:
-            p.join(timeout=60)
+        if args.hosts == 1:
+            for p in procs:
+                p.join(timeout=60)
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.writer(f)

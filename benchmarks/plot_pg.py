@@ -1,7 +1,7 @@
 """Plot pg_vs_gloo.py's CSV: time per operation against size, mooncake-cpu
 and Gloo, one panel per operation, one line style per world size.
 
-    python3 benchmarks/plot_pg.py docs/benchmarks/pg_cpu.csv docs/benchmarks/pg_cpu.png
+    python3 benchmarks/plot_pg.py docs/benchmarks/pg_cpu.csv docs/benchmarks/pg_cpu.png [title]
 """
 
 import csv
@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def main(src: str, dst: str) -> None:
+def main(src: str, dst: str, title: str = "mooncake-cpu vs Gloo, same processes, same run (2-core VM)") -> None:
     data = defaultdict(list)
     with open(src) as f:
         for row in csv.DictReader(f):
@@ -39,10 +39,10 @@ def main(src: str, dst: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("µs per operation (slowest rank)")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("mooncake-cpu vs Gloo, same processes, same run (2-core VM)")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(dst, dpi=100)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

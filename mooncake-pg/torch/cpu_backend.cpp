@@ -1,12 +1,14 @@
 #include "cpu_backend.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 #include <torch/csrc/utils/pybind.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <random>
 
+#include "mooncake/pg/host_spanning_group.h"
 #include "mooncake/te/host_identity.h"
 #include "settings.h"
 #include "tensor_checks.h"
@@ -47,66 +49,91 @@ MooncakeCpuBackend::MooncakeCpuBackend(const c10::intrusive_ptr<c10d::Store>& st
     : c10d::Backend(rank, size), max_group_size_(options.max_group_size > 0 ? options.max_group_size : size) {
   TORCH_CHECK_VALUE(max_group_size_ >= size, "MooncakeBackendOptions: max_group_size (", max_group_size_,
                     ") must be at least the group size (", size, ")");
-  // Every member must be on this host: the shared-memory data plane is the
-  // one that exists so far.
-  const std::string host = te::hostIdentity();
-  storeSet(store, "mc_host/" + std::to_string(rank), host);
-  for (int r = 0; r < size; ++r) {
-    TORCH_CHECK(storeGet(store, "mc_host/" + std::to_string(r)) == host, "mooncake-cpu: rank ", r,
-                " runs on another host (or pid namespace); groups spanning hosts are not supported yet by this "
-                "build of mooncake-cpu (they need the transfer-engine data plane)");
-  }
+  // Which host each rank runs on decides the data plane: one host's ranks
+  // meet in a shared-memory arena; hosts are joined over the transfer engine.
+  const std::string my_host = te::hostIdentity();
+  storeSet(store, "mc_host/" + std::to_string(rank), my_host);
+  std::vector<std::string> identities(size);
+  for (int r = 0; r < size; ++r) identities[r] = storeGet(store, "mc_host/" + std::to_string(r));
+  HostLayout layout = HostLayout::fromIdentities(identities);
+  const int host = layout.hostOf(rank);
+  const std::string name_key = "mc_shm_name/" + std::to_string(host);
   std::string name;
-  if (rank == 0) {
+  if (rank == layout.leaderOf(host)) {
     std::random_device rd;
     name = "/mooncake-pg-" + std::to_string(::getpid()) + "-" + std::to_string(rd()) + std::to_string(rd());
-    storeSet(store, "mc_shm_name", name);
+    storeSet(store, name_key, name);
   } else {
-    name = storeGet(store, "mc_shm_name");
+    name = storeGet(store, name_key);
   }
   ShmGroupOptions shm;
   shm.slot_bytes = envBytes("MOONCAKE_PG_SHM_SLOT_BYTES", 4u << 20);
   int64_t override_us = settings().collective_timeout_us.load();
   shm.timeout = override_us >= 0 ? std::chrono::milliseconds(override_us / 1000) : timeout;
   shm.attach_timeout = std::max(timeout, std::chrono::milliseconds(10000));
+  shm.rank_names = layout.ranksOn(host);
   std::string error;
-  group_ = ShmGroup::open(name, rank, size, shm, &error);
-  TORCH_CHECK(group_ != nullptr, "mooncake-cpu: ", error);
+  std::unique_ptr<ShmGroup> local = ShmGroup::open(name, layout.localIndexOf(rank),
+                                                   static_cast<int>(layout.ranksOn(host).size()), shm, &error);
+  TORCH_CHECK(local != nullptr, "mooncake-cpu: ", error);
+  if (layout.hosts() == 1) {
+    group_ = std::move(local);
+  } else {
+    // The collectives' own channel: user P2P messages never pair with theirs.
+    P2pOptions o = p2pOptionsFromEnv();
+    o.timeout = shm.timeout;
+    std::unique_ptr<P2pChannel> channel = openChannel(store, "mc_coll/", o, &error);
+    TORCH_CHECK(channel != nullptr, "mooncake-cpu: this group spans ", layout.hosts(),
+                " hosts, which needs the transfer engine, and it could not start: ", error);
+    LOG(INFO) << "mooncake-cpu: rank " << rank << ": this group spans " << layout.hosts() << " hosts ("
+              << layout.ranksOn(host).size() << " rank(s) on this one): shared memory inside hosts, the transfer "
+              << "engine between them";
+    group_ = std::make_unique<HostSpanningGroup>(rank, std::move(layout), std::move(local), std::move(channel));
+  }
   startP2p(store, timeout);
 }
 
-void MooncakeCpuBackend::startP2p(const c10::intrusive_ptr<c10d::Store>& store, std::chrono::milliseconds timeout) {
+std::unique_ptr<P2pChannel> MooncakeCpuBackend::openChannel(const c10::intrusive_ptr<c10d::Store>& store,
+                                                            const std::string& key, const P2pOptions& options,
+                                                            std::string* error) {
   // Every rank publishes an endpoint (possibly "none"), so no rank waits for
-  // a key that never comes when another rank could not start P2P.
-  P2pEndpoint mine;
+  // a key that never comes when another rank could not start its channel.
+  std::unique_ptr<P2pChannel> channel;
   try {
-    te::TransferEngine* engine = pgTransferEngine(&p2p_error_);
-    if (engine != nullptr) {
-      P2pOptions o;
-      o.chunk_bytes = envBytes("MOONCAKE_P2P_CHUNK_SIZE", o.chunk_bytes);
-      size_t pool = envBytes("MOONCAKE_P2P_POOL_SIZE", o.chunk_bytes * o.pool_chunks);
-      TORCH_CHECK_VALUE(pool >= o.chunk_bytes && pool % o.chunk_bytes == 0,
-                        "MOONCAKE_P2P_POOL_SIZE must be a positive multiple of MOONCAKE_P2P_CHUNK_SIZE");
-      o.pool_chunks = pool / o.chunk_bytes;
-      int64_t us = settings().p2p_timeout_us.load();
-      o.timeout = us >= 0 ? std::chrono::milliseconds(us / 1000) : timeout;
-      p2p_ = std::make_unique<P2pChannel>(*engine, getRank(), getSize(), o);
-      mine = p2p_->localEndpoint();
-    }
+    te::TransferEngine* engine = pgTransferEngine(error);
+    if (engine != nullptr) channel = std::make_unique<P2pChannel>(*engine, getRank(), getSize(), options);
   } catch (const std::exception& e) {
-    p2p_.reset();
-    p2p_error_ = e.what();
+    channel.reset();
+    *error = e.what();
   }
-  storeSet(store, "mc_p2p/" + std::to_string(getRank()), p2p_ ? mine.encode() : "none");
+  storeSet(store, key + std::to_string(getRank()), channel ? channel->localEndpoint().encode() : "none");
   std::vector<P2pEndpoint> peers(getSize());
   for (int r = 0; r < getSize(); ++r) {
-    std::string text = storeGet(store, "mc_p2p/" + std::to_string(r));
-    if (p2p_ && (text == "none" || !P2pEndpoint::decode(text, peers[r]))) {
-      p2p_.reset();
-      p2p_error_ = "rank " + std::to_string(r) + " could not start point-to-point communication";
+    std::string text = storeGet(store, key + std::to_string(r));
+    if (channel && (text == "none" || !P2pEndpoint::decode(text, peers[r]))) {
+      channel.reset();
+      *error = "rank " + std::to_string(r) + " could not start point-to-point communication";
     }
   }
-  if (p2p_) p2p_->connect(peers);
+  if (channel) channel->connect(peers);
+  return channel;
+}
+
+P2pOptions MooncakeCpuBackend::p2pOptionsFromEnv() {
+  P2pOptions o;
+  o.chunk_bytes = envBytes("MOONCAKE_P2P_CHUNK_SIZE", o.chunk_bytes);
+  size_t pool = envBytes("MOONCAKE_P2P_POOL_SIZE", o.chunk_bytes * o.pool_chunks);
+  TORCH_CHECK_VALUE(pool >= o.chunk_bytes && pool % o.chunk_bytes == 0,
+                    "MOONCAKE_P2P_POOL_SIZE must be a positive multiple of MOONCAKE_P2P_CHUNK_SIZE");
+  o.pool_chunks = pool / o.chunk_bytes;
+  return o;
+}
+
+void MooncakeCpuBackend::startP2p(const c10::intrusive_ptr<c10d::Store>& store, std::chrono::milliseconds timeout) {
+  P2pOptions o = p2pOptionsFromEnv();
+  int64_t us = settings().p2p_timeout_us.load();
+  o.timeout = us >= 0 ? std::chrono::milliseconds(us / 1000) : timeout;
+  p2p_ = openChannel(store, "mc_p2p/", o, &p2p_error_);
 }
 
 P2pChannel& MooncakeCpuBackend::p2p(const char* op) {

@@ -1,6 +1,7 @@
 // The c10d::Backend of "mooncake-cpu": validates arguments on the calling
 // thread, then runs each operation on the group's OpQueue over the
-// torch-free ShmGroup (processes of one host).
+// torch-free core: a ShmGroup when every rank is on this host, else a
+// HostSpanningGroup (shared memory inside hosts, the transfer engine between).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -78,10 +79,15 @@ class MooncakeCpuBackend : public c10d::Backend {
                                                     const c10d::ReduceOp& reduce_op, const char* op, bool may_run_inline);
 
   void startP2p(const c10::intrusive_ptr<c10d::Store>& store, std::chrono::milliseconds timeout);
+  // A P2pChannel over every rank, its endpoints traded under `key` + rank;
+  // null with *error set when any rank could not start one.
+  std::unique_ptr<P2pChannel> openChannel(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key,
+                                          const P2pOptions& options, std::string* error);
+  static P2pOptions p2pOptionsFromEnv();
   P2pChannel& p2p(const char* op);
 
   int max_group_size_;
-  std::unique_ptr<ShmGroup> group_;
+  std::unique_ptr<Collectives> group_;  // a ShmGroup, or a HostSpanningGroup across hosts
   std::unique_ptr<P2pChannel> p2p_;
   std::string p2p_error_;  // why P2P is unavailable, when it is
   OpQueue queue_;  // last: its thread stops before the group goes away

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <future>
 #include <list>
 #include <mutex>
 #include <sstream>
@@ -20,13 +21,13 @@ using Clock = std::chrono::steady_clock;
 
 std::string P2pEndpoint::encode() const {
   std::ostringstream s;
-  s << segment << ' ' << credit_region << ' ' << ack_region;
+  s << segment << ' ' << credit_region << ' ' << ack_region << ' ' << close_region;
   return s.str();
 }
 
 bool P2pEndpoint::decode(const std::string& text, P2pEndpoint& out) {
   std::istringstream s(text);
-  return static_cast<bool>(s >> out.segment >> out.credit_region >> out.ack_region);
+  return static_cast<bool>(s >> out.segment >> out.credit_region >> out.ack_region >> out.close_region);
 }
 
 class P2pChannel::Impl {
@@ -35,10 +36,11 @@ class P2pChannel::Impl {
   ~Impl();
 
   P2pEndpoint localEndpoint() const {
-    return P2pEndpoint{engine_.segmentName(), addr(credits_), addr(acks_)};
+    return P2pEndpoint{engine_.segmentName(), addr(credits_), addr(acks_), addr(closes_)};
   }
   void connect(const std::vector<P2pEndpoint>& peers);
   void post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done);
+  void abort(const std::string& why, const std::vector<int>& failed_ranks);
 
  private:
   struct RecvOp {
@@ -90,7 +92,8 @@ class P2pChannel::Impl {
   struct Peer {
     P2pEndpoint endpoint;
     te::SegmentHandle handle = te::kInvalidSegment;
-    std::string failure;  // non-empty once the peer is known gone
+    std::string failure;  // non-empty once the peer is known gone (or closed)
+    std::vector<int> failure_ranks;  // whom that failure names: the peer, unless closed for another rank's fault
     Clock::time_point last_progress;
     Clock::time_point last_probe;
   };
@@ -111,11 +114,14 @@ class P2pChannel::Impl {
   int writeSlot(int peer, const void* slot, uint64_t remote);
   int writeData(int peer, const char* src, uint64_t remote, size_t length);
   void failPeer(int peer, const std::string& why);
+  void applyAbort(const std::string& why, const std::vector<int>& failed_ranks);
+  bool closedByPeer(int peer);
   OpResult failure(int peer, const std::string& why) const {
     OpResult r;
     r.ok = false;
     r.error = why;
-    r.failed_ranks.push_back(peer);
+    r.failed_ranks = peers_[peer].failure_ranks;
+    if (r.failed_ranks.empty()) r.failed_ranks.push_back(peer);
     return r;
   }
 
@@ -124,12 +130,13 @@ class P2pChannel::Impl {
   const P2pOptions options_;
   const uint32_t epoch_ = 0;  // membership epoch; views arrive with the elastic control plane
 
-  // Registered shared memory: [credits | acks | outbox | staging | recv pool].
+  // Registered shared memory: [credits | acks | closes | outbox | staging | recv pool].
   char* memory_ = nullptr;
   size_t memory_bytes_ = 0;
   CreditSlot* credits_ = nullptr;  // [size][kSlotsPerLane], written by receivers
   AckSlot* acks_ = nullptr;        // [size][kSlotsPerLane], written by senders
-  char* outbox_ = nullptr;         // one slot: source of control writes
+  CloseSlot* closes_ = nullptr;    // [size], written by peers that give up
+  char* outbox_ = nullptr;         // one CloseSlot's room: source of control writes
   char* staging_ = nullptr;        // one chunk: source of data writes
   char* recv_pool_ = nullptr;      // pool_chunks chunks
   std::vector<int> free_chunks_;
@@ -141,7 +148,14 @@ class P2pChannel::Impl {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<Posted> posted_;
+  struct Abort {
+    std::string why;
+    std::vector<int> failed_ranks;
+    std::promise<void> told;
+  };
+  std::vector<Abort*> aborts_;  // abort() requests, carried out by the progress thread
   bool stopping_ = false;
+  bool stopped_ = false;  // the progress thread has ended
   std::thread thread_;
 };
 
@@ -150,19 +164,22 @@ P2pChannel::Impl::Impl(te::TransferEngine& engine, int rank, int size, const P2p
       send_lanes_(size) {
   const size_t slots = static_cast<size_t>(size) * kSlotsPerLane;
   const size_t chunk = options_.chunk_bytes;
-  memory_bytes_ = slots * sizeof(CreditSlot) + slots * sizeof(AckSlot) + 64 + chunk + chunk * options_.pool_chunks;
+  memory_bytes_ = slots * sizeof(CreditSlot) + slots * sizeof(AckSlot) + size * sizeof(CloseSlot) + sizeof(CloseSlot) +
+                  chunk + chunk * options_.pool_chunks;
   // Shared memory: same-host peers write it through a mapping (a memcpy).
   memory_ = static_cast<char*>(te::allocateSharedMemory(memory_bytes_));
   if (memory_ == nullptr) throw std::runtime_error("P2P: cannot allocate " + std::to_string(memory_bytes_) + " bytes");
   credits_ = reinterpret_cast<CreditSlot*>(memory_);
   acks_ = reinterpret_cast<AckSlot*>(memory_ + slots * sizeof(CreditSlot));
-  outbox_ = memory_ + slots * (sizeof(CreditSlot) + sizeof(AckSlot));
-  staging_ = outbox_ + 64;
+  closes_ = reinterpret_cast<CloseSlot*>(memory_ + slots * (sizeof(CreditSlot) + sizeof(AckSlot)));
+  outbox_ = reinterpret_cast<char*>(closes_ + size);
+  staging_ = outbox_ + sizeof(CloseSlot);
   recv_pool_ = staging_ + chunk;
   for (size_t i = 0; i < slots; ++i) {
     reset(&credits_[i]);
     reset(&acks_[i]);
   }
+  for (int p = 0; p < size; ++p) reset(&closes_[p]);
   for (int c = static_cast<int>(options_.pool_chunks) - 1; c >= 0; --c) free_chunks_.push_back(c);
   if (int rc = engine_.registerLocalMemory(memory_, memory_bytes_); rc != te::kOk) {
     te::freeSharedMemory(memory_);
@@ -190,6 +207,52 @@ void P2pChannel::Impl::connect(const std::vector<P2pEndpoint>& peers) {
     peers_[p].handle = engine_.openSegment(peers[p].segment);
     if (peers_[p].handle == te::kInvalidSegment) peers_[p].failure = "cannot reach rank " + std::to_string(p) + " at " + peers[p].segment;
   }
+}
+
+void P2pChannel::Impl::abort(const std::string& why, const std::vector<int>& failed_ranks) {
+  Abort request{why, failed_ranks, {}};
+  std::future<void> told = request.told.get_future();
+  {
+    std::lock_guard lock(mutex_);
+    if (stopped_) return;  // nothing left to fail, nobody to tell
+    aborts_.push_back(&request);
+  }
+  cv_.notify_all();
+  told.wait();  // the progress thread always answers, also when it stops
+}
+
+void P2pChannel::Impl::applyAbort(const std::string& why, const std::vector<int>& failed_ranks) {
+  CloseSlot notice{};
+  for (int q : failed_ranks) {
+    if (q >= 0 && q < 256) notice.failed_mask[q / 64] |= 1ull << (q % 64);
+  }
+  std::strncpy(notice.reason, why.c_str(), sizeof(notice.reason) - 1);
+  seal(notice, kClosedToken);
+  std::memcpy(outbox_, &notice, sizeof(notice));
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    Peer& peer = peers_[p];
+    const bool reachable = peer.failure.empty() && peer.handle != te::kInvalidSegment;
+    if (peer.failure.empty()) peer.failure_ranks = failed_ranks;
+    failPeer(p, why);
+    if (reachable) {  // best effort: a peer that is gone cannot be told
+      engine_.transferSync({te::TransferRequest{te::Opcode::kWrite, outbox_, peer.handle,
+                                                peer.endpoint.close_region + rank_ * sizeof(CloseSlot),
+                                                sizeof(CloseSlot)}});
+    }
+  }
+}
+
+bool P2pChannel::Impl::closedByPeer(int p) {
+  CloseSlot notice;
+  if (!tryLoad(&closes_[p], kClosedToken, notice)) return false;
+  peers_[p].failure_ranks.clear();
+  for (int q = 0; q < 256; ++q) {  // in the caller's numbering: not checked against ours
+    if (notice.failed_mask[q / 64] & (1ull << (q % 64))) peers_[p].failure_ranks.push_back(q);
+  }
+  failPeer(p, "rank " + std::to_string(p) + " gave up: " +
+                  std::string(notice.reason, strnlen(notice.reason, sizeof(notice.reason))));
+  return true;
 }
 
 void P2pChannel::Impl::post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done) {
@@ -392,6 +455,7 @@ void P2pChannel::Impl::checkPeers() {
       failPeer(p, peer.failure);
       continue;
     }
+    if (closedByPeer(p)) continue;
     if (now - peer.last_progress > options_.timeout) {
       // Credits already granted may still be used by a late sender: the only
       // safe way on is to close the lanes to this peer (as a failure does).
@@ -412,6 +476,7 @@ void P2pChannel::Impl::checkPeers() {
 
 void P2pChannel::Impl::loop() {
   int idle_rounds = 0;
+  std::vector<Abort*> aborts;
   for (;;) {
     std::vector<Posted> incoming;
     {
@@ -421,9 +486,21 @@ void P2pChannel::Impl::loop() {
       for (int p = 0; p < size_ && !busy; ++p) {
         busy = !recv_lanes_[p].ops.empty() || !send_lanes_[p].ops.empty() || now < send_lanes_[p].drain_until;
       }
-      if (!busy) cv_.wait(lock, [this] { return stopping_ || !posted_.empty(); });
-      if (stopping_) break;
+      if (!busy) cv_.wait(lock, [this] { return stopping_ || !posted_.empty() || !aborts_.empty(); });
       incoming.swap(posted_);
+      aborts.swap(aborts_);
+    }
+    for (Abort* a : aborts) {
+      applyAbort(a->why, a->failed_ranks);
+      a->told.set_value();
+    }
+    aborts.clear();
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) {
+        posted_.insert(posted_.begin(), std::make_move_iterator(incoming.begin()), std::make_move_iterator(incoming.end()));
+        break;
+      }
     }
     for (Posted& op : incoming) {
       Peer& peer = peers_[op.peer];
@@ -452,9 +529,17 @@ void P2pChannel::Impl::loop() {
       std::this_thread::yield();
     }
   }
-  // Shutting down: whatever is pending fails.
+  // Shutting down: whatever is pending fails, and no abort() waits forever.
   for (int p = 0; p < size_; ++p) failPeer(p, "the process group was shut down");
-  for (Posted& op : posted_) op.done(failure(op.peer, "the process group was shut down"));
+  std::vector<Posted> left;
+  {
+    std::lock_guard lock(mutex_);
+    left.swap(posted_);
+    aborts.swap(aborts_);
+    stopped_ = true;
+  }
+  for (Posted& op : left) op.done(failure(op.peer, "the process group was shut down"));
+  for (Abort* a : aborts) a->told.set_value();
 }
 
 P2pChannel::P2pChannel(te::TransferEngine& engine, int rank, int size, const P2pOptions& options)
@@ -467,6 +552,9 @@ void P2pChannel::send(int peer, int tag, const void* data, size_t bytes, Done do
 }
 void P2pChannel::recv(int peer, int tag, void* data, size_t bytes, Done done) {
   impl_->post(false, peer, tag, static_cast<char*>(data), bytes, std::move(done));
+}
+void P2pChannel::abort(const std::string& why, const std::vector<int>& failed_ranks) {
+  impl_->abort(why, failed_ranks);
 }
 
 }  // namespace mooncake::pg

@@ -42,6 +42,17 @@ struct alignas(64) AckSlot {
 };
 static_assert(sizeof(AckSlot) == 64);
 
+// A rank that gives up -> every peer: "fail what you have with me; these
+// ranks are at fault, for this reason". Written once, sealed with kClosedToken.
+constexpr uint64_t kClosedToken = 0x436c6f7365640000ull;  // "Closed"
+struct alignas(64) CloseSlot {
+  uint64_t header;
+  uint64_t failed_mask[4];  // ranks at fault, below 256
+  char reason[464];
+  uint64_t footer;
+};
+static_assert(sizeof(CloseSlot) == 512);
+
 template <typename Slot>
 void seal(Slot& slot, uint64_t tok) {
   slot.footer = tok;

@@ -151,6 +151,28 @@ void reduceWithOp(void* dst, const void* const* srcs, int nsrc, size_t count, Re
   }
 }
 
+// Calls f(T{}) with the C++ type of `type`; false for the types that are
+// moved but never reduced (fp8).
+template <typename F>
+bool visitReducible(DataType type, F&& f) {
+  switch (type) {
+    case DataType::kInt8: f(int8_t{}); return true;
+    case DataType::kUInt8: f(uint8_t{}); return true;
+    case DataType::kInt16: f(int16_t{}); return true;
+    case DataType::kUInt16: f(uint16_t{}); return true;
+    case DataType::kInt32: f(int32_t{}); return true;
+    case DataType::kUInt32: f(uint32_t{}); return true;
+    case DataType::kInt64: f(int64_t{}); return true;
+    case DataType::kUInt64: f(uint64_t{}); return true;
+    case DataType::kFloat16: f(Half{}); return true;
+    case DataType::kBFloat16: f(BFloat16{}); return true;
+    case DataType::kFloat32: f(float{}); return true;
+    case DataType::kFloat64: f(double{}); return true;
+    case DataType::kBool: f(bool{}); return true;
+    default: return false;
+  }
+}
+
 bool isFloating(DataType t) {
   return t == DataType::kFloat16 || t == DataType::kBFloat16 || t == DataType::kFloat32 || t == DataType::kFloat64;
 }
@@ -192,22 +214,20 @@ std::string reductionUnsupportedReason(DataType type, ReduceOp op) {
 }
 
 void reduceInto(void* dst, const void* const* srcs, int nsrc, size_t count, DataType type, ReduceOp op) {
-  switch (type) {
-    case DataType::kInt8: return reduceWithOp<int8_t>(dst, srcs, nsrc, count, op);
-    case DataType::kUInt8: return reduceWithOp<uint8_t>(dst, srcs, nsrc, count, op);
-    case DataType::kInt16: return reduceWithOp<int16_t>(dst, srcs, nsrc, count, op);
-    case DataType::kUInt16: return reduceWithOp<uint16_t>(dst, srcs, nsrc, count, op);
-    case DataType::kInt32: return reduceWithOp<int32_t>(dst, srcs, nsrc, count, op);
-    case DataType::kUInt32: return reduceWithOp<uint32_t>(dst, srcs, nsrc, count, op);
-    case DataType::kInt64: return reduceWithOp<int64_t>(dst, srcs, nsrc, count, op);
-    case DataType::kUInt64: return reduceWithOp<uint64_t>(dst, srcs, nsrc, count, op);
-    case DataType::kFloat16: return reduceWithOp<Half>(dst, srcs, nsrc, count, op);
-    case DataType::kBFloat16: return reduceWithOp<BFloat16>(dst, srcs, nsrc, count, op);
-    case DataType::kFloat32: return reduceWithOp<float>(dst, srcs, nsrc, count, op);
-    case DataType::kFloat64: return reduceWithOp<double>(dst, srcs, nsrc, count, op);
-    case DataType::kBool: return reduceWithOp<bool>(dst, srcs, nsrc, count, op);
-    default: throw std::invalid_argument(reductionUnsupportedReason(type, op));
-  }
+  bool known = visitReducible(type, [&](auto tag) { reduceWithOp<decltype(tag)>(dst, srcs, nsrc, count, op); });
+  if (!known) throw std::invalid_argument(reductionUnsupportedReason(type, op));
+}
+
+void divideBy(void* data, size_t count, DataType type, int divisor) {
+  bool known = visitReducible(type, [&](auto tag) {
+    using T = decltype(tag);
+    using A = typename Accum<T>::type;
+    if constexpr (!std::is_same_v<A, bool>) {
+      auto* p = static_cast<T*>(data);
+      for (size_t i = 0; i < count; ++i) p[i] = Accum<T>::store(static_cast<A>(Accum<T>::load(p[i]) / static_cast<A>(divisor)));
+    }
+  });
+  if (!known || type == DataType::kBool) throw std::invalid_argument(reductionUnsupportedReason(type, ReduceOp::kAvg));
 }
 
 }  // namespace mooncake::pg

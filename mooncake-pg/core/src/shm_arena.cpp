@@ -23,7 +23,7 @@ namespace mooncake::pg {
 namespace {
 
 constexpr uint64_t kMagic = 0x4d43504753484d31ull;  // "MCPGSHM1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: outside_failed_mask
 
 size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -127,7 +127,7 @@ std::unique_ptr<ShmArena> ShmArena::open(const std::string& name, int rank, int 
     while (arena->block(r).attached.load(std::memory_order_acquire) == 0) {
       if (std::chrono::steady_clock::now() > deadline) {
         if (rank == 0) ::shm_unlink(name.c_str());
-        return fail("rank " + std::to_string(r) + " did not attach in time");
+        return fail(arena->rankName(r) + " did not attach in time");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -164,15 +164,33 @@ OpResult ShmArena::brokenResult() const {
     if (named && q != rank_) r.failed_ranks.push_back(q);
   }
   int by = header_->broken_by.load(std::memory_order_acquire);
-  r.error = "the group's shared-memory arena is broken (declared by rank " + std::to_string(by) +
+  r.error = "the group's shared-memory arena is broken (declared by " + rankName(by) +
             "): " + std::string(header_->broken_reason);
   return r;
 }
 
-void ShmArena::breakArena(const std::string& reason, const std::vector<int>& failed_ranks) {
-  for (int q : failed_ranks) {
-    if (q >= 0 && q < 64 * kMaxFailedMaskWords) header_->failed_mask[q / 64].fetch_or(1ull << (q % 64));
+std::vector<int> ShmArena::outsideFailedRanks() const {
+  std::vector<int> ranks;
+  for (int q = 0; q < 64 * kMaxFailedMaskWords; ++q) {
+    if (header_->outside_failed_mask[q / 64].load(std::memory_order_acquire) & (1ull << (q % 64))) ranks.push_back(q);
   }
+  return ranks;
+}
+
+std::string ShmArena::rankName(int r) const {
+  const std::vector<int>& names = options_.rank_names;
+  return "rank " + std::to_string(r >= 0 && r < static_cast<int>(names.size()) ? names[r] : r);
+}
+
+void ShmArena::breakArena(const std::string& reason, const std::vector<int>& failed_ranks,
+                          const std::vector<int>& outside_failed_ranks) {
+  auto name = [](std::atomic<uint64_t>* mask, const std::vector<int>& ranks) {
+    for (int q : ranks) {
+      if (q >= 0 && q < 64 * kMaxFailedMaskWords) mask[q / 64].fetch_or(1ull << (q % 64));
+    }
+  };
+  name(header_->failed_mask, failed_ranks);
+  name(header_->outside_failed_mask, outside_failed_ranks);
   int32_t expected = -1;
   if (header_->broken_by.compare_exchange_strong(expected, rank_, std::memory_order_acq_rel)) {
     std::strncpy(header_->broken_reason, reason.c_str(), sizeof(header_->broken_reason) - 1);
@@ -213,14 +231,13 @@ bool ShmArena::waitFor(int peer, uint32_t target, std::chrono::steady_clock::tim
     if (int dead = deadLaggard(target); dead >= 0) {
       result.ok = false;
       result.failed_ranks.push_back(dead);
-      result.error = "rank " + std::to_string(dead) + " (pid " + std::to_string(block(dead).pid) + ") exited";
+      result.error = rankName(dead) + " (pid " + std::to_string(block(dead).pid) + ") exited";
       return false;
     }
     if (std::chrono::steady_clock::now() > deadline) {
       result.ok = false;
       result.failed_ranks.push_back(peer);
-      result.error = "timed out after " + std::to_string(options_.timeout.count()) + " ms waiting for rank " +
-                     std::to_string(peer);
+      result.error = "timed out after " + std::to_string(options_.timeout.count()) + " ms waiting for " + rankName(peer);
       return false;
     }
   }
@@ -277,7 +294,7 @@ OpResult ShmArena::step() {
       if (block(r).signature[slot].load(std::memory_order_relaxed) != signature_) {
         result.ok = false;
         result.failed_ranks.push_back(r);
-        result.error = "rank " + std::to_string(r) +
+        result.error = rankName(r) +
                        " called a different collective (operation, dtype, size or root differ): every rank must "
                        "issue the same collectives in the same order";
       }

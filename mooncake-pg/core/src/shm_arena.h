@@ -35,6 +35,9 @@ struct ArenaHeader {
   std::atomic<int32_t> broken_by;  // -1, or the rank that declared the arena broken
   char broken_reason[240];
   std::atomic<uint64_t> failed_mask[kMaxFailedMaskWords];  // ranks named by the failure, one bit each
+  // Ranks outside this arena's group named by the layer above (group ranks of
+  // a HostSpanningGroup), so every local rank can name them in its hint.
+  std::atomic<uint64_t> outside_failed_mask[kMaxFailedMaskWords];
 };
 
 class ShmArena {
@@ -65,7 +68,11 @@ class ShmArena {
   void finish() { signal(); }
   // Marks the arena broken (idempotent), records the ranks at fault, and
   // wakes every sleeper.
-  void breakArena(const std::string& reason, const std::vector<int>& failed_ranks = {});
+  void breakArena(const std::string& reason, const std::vector<int>& failed_ranks = {},
+                  const std::vector<int>& outside_failed_ranks = {});
+  std::vector<int> outsideFailedRanks() const;
+  // "rank N" for messages, N as the user knows rank r (ShmGroupOptions::rank_names).
+  std::string rankName(int r) const;
 
  private:
   ShmArena() = default;

@@ -27,6 +27,11 @@ ShmGroup::~ShmGroup() = default;
 
 size_t ShmGroup::slotBytes() const { return arena_->slotBytes(); }
 bool ShmGroup::broken() const { return arena_->broken(); }
+void ShmGroup::abort(const std::string& reason, const std::vector<int>& failed_ranks,
+                     const std::vector<int>& outside_failed_ranks) {
+  arena_->breakArena(reason, failed_ranks, outside_failed_ranks);
+}
+std::vector<int> ShmGroup::outsideFailedRanks() const { return arena_->outsideFailedRanks(); }
 
 OpResult ShmGroup::barrier() {
   ShmArena& a = *arena_;
@@ -130,8 +135,8 @@ OpResult ShmGroup::alltoall(const void* input, const std::vector<size_t>& send_o
     if (sizes[rank_] != recv_bytes[s] && r.ok) {
       r.ok = false;
       r.failed_ranks.push_back(s);
-      r.error = "all_to_all: rank " + std::to_string(s) + " sends " + std::to_string(sizes[rank_]) +
-                " bytes to rank " + std::to_string(rank_) + ", which expects " + std::to_string(recv_bytes[s]) +
+      r.error = "all_to_all: " + a.rankName(s) + " sends " + std::to_string(sizes[rank_]) + " bytes to " +
+                a.rankName(rank_) + ", which expects " + std::to_string(recv_bytes[s]) +
                 " (split sizes disagree)";
     }
   }

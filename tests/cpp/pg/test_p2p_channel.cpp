@@ -180,6 +180,26 @@ TEST_P(P2pPair, PeerThatGoesAwayFailsPendingOperations) {
   EXPECT_FALSE(get(s, 2s).ok);
 }
 
+TEST_P(P2pPair, AbortTellsThePeerAtOnceNamingTheRanksAtFault) {
+  // Rank 1 waits for a message rank 0 will never send: rank 0 gives up
+  // (because of some rank 7 elsewhere) and rank 1 must learn it at once,
+  // long before its 5 s timeout, with rank 7 named, not rank 0.
+  std::vector<uint8_t> got(1000);
+  auto r = recv(1, 0, 0, got);
+  auto t0 = std::chrono::steady_clock::now();
+  ranks_[0]->channel->abort("rank 7 died", {7});
+  OpResult rr = get(r);
+  EXPECT_FALSE(rr.ok);
+  EXPECT_NE(rr.error.find("rank 0 gave up: rank 7 died"), std::string::npos) << rr.error;
+  EXPECT_EQ(rr.failed_ranks, std::vector<int>{7});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  // Both ends are closed for good.
+  auto s0 = send(0, 1, 0, pattern(10, 1));
+  OpResult sr = get(s0, 2s);
+  EXPECT_FALSE(sr.ok);
+  EXPECT_EQ(sr.error, "rank 7 died");
+}
+
 TEST_P(P2pPair, UnmatchedReceiveTimesOut) {
   ranks_[0].reset();
   ranks_[1].reset();

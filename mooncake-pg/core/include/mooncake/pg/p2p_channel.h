@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "mooncake/pg/shm_group.h"
+#include "mooncake/pg/collectives.h"
 
 namespace mooncake::te {
 class TransferEngine;
@@ -39,6 +39,7 @@ struct P2pEndpoint {
   std::string segment;        // transfer engine segment "host:port"
   uint64_t credit_region = 0;  // CreditSlot[size][64]: peers (as receivers) write here
   uint64_t ack_region = 0;     // AckSlot[size][64]: peers (as senders) write here
+  uint64_t close_region = 0;   // CloseSlot[size]: a peer that gives up writes here
 
   std::string encode() const;
   static bool decode(const std::string& text, P2pEndpoint& out);
@@ -61,6 +62,14 @@ class P2pChannel {
   // buffer must stay valid until then.
   void send(int peer, int tag, const void* data, size_t bytes, Done done);
   void recv(int peer, int tag, void* data, size_t bytes, Done done);
+
+  // Gives up for good: every pending and later message fails with `why`,
+  // naming `failed_ranks` (the ranks at fault, which need not include this
+  // one), and every peer is told, so that its messages with this rank fail
+  // the same way at once instead of waiting for the timeout. Blocks until the
+  // peers were told (each write bounded by the engine's timeouts); call it
+  // from the thread that posts, never from a completion callback.
+  void abort(const std::string& why, const std::vector<int>& failed_ranks);
 
  private:
   class Impl;

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "mooncake/pg/types.h"
+#include "mooncake/pg/collectives.h"
 
 namespace mooncake::pg {
 
@@ -31,18 +31,14 @@ struct ShmGroupOptions {
   size_t slot_bytes = 8u << 20;  // staging bytes per rank (MOONCAKE_PG_SHM_SLOT_BYTES)
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // one operation's deadline
   std::chrono::milliseconds attach_timeout{std::chrono::seconds(60)};
-};
-
-// Outcome of one operation.
-struct OpResult {
-  bool ok = true;
-  std::string error;            // why it failed
-  std::vector<int> failed_ranks;  // ranks that did not arrive (dead or late), for the failure hint
+  // How error messages name rank r: rank_names[r] (the group rank, when this
+  // arena is one host's part of a larger group); empty: r itself.
+  std::vector<int> rank_names;
 };
 
 class ShmArena;
 
-class ShmGroup {
+class ShmGroup : public Collectives {
  public:
   // Rank 0 creates the arena `name` (a POSIX shm name, "/..."), the others
   // attach to it; returns null and sets *error when that fails. The name is
@@ -50,30 +46,32 @@ class ShmGroup {
   // if the job dies.
   static std::unique_ptr<ShmGroup> open(const std::string& name, int rank, int size, const ShmGroupOptions& options,
                                         std::string* error);
-  ~ShmGroup();
+  ~ShmGroup() override;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
   size_t slotBytes() const;
-  bool broken() const;
+  bool broken() const override;
+  // Marks the arena broken so that every rank's current and later operations
+  // fail with `reason`, naming `failed_ranks` (indices in this ShmGroup): how
+  // a layer above tells the other local ranks that its part failed.
+  // `outside_failed_ranks` are ranks of that layer (not of this group) at
+  // fault; every local rank can read them back with outsideFailedRanks().
+  void abort(const std::string& reason, const std::vector<int>& failed_ranks = {},
+             const std::vector<int>& outside_failed_ranks = {});
+  std::vector<int> outsideFailedRanks() const;
 
-  // All pointers are local memory; in-place where input == output is allowed
-  // (allreduce, broadcast, reduce, allgather's own block, alltoall not).
-  OpResult barrier();
-  OpResult broadcast(void* data, size_t bytes, int root);
-  OpResult allreduce(const void* input, void* output, size_t count, DataType type, ReduceOp op);
-  // Only the root's output is written.
-  OpResult reduce(const void* input, void* output, size_t count, DataType type, ReduceOp op, int root);
-  // output holds size() blocks of `bytes`, block r from rank r.
-  OpResult allgather(const void* input, void* output, size_t bytes);
-  // input holds size() blocks of `count` elements; rank r gets the reduction of every rank's block r.
-  OpResult reduceScatter(const void* input, void* output, size_t count, DataType type, ReduceOp op);
-  // send_bytes[d]/recv_bytes[s] per peer, with offsets into the buffers (uneven all-to-all).
+  OpResult barrier() override;
+  OpResult broadcast(void* data, size_t bytes, int root) override;
+  OpResult allreduce(const void* input, void* output, size_t count, DataType type, ReduceOp op) override;
+  OpResult reduce(const void* input, void* output, size_t count, DataType type, ReduceOp op, int root) override;
+  OpResult allgather(const void* input, void* output, size_t bytes) override;
+  OpResult reduceScatter(const void* input, void* output, size_t count, DataType type, ReduceOp op) override;
   OpResult alltoall(const void* input, const std::vector<size_t>& send_offsets, const std::vector<size_t>& send_bytes,
-                    void* output, const std::vector<size_t>& recv_offsets, const std::vector<size_t>& recv_bytes);
-  // gather: root's output holds size() blocks; scatter: root's input does.
-  OpResult gather(const void* input, void* output, size_t bytes, int root);
-  OpResult scatter(const void* input, void* output, size_t bytes, int root);
+                    void* output, const std::vector<size_t>& recv_offsets,
+                    const std::vector<size_t>& recv_bytes) override;
+  OpResult gather(const void* input, void* output, size_t bytes, int root) override;
+  OpResult scatter(const void* input, void* output, size_t bytes, int root) override;
 
  private:
   ShmGroup(int rank, int size, std::unique_ptr<ShmArena> arena);

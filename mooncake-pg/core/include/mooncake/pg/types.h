@@ -23,9 +23,15 @@ const char* reduceOpName(ReduceOp op);
 // Empty when `op` can reduce `type`, else why not (for the error message).
 std::string reductionUnsupportedReason(DataType type, ReduceOp op);
 
-// dst[i] = op over k of srcs[k][i], for i < count. dst may alias srcs[0].
+// dst[i] = op over k of srcs[k][i], for i < count. dst may be any of the
+// sources (each element is read from every source before it is written).
 // fp16 and bf16 accumulate in fp32 and are rounded once. AVG divides the sum
 // by `nsrc` (integers truncate toward zero, as NCCL does).
 void reduceInto(void* dst, const void* const* srcs, int nsrc, size_t count, DataType type, ReduceOp op);
+
+// data[i] /= divisor, the last step of an AVG whose sum was taken in parts
+// (across hosts): floating types in their accumulation type, integers
+// truncating toward zero like reduceInto's AVG.
+void divideBy(void* data, size_t count, DataType type, int divisor);
 
 }  // namespace mooncake::pg

@@ -1,0 +1,213 @@
+// HostSpanningGroup: the layout, failure bookkeeping, and the collectives
+// that only move bytes. The reducing ones are in host_spanning_group_reduce.cpp.
+#include "mooncake/pg/host_spanning_group.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+
+#include "host_spanning_internal.h"
+
+namespace mooncake::pg {
+
+HostLayout HostLayout::fromIdentities(const std::vector<std::string>& identity_of_rank) {
+  HostLayout layout;
+  std::map<std::string, int> host_of_identity;
+  for (const std::string& id : identity_of_rank) {
+    auto [it, fresh] = host_of_identity.emplace(id, static_cast<int>(layout.ranks_of_host_.size()));
+    if (fresh) layout.ranks_of_host_.emplace_back();
+    layout.ranks_of_host_[it->second].push_back(layout.ranks());
+    layout.host_of_rank_.push_back(it->second);
+  }
+  return layout;
+}
+
+int HostLayout::localIndexOf(int rank) const {
+  const std::vector<int>& mates = ranksOn(hostOf(rank));
+  return static_cast<int>(std::find(mates.begin(), mates.end(), rank) - mates.begin());
+}
+
+HostSpanningGroup::HostSpanningGroup(int rank, HostLayout layout, std::unique_ptr<ShmGroup> local,
+                                     std::unique_ptr<P2pChannel> channel)
+    : rank_(rank), layout_(std::move(layout)), host_(layout_.hostOf(rank)), local_(std::move(local)),
+      channel_(std::move(channel)) {
+  if (local_->size() != static_cast<int>(layout_.ranksOn(host_).size()) ||
+      local_->rank() != layout_.localIndexOf(rank_)) {
+    throw std::invalid_argument("HostSpanningGroup: the local ShmGroup does not match the host layout");
+  }
+}
+
+HostSpanningGroup::~HostSpanningGroup() = default;
+
+bool HostSpanningGroup::broken() const { return failed_.load(std::memory_order_acquire) || local_->broken(); }
+
+OpResult HostSpanningGroup::fromLocal(OpResult r) const {
+  for (int& q : r.failed_ranks) q = layout_.ranksOn(host_)[q];
+  if (!r.ok) {
+    for (int q : local_->outsideFailedRanks()) {
+      if (std::find(r.failed_ranks.begin(), r.failed_ranks.end(), q) == r.failed_ranks.end()) r.failed_ranks.push_back(q);
+    }
+  }
+  return r;
+}
+
+OpResult HostSpanningGroup::settle(OpResult r) {
+  if (r.ok) return r;
+  if (failed_.load(std::memory_order_relaxed)) return r;
+  first_error_ = r.error;
+  failed_.store(true, std::memory_order_release);
+  // Local ranks may be waiting for our part in the arena: release them with
+  // the reason (a no-op when the arena is what failed) and the ranks at
+  // fault; other hosts' leaders may be waiting for us: tell them.
+  std::vector<int> local_failed, outside_failed;
+  for (int q : r.failed_ranks) {
+    if (layout_.hostOf(q) == host_) local_failed.push_back(layout_.localIndexOf(q));
+    else outside_failed.push_back(q);
+  }
+  const std::string why = "rank " + std::to_string(rank_) + " failed its part: " + r.error;
+  local_->abort(why, local_failed, outside_failed);
+  channel_->abort(why, r.failed_ranks);
+  return r;
+}
+
+bool HostSpanningGroup::failedBefore(OpResult& r) const {
+  if (!failed_.load(std::memory_order_acquire)) return false;
+  r.ok = false;
+  r.error = "the group is unusable after an earlier failure: " + first_error_;
+  return true;
+}
+
+OpResult HostSpanningGroup::barrier() {
+  OpResult r;
+  if (failedBefore(r)) return r;
+  if (!(r = fromLocal(local_->barrier())).ok) return settle(r);
+  if (isLeader() && layout_.hosts() > 1) {
+    // Zero-byte messages: every leader has heard from every other one.
+    char none = 0;
+    P2pExchange x(*channel_, tagOf(OpCode::kBarrier));
+    for (int h = 0; h < layout_.hosts(); ++h) {
+      if (h == host_) continue;
+      x.send(layout_.leaderOf(h), &none, 0);
+      x.recv(layout_.leaderOf(h), &none, 0);
+    }
+    if (!(r = x.wait()).ok) return settle(r);
+  }
+  return settle(fromLocal(local_->barrier()));
+}
+
+OpResult HostSpanningGroup::broadcast(void* data, size_t bytes, int root) {
+  OpResult r;
+  if (failedBefore(r)) return r;
+  const int root_host = layout_.hostOf(root);
+  if (host_ == root_host && !(r = fromLocal(local_->broadcast(data, bytes, layout_.localIndexOf(root)))).ok) {
+    return settle(r);
+  }
+  if (isLeader() && layout_.hosts() > 1) {
+    P2pExchange x(*channel_, tagOf(OpCode::kBroadcast));
+    if (host_ == root_host) {
+      for (int h = 0; h < layout_.hosts(); ++h) {
+        if (h != host_) x.send(layout_.leaderOf(h), data, bytes);
+      }
+    } else {
+      x.recv(layout_.leaderOf(root_host), data, bytes);
+    }
+    if (!(r = x.wait()).ok) return settle(r);
+  }
+  if (host_ != root_host) r = fromLocal(local_->broadcast(data, bytes, 0));
+  return settle(r);
+}
+
+OpResult HostSpanningGroup::allgather(const void* input, void* output, size_t bytes) {
+  OpResult r;
+  if (failedBefore(r)) return r;
+  auto* out = static_cast<char*>(output);
+  const std::vector<int>& mine = layout_.ranksOn(host_);
+  if (!isLeader()) {
+    if (!(r = fromLocal(local_->gather(input, nullptr, bytes, 0))).ok) return settle(r);
+    return settle(fromLocal(local_->broadcast(output, bytes * size(), 0)));
+  }
+  // The leader collects its host's blocks, trades them for every other
+  // host's, and hands the whole result to its local ranks.
+  std::vector<char> packed(bytes * mine.size());
+  if (!(r = fromLocal(local_->gather(input, packed.data(), bytes, 0))).ok) return settle(r);
+  scatterBlocks(packed.data(), mine, bytes, out);
+  if (layout_.hosts() > 1) {
+    P2pExchange x(*channel_, tagOf(OpCode::kAllgather));
+    std::vector<std::vector<char>> theirs(layout_.hosts());
+    for (int h = 0; h < layout_.hosts(); ++h) {
+      if (h == host_) continue;
+      const std::vector<int>& ranks = layout_.ranksOn(h);
+      x.send(layout_.leaderOf(h), packed.data(), packed.size());
+      if (isConsecutive(ranks)) {
+        x.recv(layout_.leaderOf(h), out + ranks[0] * bytes, ranks.size() * bytes);
+      } else {
+        theirs[h].resize(ranks.size() * bytes);
+        x.recv(layout_.leaderOf(h), theirs[h].data(), theirs[h].size());
+      }
+    }
+    if (!(r = x.wait()).ok) return settle(r);
+    for (int h = 0; h < layout_.hosts(); ++h) {
+      if (!theirs[h].empty()) scatterBlocks(theirs[h].data(), layout_.ranksOn(h), bytes, out);
+    }
+  }
+  return settle(fromLocal(local_->broadcast(output, bytes * size(), 0)));
+}
+
+OpResult HostSpanningGroup::gather(const void* input, void* output, size_t bytes, int root) {
+  OpResult r;
+  if (failedBefore(r)) return r;
+  P2pExchange x(*channel_, tagOf(OpCode::kGather));
+  if (rank_ == root) {
+    auto* out = static_cast<char*>(output);
+    std::memmove(out + root * bytes, input, bytes);
+    for (int q = 0; q < size(); ++q) {
+      if (q != root) x.recv(q, out + q * bytes, bytes);
+    }
+  } else {
+    x.send(root, input, bytes);
+  }
+  return settle(x.wait());
+}
+
+OpResult HostSpanningGroup::scatter(const void* input, void* output, size_t bytes, int root) {
+  OpResult r;
+  if (failedBefore(r)) return r;
+  P2pExchange x(*channel_, tagOf(OpCode::kScatter));
+  if (rank_ == root) {
+    const auto* in = static_cast<const char*>(input);
+    for (int q = 0; q < size(); ++q) {
+      if (q != root) x.send(q, in + q * bytes, bytes);
+    }
+    std::memmove(output, in + root * bytes, bytes);
+  } else {
+    x.recv(root, output, bytes);
+  }
+  return settle(x.wait());
+}
+
+OpResult HostSpanningGroup::alltoall(const void* input, const std::vector<size_t>& send_offsets,
+                                     const std::vector<size_t>& send_bytes, void* output,
+                                     const std::vector<size_t>& recv_offsets, const std::vector<size_t>& recv_bytes) {
+  OpResult r;
+  if (failedBefore(r)) return r;
+  if (send_bytes[rank_] != recv_bytes[rank_]) {
+    r.ok = false;
+    r.error = "all_to_all: this rank sends itself " + std::to_string(send_bytes[rank_]) + " bytes but expects " +
+              std::to_string(recv_bytes[rank_]);
+    return settle(r);
+  }
+  const auto* in = static_cast<const char*>(input);
+  auto* out = static_cast<char*>(output);
+  // Every pair at once: the channel moves each peer's messages independently.
+  P2pExchange x(*channel_, tagOf(OpCode::kAlltoall));
+  for (int q = 0; q < size(); ++q) {
+    if (q == rank_) continue;
+    x.send(q, in + send_offsets[q], send_bytes[q]);
+    x.recv(q, out + recv_offsets[q], recv_bytes[q]);
+  }
+  std::memcpy(out + recv_offsets[rank_], in + send_offsets[rank_], send_bytes[rank_]);
+  return settle(x.wait());
+}
+
+}  // namespace mooncake::pg

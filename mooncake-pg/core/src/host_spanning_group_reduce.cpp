@@ -1,0 +1,166 @@
+// HostSpanningGroup: the reducing collectives. Each host first reduces its
+// ranks' inputs in shared memory, so only one buffer per host crosses the
+// network. AVG is summed in parts and divided once at the end.
+#include <algorithm>
+#include <cstring>
+
+#include "host_spanning_internal.h"
+#include "mooncake/pg/host_spanning_group.h"
+
+namespace mooncake::pg {
+namespace {
+
+// Up to this size (or with two hosts) the leaders reduce in one exchange of
+// whole buffers: one network latency, instead of 2(H-1) ring steps.
+constexpr size_t kLeadersOneExchangeBytes = 256 * 1024;
+
+ReduceOp partialOp(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
+
+}  // namespace
+
+OpResult HostSpanningGroup::leadersAllreduce(void* buf, size_t count, DataType type, ReduceOp op, int tag) {
+  const int hosts = layout_.hosts();
+  const size_t esize = elementSize(type);
+  auto* data = static_cast<char*>(buf);
+  if (hosts == 1) return {};
+  if (hosts == 2 || count * esize <= kLeadersOneExchangeBytes || count < static_cast<size_t>(hosts)) {
+    // Every leader gets every other leader's buffer and folds them in host
+    // order, so all leaders compute bit-identical results.
+    std::vector<char> theirs((hosts - 1) * count * esize);
+    std::vector<const void*> sources(hosts);
+    P2pExchange x(*channel_, tag);
+    for (int h = 0, slot = 0; h < hosts; ++h) {
+      if (h == host_) {
+        sources[h] = data;
+        continue;
+      }
+      char* into = theirs.data() + (slot++) * count * esize;
+      x.send(layout_.leaderOf(h), data, count * esize);
+      x.recv(layout_.leaderOf(h), into, count * esize);
+      sources[h] = into;
+    }
+    OpResult r = x.wait();
+    if (r.ok) reduceInto(data, sources.data(), hosts, count, type, op);
+    return r;
+  }
+  // Ring: segment i is reduced on its way around, then passed on whole.
+  auto begin = [&](int i) { return count * static_cast<size_t>(i) / hosts; };
+  auto length = [&](int i) { return begin(i + 1) - begin(i); };
+  const int next = layout_.leaderOf((host_ + 1) % hosts);
+  const int prev = layout_.leaderOf((host_ + hosts - 1) % hosts);
+  std::vector<char> incoming((count / hosts + 1) * esize);
+  for (int s = 0; s < hosts - 1; ++s) {  // reduce-scatter
+    const int out = (host_ - s + hosts) % hosts, in = (host_ - s - 1 + 2 * hosts) % hosts;
+    P2pExchange x(*channel_, tag);
+    x.send(next, data + begin(out) * esize, length(out) * esize);
+    x.recv(prev, incoming.data(), length(in) * esize);
+    OpResult r = x.wait();
+    if (!r.ok) return r;
+    const void* sources[] = {data + begin(in) * esize, incoming.data()};
+    reduceInto(data + begin(in) * esize, sources, 2, length(in), type, op);
+  }
+  for (int s = 0; s < hosts - 1; ++s) {  // all-gather of the reduced segments
+    const int out = (host_ + 1 - s + hosts) % hosts, in = (host_ - s + hosts) % hosts;
+    P2pExchange x(*channel_, tag);
+    x.send(next, data + begin(out) * esize, length(out) * esize);
+    x.recv(prev, data + begin(in) * esize, length(in) * esize);
+    OpResult r = x.wait();
+    if (!r.ok) return r;
+  }
+  return {};
+}
+
+OpResult HostSpanningGroup::allreduce(const void* input, void* output, size_t count, DataType type, ReduceOp op) {
+  OpResult r;
+  if (failedBefore(r)) return r;
+  const ReduceOp part = partialOp(op);
+  if (!(r = fromLocal(local_->reduce(input, output, count, type, part, 0))).ok) return settle(r);
+  if (isLeader() && !(r = leadersAllreduce(output, count, type, part, tagOf(OpCode::kAllreduce))).ok) {
+    return settle(r);
+  }
+  if (!(r = fromLocal(local_->broadcast(output, count * elementSize(type), 0))).ok) return settle(r);
+  if (op == ReduceOp::kAvg) divideBy(output, count, type, size());
+  return r;
+}
+
+OpResult HostSpanningGroup::reduce(const void* input, void* output, size_t count, DataType type, ReduceOp op,
+                                   int root) {
+  OpResult r;
+  if (failedBefore(r)) return r;
+  const ReduceOp part = partialOp(op);
+  const size_t bytes = count * elementSize(type);
+  const int root_host = layout_.hostOf(root);
+  // On the root's host the root itself collects (no extra hop); elsewhere
+  // the leader does, and sends its host's partial result to the root.
+  const int collector = host_ == root_host ? root : layout_.leaderOf(host_);
+  std::vector<char> partial(rank_ == collector && rank_ != root ? bytes : 0);
+  void* into = rank_ == root ? output : partial.data();
+  if (!(r = fromLocal(local_->reduce(input, into, count, type, part, layout_.localIndexOf(collector)))).ok) {
+    return settle(r);
+  }
+  if (rank_ == root && layout_.hosts() > 1) {
+    std::vector<char> theirs((layout_.hosts() - 1) * bytes);
+    std::vector<const void*> sources(layout_.hosts());
+    P2pExchange x(*channel_, tagOf(OpCode::kReduce));
+    for (int h = 0, slot = 0; h < layout_.hosts(); ++h) {
+      if (h == host_) {
+        sources[h] = output;
+        continue;
+      }
+      char* from = theirs.data() + (slot++) * bytes;
+      x.recv(layout_.leaderOf(h), from, bytes);
+      sources[h] = from;
+    }
+    if (!(r = x.wait()).ok) return settle(r);
+    reduceInto(output, sources.data(), layout_.hosts(), count, type, part);
+  } else if (rank_ == collector && rank_ != root) {
+    P2pExchange x(*channel_, tagOf(OpCode::kReduce));
+    x.send(root, partial.data(), bytes);
+    if (!(r = x.wait()).ok) return settle(r);
+  }
+  if (rank_ == root && op == ReduceOp::kAvg) divideBy(output, count, type, size());
+  return r;
+}
+
+OpResult HostSpanningGroup::reduceScatter(const void* input, void* output, size_t count, DataType type, ReduceOp op) {
+  OpResult r;
+  if (failedBefore(r)) return r;
+  const ReduceOp part = partialOp(op);
+  const size_t block = count * elementSize(type);
+  const std::vector<int>& mine = layout_.ranksOn(host_);
+  std::vector<char> host_sum(isLeader() ? block * size() : 0);
+  std::vector<char> for_mine(isLeader() ? block * mine.size() : 0);
+  if (!(r = fromLocal(local_->reduce(input, host_sum.data(), count * size(), type, part, 0))).ok) return settle(r);
+  if (isLeader()) {
+    // Each leader receives, from every other leader, only the blocks of its
+    // own host's ranks, and folds them in host order.
+    gatherBlocks(host_sum.data(), mine, block, for_mine.data());
+    std::vector<std::vector<char>> outgoing(layout_.hosts()), incoming(layout_.hosts());
+    std::vector<const void*> sources(layout_.hosts());
+    P2pExchange x(*channel_, tagOf(OpCode::kReduceScatter));
+    for (int h = 0; h < layout_.hosts(); ++h) {
+      if (h == host_) {
+        sources[h] = for_mine.data();
+        continue;
+      }
+      const std::vector<int>& theirs = layout_.ranksOn(h);
+      if (isConsecutive(theirs)) {
+        x.send(layout_.leaderOf(h), host_sum.data() + theirs[0] * block, theirs.size() * block);
+      } else {
+        outgoing[h].resize(theirs.size() * block);
+        gatherBlocks(host_sum.data(), theirs, block, outgoing[h].data());
+        x.send(layout_.leaderOf(h), outgoing[h].data(), outgoing[h].size());
+      }
+      incoming[h].resize(for_mine.size());
+      x.recv(layout_.leaderOf(h), incoming[h].data(), incoming[h].size());
+      sources[h] = incoming[h].data();
+    }
+    if (!(r = x.wait()).ok) return settle(r);
+    reduceInto(for_mine.data(), sources.data(), layout_.hosts(), count * mine.size(), type, part);
+  }
+  if (!(r = fromLocal(local_->scatter(for_mine.data(), output, block, 0))).ok) return settle(r);
+  if (op == ReduceOp::kAvg) divideBy(output, count, type, size());
+  return r;
+}
+
+}  // namespace mooncake::pg

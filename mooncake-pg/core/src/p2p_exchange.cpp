@@ -1,0 +1,42 @@
+#include "p2p_exchange.h"
+
+#include <algorithm>
+
+namespace mooncake::pg {
+
+P2pChannel::Done P2pExchange::completion() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    ++state_->pending;
+  }
+  return [state = state_](const OpResult& r) {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    if (!r.ok) {
+      if (state->result.ok) {
+        state->result.ok = false;
+        state->result.error = r.error;
+      }
+      for (int q : r.failed_ranks) {
+        auto& named = state->result.failed_ranks;
+        if (std::find(named.begin(), named.end(), q) == named.end()) named.push_back(q);
+      }
+    }
+    if (--state->pending == 0) state->done.notify_all();
+  };
+}
+
+void P2pExchange::send(int peer, const void* data, size_t bytes) { channel_.send(peer, tag_, data, bytes, completion()); }
+
+void P2pExchange::recv(int peer, void* data, size_t bytes) { channel_.recv(peer, tag_, data, bytes, completion()); }
+
+OpResult P2pExchange::wait() {
+  // No deadline here: the channel ends every message, at the latest when its
+  // peer made no progress for the channel's timeout.
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  state_->done.wait(lock, [&] { return state_->pending == 0; });
+  OpResult r = state_->result;
+  state_->result = OpResult{};
+  return r;
+}
+
+}  // namespace mooncake::pg

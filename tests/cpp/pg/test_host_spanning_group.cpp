@@ -1,0 +1,242 @@
+// HostSpanningGroup across real processes (fork), each with its own transfer
+// engine forced onto tcp, as ranks on different hosts would be. The layout
+// is declared, so every shape is covered on one machine: two hosts of two,
+// hosts whose ranks interleave, one rank per host (the ring), and uneven
+// hosts. Results by closed formula; failures must end in errors, not hangs.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <thread>
+
+#include "collective_checks.h"
+#include "mooncake/pg/host_spanning_group.h"
+#include "mooncake/te/transfer_engine.h"
+
+namespace mooncake::pg {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+struct SpanOptions {
+  std::chrono::milliseconds timeout = 20s;  // shm steps and P2P progress
+  size_t slot_bytes = 256 * 1024;           // small, so large messages take several chunks
+};
+
+// Publishes this rank's endpoint in `dir` and reads everyone's (a stand-in
+// for the torch store).
+bool exchangeEndpoints(const fs::path& dir, int rank, int world, const P2pEndpoint& mine,
+                       std::vector<P2pEndpoint>& all) {
+  {
+    std::ofstream(dir / ("tmp" + std::to_string(rank))) << mine.encode();
+    fs::rename(dir / ("tmp" + std::to_string(rank)), dir / std::to_string(rank));
+  }
+  all.resize(world);
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  for (int r = 0; r < world; ++r) {
+    for (;;) {
+      std::ifstream in(dir / std::to_string(r));
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (!text.empty() && P2pEndpoint::decode(text, all[r])) break;
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(2ms);
+    }
+  }
+  return true;
+}
+
+// Runs body(group) in one forked process per entry of `hosts` (the host
+// name of each rank); returns each child's exit status (0 = checks passed).
+std::vector<int> runSpanning(const std::vector<std::string>& hosts, const SpanOptions& options,
+                             const std::function<int(HostSpanningGroup&)>& body,
+                             std::chrono::seconds limit = 90s) {
+  const int world = static_cast<int>(hosts.size());
+  const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}());
+  const fs::path dir = fs::temp_directory_path() / ("mc-span-" + tag);
+  fs::create_directories(dir);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      HostLayout layout = HostLayout::fromIdentities(hosts);
+      te::TransferEngine engine;
+      if (engine.init("P2PHANDSHAKE", "127.0.0.1", "tcp") != te::kOk) _exit(101);
+      P2pOptions p2p;
+      p2p.chunk_bytes = 64 * 1024;
+      p2p.pool_chunks = 4;
+      p2p.timeout = options.timeout;
+      auto channel = std::make_unique<P2pChannel>(engine, r, world, p2p);
+      std::vector<P2pEndpoint> endpoints;
+      if (!exchangeEndpoints(dir, r, world, channel->localEndpoint(), endpoints)) _exit(102);
+      channel->connect(endpoints);
+      const int host = layout.hostOf(r);
+      ShmGroupOptions shm;
+      shm.slot_bytes = options.slot_bytes;
+      shm.timeout = options.timeout;
+      shm.rank_names = layout.ranksOn(host);
+      std::string error;
+      auto local = ShmGroup::open("/mc-span-" + tag + "-" + std::to_string(host), layout.localIndexOf(r),
+                                  static_cast<int>(layout.ranksOn(host).size()), shm, &error);
+      if (!local) {
+        std::fprintf(stderr, "rank %d: %s\n", r, error.c_str());
+        _exit(103);
+      }
+      HostSpanningGroup group(r, layout, std::move(local), std::move(channel));
+      int status = body(group);
+      std::fflush(stderr);
+      _exit(status);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> status(world, -1);
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  for (int r = 0; r < world; ++r) {
+    int st = 0;
+    while (waitpid(pids[r], &st, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], &st, 0);
+        break;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 200 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  }
+  fs::remove_all(dir);
+  return status;
+}
+
+struct Shape {
+  const char* name;
+  std::vector<std::string> hosts;  // host of each rank
+};
+
+void PrintTo(const Shape& shape, std::ostream* os) { *os << shape.name; }
+
+class SpanningShapes : public ::testing::TestWithParam<Shape> {};
+
+TEST(HostLayout, HostsNumberedByTheirLowestRank) {
+  HostLayout l = HostLayout::fromIdentities({"b", "a", "b", "c", "a"});
+  ASSERT_EQ(l.hosts(), 3);
+  EXPECT_EQ(l.ranksOn(0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(l.ranksOn(1), (std::vector<int>{1, 4}));
+  EXPECT_EQ(l.ranksOn(2), (std::vector<int>{3}));
+  EXPECT_EQ(l.leaderOf(1), 1);
+  EXPECT_EQ(l.localIndexOf(4), 1);
+  EXPECT_EQ(l.hostOf(3), 2);
+}
+
+TEST_P(SpanningShapes, EveryCollectiveEveryRootAndSize) {
+  const int world = static_cast<int>(GetParam().hosts.size());
+  auto status = runSpanning(GetParam().hosts, SpanOptions{}, [&](HostSpanningGroup& g) {
+    // 1 element, odd, and above the leaders' one-exchange size (the ring
+    // when there are more than two hosts) and several shm slots.
+    for (size_t count : {size_t{1}, size_t{1237}, size_t{300000}}) {
+      for (int shift = 0; shift < world; ++shift) {
+        if (int rc = everyCollective(g, count, shift)) return rc;
+        if (count > 1237) break;  // every root once at the small sizes
+      }
+    }
+    return 0;
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(status[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, SpanningShapes,
+    ::testing::Values(Shape{"TwoHostsOfTwo", {"A", "A", "B", "B"}}, Shape{"Interleaved", {"A", "B", "A", "B"}},
+                      Shape{"RankPerHostRing", {"A", "B", "C", "D"}}, Shape{"Uneven", {"A", "B", "B", "C", "B"}},
+                      Shape{"TwoHostsOneRankEach", {"A", "B"}}),
+    [](const ::testing::TestParamInfo<Shape>& info) { return std::string(info.param.name); });
+
+TEST(HostSpanningGroup, FloatReductionsAgreeBitForBitOnEveryRank) {
+  // Sums of values that round differently in different orders: every rank
+  // must still end with the same bits (one owner per segment, fixed order).
+  auto status = runSpanning({"A", "B", "C"}, SpanOptions{}, [](HostSpanningGroup& g) {
+    const size_t count = 200000;
+    std::vector<float> v(count);
+    std::mt19937 rng(g.rank() + 1);
+    std::uniform_real_distribution<float> dist(-1e3f, 1e3f);
+    for (float& x : v) x = dist(rng) * 1e-3f;
+    if (!g.allreduce(v.data(), v.data(), count, DataType::kFloat32, ReduceOp::kSum).ok) return 1;
+    std::vector<float> all(count * g.size());
+    if (!g.allgather(v.data(), all.data(), count * sizeof(float)).ok) return 2;
+    for (int s = 1; s < g.size(); ++s) {
+      if (std::memcmp(all.data(), all.data() + s * count, count * sizeof(float)) != 0) return 3;
+    }
+    return 0;
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(status[r], 0) << "rank " << r;
+}
+
+TEST(HostSpanningGroupFailure, DeadRankFailsEveryHostAtOnceAndEveryHintNamesIt) {
+  // Rank 3 (host B) dies. Its host mate sees it through the arena; host A
+  // learns it from B's leader giving up, not from a timeout: every survivor
+  // fails well inside the 3 s deadline, and names rank 3 (not the leader it
+  // was waiting for).
+  SpanOptions options;
+  options.timeout = 3s;
+  auto status = runSpanning({"A", "A", "B", "B"}, options, [](HostSpanningGroup& g) {
+    std::vector<int32_t> v(1000, 1);
+    if (!g.allreduce(v.data(), v.data(), v.size(), DataType::kInt32, ReduceOp::kSum).ok) return 1;
+    if (g.rank() == 3) _exit(42);  // host B loses a rank before the next collective
+    auto t0 = std::chrono::steady_clock::now();
+    OpResult r = g.allreduce(v.data(), v.data(), v.size(), DataType::kInt32, ReduceOp::kSum);
+    auto took = std::chrono::steady_clock::now() - t0;
+    if (r.ok) return 2;
+    std::fprintf(stderr, "rank %d after %lld ms: %s\n", g.rank(),
+                 static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()),
+                 r.error.c_str());
+    if (took > 1500ms) return 3;
+    if (r.failed_ranks != std::vector<int>{3}) return 4;
+    if (g.barrier().ok || !g.broken()) return 5;  // fails fast from now on
+    return 0;
+  });
+  EXPECT_EQ(status[3], 42);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(status[r], 0) << "rank " << r;
+}
+
+TEST(HostSpanningGroupFailure, StalledLeaderTimesOutEverywhere) {
+  // Host B's leader stops taking part (alive, silent): the others fail at
+  // the deadline, not later, and the group stays failed.
+  SpanOptions options;
+  options.timeout = 1s;
+  auto start = std::chrono::steady_clock::now();
+  auto status = runSpanning({"A", "B", "B"}, options, [](HostSpanningGroup& g) {
+    std::vector<float> v(100, 1.0f);
+    if (g.rank() == 1) {
+      std::this_thread::sleep_for(4s);
+      return 0;
+    }
+    OpResult r = g.allreduce(v.data(), v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+    return r.ok ? 1 : 0;
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(status[r], 0) << "rank " << r;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+}
+
+TEST(HostSpanningGroupFailure, RanksDisagreeingOnTheOperationGetErrorsNotMixedData) {
+  SpanOptions options;
+  options.timeout = 2s;
+  auto status = runSpanning({"A", "B"}, options, [](HostSpanningGroup& g) {
+    std::vector<int32_t> v(64, g.rank());
+    std::vector<int32_t> out(128, -1);
+    // Same byte count on the wire, different operations.
+    OpResult r = g.rank() == 0 ? g.allreduce(v.data(), v.data(), v.size(), DataType::kInt32, ReduceOp::kSum)
+                               : g.broadcast(v.data(), v.size() * 4, 1);
+    return r.ok ? 1 : 0;
+  });
+  EXPECT_EQ(status[0], 0);
+  EXPECT_EQ(status[1], 0);
+}
+
+}  // namespace
+}  // namespace mooncake::pg

@@ -1,0 +1,115 @@
+"""Groups whose ranks run on different hosts. Each "host" is a separate user
++ pid namespace (``unshare -Urp``): the transfer engine tells hosts apart by
+boot id and pid namespace, so ranks in different namespaces cannot use each
+other's shared memory and must go through the network (tcp over loopback),
+exactly as on two machines. Ranks of one namespace share a host arena.
+
+* torchrun with --nnodes=2, one launch per host, as users start multi-node
+  jobs: every collective checked against Gloo over the same ranks.
+* the failure twin: a rank on the second host dies; the others' collective
+  fails within the deadline and names it.
+"""
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from _harness import free_port
+
+JOB = str(pathlib.Path(__file__).with_name("_multi_host_job.py"))
+
+
+def _namespaces_available():
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-Urp", "--fork", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+pytestmark = pytest.mark.skipif(
+    not _namespaces_available(),
+    reason="user+pid namespaces (unshare -Urp) are unavailable here; they stand in for separate hosts",
+)
+
+
+def _host(cmd):
+    """A command run as its own host: new user and pid namespace; the kernel
+    kills everything in it when its first process (the launcher) ends."""
+    return ["unshare", "-Urp", "--fork", "--kill-child", *cmd]
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    env.update(extra)
+    return env
+
+
+def _finish(procs, timeout):
+    outputs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            outputs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return outputs
+
+
+@pytest.mark.timeout(240)
+def test_torchrun_two_hosts_every_collective_matches_gloo():
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            _host([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
+                   "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}", JOB]),
+            env=_env(TORCH_CPP_LOG_LEVEL="INFO"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for node in range(2)
+    ]
+    outputs = _finish(procs, timeout=200)
+    text = "\n".join(outputs)
+    assert all(p.returncode == 0 for p in procs), text[-6000:]
+    assert sorted(re.findall(r"^RANK (\d) OK HOSTS (\d)$", text, flags=re.M)) == [
+        ("0", "2"), ("1", "2"), ("2", "2"), ("3", "2")], text[-6000:]
+    # The backend saw two hosts and said so in its log.
+    assert "spans 2 hosts" in text, text[-6000:]
+
+
+def _launch_rank(rank, world, port, *args):
+    env = _env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port))
+    return [sys.executable, JOB, *args], env
+
+
+@pytest.mark.timeout(120)
+def test_rank_dying_on_another_host_fails_the_others_within_the_deadline():
+    # Hosts: {0, 1} and {2, 3}; rank 3 dies after the first collective. Each
+    # rank is its own launch, two per namespace via a tiny shell launcher.
+    port = free_port()
+    world = 4
+    procs = []
+    for ranks in ((0, 1), (2, 3)):
+        script = " & ".join(
+            f"RANK={r} WORLD_SIZE={world} LOCAL_RANK={i} MASTER_ADDR=127.0.0.1 MASTER_PORT={port} "
+            f"{sys.executable} {JOB} fail" for i, r in enumerate(ranks)) + " & wait"
+        procs.append(subprocess.Popen(_host(["sh", "-c", script]), env=_env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outputs = _finish(procs, timeout=90)
+    text = "\n".join(outputs)
+    found = re.findall(r"^RANK (\d) FAILED-AS-EXPECTED ([\d.]+) HINT (\[[\d, ]*\]) (.*)$", text, flags=re.M)
+    assert sorted(r for r, _, _, _ in found) == ["0", "1", "2"], text[-6000:]
+    for rank, seconds, hint, message in found:
+        # Every survivor, on either host, names the dead rank, and learns it
+        # long before the 8 s group timeout (from rank 2 giving up, not by
+        # waiting for it).
+        assert hint == "[0, 0, 0, 1]", (rank, hint, message)
+        assert float(seconds) < 4.0, (rank, seconds, message)
