@@ -1,0 +1,135 @@
+// The control plane of elastic groups: one Coordinator (in the process of
+// global rank 0) and one Agent per process, over plain TCP. The Coordinator
+// owns membership: which processes are alive, which in-group ranks (seats)
+// of each group are active, and the epoch of each group's view. Agents
+// register their process and groups, report failure evidence from the data
+// plane, make proposals, and receive the views the Coordinator pushes.
+//
+// Liveness: each Agent keeps one connection to the Coordinator and sends a
+// heartbeat every heartbeat_interval. A closed connection (a killed process:
+// the kernel closes its sockets) marks the process offline at once; silence
+// for heartbeat_timeout (a stalled or partitioned process) marks it offline
+// at the deadline. Offline processes lose their Active seats in every group
+// that deactivates on failure, in one new view per group.
+//
+// Seats and views: a group has max_group_size seats, fixed at creation and
+// never renumbered. A view is the state of every seat plus an epoch that
+// only increases; every change of any seat's state or endpoint gives a new
+// epoch. Views are pushed to every online process that holds a seat of the
+// group, and acknowledged after the listener returns.
+//
+// The data plane stays out of here: endpoints are opaque strings that the
+// data plane publishes and reads back from views.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mooncake/pg/membership.h"
+
+namespace mooncake::pg {
+
+// The state of one seat (in-group rank), as in the reference.
+enum class MemberState : uint8_t { kNone = 0, kInactive = 1, kAwaitingActivation = 2, kActive = 3, kLeft = 4 };
+
+struct GroupView {
+  std::string key;    // the group's key (as registered)
+  std::string uid;    // unique per group incarnation: data-plane resources are named after it
+  uint64_t epoch = 0;
+  // One entry per seat (max_group_size entries each).
+  std::vector<MemberState> members;
+  std::vector<int> global_ranks;       // the process holding the seat, -1 for none
+  std::vector<std::string> endpoints;  // what that process published for this group ("" = none)
+  std::vector<std::string> hosts;      // its host identity ("" = none)
+  std::vector<bool> online;            // whether that process is connected and heartbeating
+
+  bool isActive(int rank) const { return members[rank] == MemberState::kActive; }
+  std::vector<int> activeRanks() const;
+};
+
+// Proposals answer with ProposeViewUpdateResponse (membership.h): status,
+// new_epoch, dropped_ranks (seats that did not acknowledge the new view in
+// time), reject_reason.
+struct SyncResult {
+  SyncAfterFailureResponse response;
+  GroupView view;  // the view after reconciliation (already given to the group's listener)
+};
+
+struct ControlOptions {
+  std::chrono::milliseconds heartbeat_interval{100};
+  std::chrono::milliseconds heartbeat_timeout{1000};
+  // After the first failure evidence of a group, how long to collect more
+  // before deciding (several ranks failing together give one new view).
+  std::chrono::milliseconds reconciliation_window{100};
+  std::chrono::milliseconds ack_timeout{2000};      // for acknowledgements of a pushed view
+  std::chrono::milliseconds request_timeout{30000};  // bootstrap, admission of proposals, RPCs
+};
+
+class Coordinator {
+ public:
+  // Listens on `host`:0 (an ephemeral port). Null with *error on failure.
+  static std::unique_ptr<Coordinator> start(const std::string& host, const ControlOptions& options,
+                                            std::string* error);
+  virtual ~Coordinator() = default;
+  virtual std::string address() const = 0;  // "host:port", what agents connect to
+};
+
+struct GroupRegistration {
+  std::string key;               // equal on every process for the same group (and its extensions)
+  int rank = 0;                  // this process's seat
+  int max_group_size = 0;        // seats
+  std::vector<int> rank_order;   // the global rank of each seat this registration knows of (size <= max)
+  bool is_extension = false;     // joining an existing group (its rank_order a prefix of ours), or taking
+                                 // over a seat whose previous holder is gone
+  bool auto_deactivate = true;   // the group deactivates offline/failed seats by itself
+  std::string endpoint;          // this process's data-plane endpoint for the group
+  std::string host;              // this process's host identity
+};
+
+class Agent {
+ public:
+  // Connects this process (global rank `global_rank`) to the Coordinator at
+  // `address`. A previous process of the same global rank must be offline
+  // first; the Agent waits up to heartbeat_timeout for that, then fails.
+  static std::unique_ptr<Agent> connect(const std::string& address, int global_rank, const ControlOptions& options,
+                                        std::string* error);
+  virtual ~Agent() = default;  // disconnects: the Coordinator sees the process leave
+
+  using ViewListener = std::function<void(const GroupView&)>;
+
+  // Founders (is_extension false): returns the founding view once every seat
+  // of rank_order has registered (all Active), or fails within
+  // request_timeout, and at once when a founder goes offline meanwhile.
+  // Extension: returns the current view at once, this seat Inactive. Every
+  // later view of the group goes to `on_view` (on the Agent's thread; the
+  // acknowledgement is sent when it returns). Returns false with *error.
+  virtual bool registerGroup(const GroupRegistration& registration, ViewListener on_view, GroupView* view,
+                             std::string* error) = 0;
+  // Leaves the seat (Left). If it was Active, the others get a view without it.
+  virtual void unregisterGroup(const std::string& key) = 0;
+
+  // Failure evidence from the data plane: these seats failed an operation
+  // with this process. Returns at once.
+  virtual void reportFailure(const std::string& key, const std::vector<int>& ranks) = 0;
+  // Reports `ranks` (may be empty) and waits for any open reconciliation of
+  // the group; the resulting view has been given to the listener on return.
+  virtual SyncResult syncAfterFailure(const std::string& key, const std::vector<int>& ranks) = 0;
+
+  // join_group: this seat becomes AwaitingActivation; returns once a view
+  // with it Active has been given to the listener, or fails at the deadline.
+  virtual bool joinGroup(const std::string& key, std::chrono::milliseconds deadline, std::string* error) = 0;
+  // activate_ranks / deactivate_ranks. Activation waits (up to
+  // request_timeout) until every target is AwaitingActivation and online.
+  // Returns after the new view was acknowledged by the online processes of
+  // the old and new active sets (or they were dropped).
+  virtual ProposeViewUpdateResponse propose(const std::string& key, bool activate, const std::vector<int>& ranks) = 0;
+
+  // The latest view this Agent has of the group (no communication).
+  virtual GroupView view(const std::string& key) const = 0;
+};
+
+}  // namespace mooncake::pg
