@@ -1,6 +1,7 @@
 #include "mooncake/pg/p2p_channel.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <condition_variable>
 #include <cstring>
 #include <future>
@@ -21,13 +22,13 @@ using Clock = std::chrono::steady_clock;
 
 std::string P2pEndpoint::encode() const {
   std::ostringstream s;
-  s << segment << ' ' << credit_region << ' ' << ack_region << ' ' << close_region;
+  s << segment << ' ' << credit_region << ' ' << ack_region << ' ' << notice_region;
   return s.str();
 }
 
 bool P2pEndpoint::decode(const std::string& text, P2pEndpoint& out) {
   std::istringstream s(text);
-  return static_cast<bool>(s >> out.segment >> out.credit_region >> out.ack_region >> out.close_region);
+  return static_cast<bool>(s >> out.segment >> out.credit_region >> out.ack_region >> out.notice_region);
 }
 
 class P2pChannel::Impl {
@@ -36,11 +37,12 @@ class P2pChannel::Impl {
   ~Impl();
 
   P2pEndpoint localEndpoint() const {
-    return P2pEndpoint{engine_.segmentName(), addr(credits_), addr(acks_), addr(closes_)};
+    return P2pEndpoint{engine_.segmentName(), addr(credits_), addr(acks_), addr(notices_)};
   }
   void connect(const std::vector<P2pEndpoint>& peers);
   void post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done);
   void abort(const std::string& why, const std::vector<int>& failed_ranks);
+  void reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch);
 
  private:
   struct RecvOp {
@@ -96,6 +98,15 @@ class P2pChannel::Impl {
     std::vector<int> failure_ranks;  // whom that failure names: the peer, unless closed for another rank's fault
     Clock::time_point last_progress;
     Clock::time_point last_probe;
+    // The membership epoch of the lane pair (both sides open it at the same
+    // one): every slot token carries it, so slots of an earlier epoch are
+    // never taken for current ones.
+    uint32_t epoch = 0;
+    // Pool chunks credited to this peer before the lanes were closed or
+    // reopened: a peer still serving an old credit may write into them, so
+    // they are reused only once the peer is known to have moved on (its
+    // OpenSlot of the current epoch), to be gone, or to be replaced.
+    std::vector<int> quarantined;
   };
   struct Posted {
     bool is_send;
@@ -113,9 +124,14 @@ class P2pChannel::Impl {
   void checkPeers();
   int writeSlot(int peer, const void* slot, uint64_t remote);
   int writeData(int peer, const char* src, uint64_t remote, size_t length);
-  void failPeer(int peer, const std::string& why);
+  // Ends every message with `peer` and closes its lanes. Chunks it was
+  // credited stay quarantined unless it is `gone` (see Peer::quarantined).
+  void failPeer(int peer, const std::string& why, bool gone = false);
   void applyAbort(const std::string& why, const std::vector<int>& failed_ranks);
   bool closedByPeer(int peer);
+  // Returns to the pool the quarantined chunks of peers that told us they
+  // reopened at our epoch (OpenSlot).
+  void releaseQuarantine();
   OpResult failure(int peer, const std::string& why) const {
     OpResult r;
     r.ok = false;
@@ -128,15 +144,14 @@ class P2pChannel::Impl {
   te::TransferEngine& engine_;
   const int rank_, size_;
   const P2pOptions options_;
-  const uint32_t epoch_ = 0;  // membership epoch; views arrive with the elastic control plane
 
   // Registered shared memory: [credits | acks | closes | outbox | staging | recv pool].
   char* memory_ = nullptr;
   size_t memory_bytes_ = 0;
   CreditSlot* credits_ = nullptr;  // [size][kSlotsPerLane], written by receivers
   AckSlot* acks_ = nullptr;        // [size][kSlotsPerLane], written by senders
-  CloseSlot* closes_ = nullptr;    // [size], written by peers that give up
-  char* outbox_ = nullptr;         // one CloseSlot's room: source of control writes
+  PeerNotices* notices_ = nullptr;  // [size], written by peers that give up or reopen
+  char* outbox_ = nullptr;          // one CloseSlot's room: source of control writes
   char* staging_ = nullptr;        // one chunk: source of data writes
   char* recv_pool_ = nullptr;      // pool_chunks chunks
   std::vector<int> free_chunks_;
@@ -148,12 +163,14 @@ class P2pChannel::Impl {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<Posted> posted_;
-  struct Abort {
-    std::string why;
-    std::vector<int> failed_ranks;
-    std::promise<void> told;
+  // Work that must run on the progress thread, which alone touches lanes
+  // (abort, reopen); the caller waits for it.
+  struct ControlTask {
+    std::function<void()> run;
+    std::promise<void> done;
   };
-  std::vector<Abort*> aborts_;  // abort() requests, carried out by the progress thread
+  std::vector<ControlTask*> control_;
+  void runOnProgressThread(std::function<void()> task);
   bool stopping_ = false;
   bool stopped_ = false;  // the progress thread has ended
   std::thread thread_;
@@ -164,22 +181,25 @@ P2pChannel::Impl::Impl(te::TransferEngine& engine, int rank, int size, const P2p
       send_lanes_(size) {
   const size_t slots = static_cast<size_t>(size) * kSlotsPerLane;
   const size_t chunk = options_.chunk_bytes;
-  memory_bytes_ = slots * sizeof(CreditSlot) + slots * sizeof(AckSlot) + size * sizeof(CloseSlot) + sizeof(CloseSlot) +
+  memory_bytes_ = slots * sizeof(CreditSlot) + slots * sizeof(AckSlot) + size * sizeof(PeerNotices) + sizeof(CloseSlot) +
                   chunk + chunk * options_.pool_chunks;
   // Shared memory: same-host peers write it through a mapping (a memcpy).
   memory_ = static_cast<char*>(te::allocateSharedMemory(memory_bytes_));
   if (memory_ == nullptr) throw std::runtime_error("P2P: cannot allocate " + std::to_string(memory_bytes_) + " bytes");
   credits_ = reinterpret_cast<CreditSlot*>(memory_);
   acks_ = reinterpret_cast<AckSlot*>(memory_ + slots * sizeof(CreditSlot));
-  closes_ = reinterpret_cast<CloseSlot*>(memory_ + slots * (sizeof(CreditSlot) + sizeof(AckSlot)));
-  outbox_ = reinterpret_cast<char*>(closes_ + size);
+  notices_ = reinterpret_cast<PeerNotices*>(memory_ + slots * (sizeof(CreditSlot) + sizeof(AckSlot)));
+  outbox_ = reinterpret_cast<char*>(notices_ + size);
   staging_ = outbox_ + sizeof(CloseSlot);
   recv_pool_ = staging_ + chunk;
   for (size_t i = 0; i < slots; ++i) {
     reset(&credits_[i]);
     reset(&acks_[i]);
   }
-  for (int p = 0; p < size; ++p) reset(&closes_[p]);
+  for (int p = 0; p < size; ++p) {
+    reset(&notices_[p].close);
+    reset(&notices_[p].open);
+  }
   for (int c = static_cast<int>(options_.pool_chunks) - 1; c >= 0; --c) free_chunks_.push_back(c);
   if (int rc = engine_.registerLocalMemory(memory_, memory_bytes_); rc != te::kOk) {
     te::freeSharedMemory(memory_);
@@ -209,16 +229,47 @@ void P2pChannel::Impl::connect(const std::vector<P2pEndpoint>& peers) {
   }
 }
 
-void P2pChannel::Impl::abort(const std::string& why, const std::vector<int>& failed_ranks) {
-  Abort request{why, failed_ranks, {}};
-  std::future<void> told = request.told.get_future();
+void P2pChannel::Impl::runOnProgressThread(std::function<void()> run) {
+  ControlTask task{std::move(run), {}};
+  std::future<void> done = task.done.get_future();
   {
     std::lock_guard lock(mutex_);
-    if (stopped_) return;  // nothing left to fail, nobody to tell
-    aborts_.push_back(&request);
+    if (stopped_) return;  // nothing left to change
+    control_.push_back(&task);
   }
   cv_.notify_all();
-  told.wait();  // the progress thread always answers, also when it stops
+  done.wait();  // the progress thread always answers, also when it stops
+}
+
+void P2pChannel::Impl::abort(const std::string& why, const std::vector<int>& failed_ranks) {
+  runOnProgressThread([&] { applyAbort(why, failed_ranks); });
+}
+
+void P2pChannel::Impl::reopen(int p, const P2pEndpoint& endpoint, uint32_t epoch) {
+  runOnProgressThread([&] {
+    Peer& peer = peers_[p];
+    failPeer(p, "point-to-point lanes with rank " + std::to_string(p) + " were reopened at membership epoch " +
+                    std::to_string(epoch) + "; messages pending before that fail");
+    if (endpoint.segment != peer.endpoint.segment) {
+      // Another process now holds the seat; the old one wrote its last.
+      for (int c : peer.quarantined) free_chunks_.push_back(c);
+      peer.quarantined.clear();
+      peer.handle = engine_.openSegment(endpoint.segment);
+    }
+    peer.endpoint = endpoint;
+    peer.epoch = epoch;
+    peer.failure = peer.handle == te::kInvalidSegment ? "cannot reach rank " + std::to_string(p) + " at " + endpoint.segment
+                                                      : std::string();
+    peer.failure_ranks.clear();
+    peer.last_progress = Clock::now();
+    recv_lanes_[p] = RecvLane{};
+    send_lanes_[p] = SendLane{};
+    if (peer.failure.empty()) {  // tell the peer we serve no older credit (best effort)
+      OpenSlot notice{};
+      seal(notice, openToken(epoch));
+      writeSlot(p, &notice, endpoint.notice_region + rank_ * sizeof(PeerNotices) + offsetof(PeerNotices, open));
+    }
+  });
 }
 
 void P2pChannel::Impl::applyAbort(const std::string& why, const std::vector<int>& failed_ranks) {
@@ -227,25 +278,35 @@ void P2pChannel::Impl::applyAbort(const std::string& why, const std::vector<int>
     if (q >= 0 && q < 256) notice.failed_mask[q / 64] |= 1ull << (q % 64);
   }
   std::strncpy(notice.reason, why.c_str(), sizeof(notice.reason) - 1);
-  seal(notice, kClosedToken);
-  std::memcpy(outbox_, &notice, sizeof(notice));
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     Peer& peer = peers_[p];
+    seal(notice, closeToken(peer.epoch));
+    std::memcpy(outbox_, &notice, sizeof(notice));
     const bool reachable = peer.failure.empty() && peer.handle != te::kInvalidSegment;
     if (peer.failure.empty()) peer.failure_ranks = failed_ranks;
     failPeer(p, why);
     if (reachable) {  // best effort: a peer that is gone cannot be told
       engine_.transferSync({te::TransferRequest{te::Opcode::kWrite, outbox_, peer.handle,
-                                                peer.endpoint.close_region + rank_ * sizeof(CloseSlot),
+                                                peer.endpoint.notice_region + rank_ * sizeof(PeerNotices),
                                                 sizeof(CloseSlot)}});
     }
   }
 }
 
+void P2pChannel::Impl::releaseQuarantine() {
+  for (int p = 0; p < size_; ++p) {
+    Peer& peer = peers_[p];
+    OpenSlot notice;
+    if (peer.quarantined.empty() || !tryLoad(&notices_[p].open, openToken(peer.epoch), notice)) continue;
+    free_chunks_.insert(free_chunks_.end(), peer.quarantined.begin(), peer.quarantined.end());
+    peer.quarantined.clear();
+  }
+}
+
 bool P2pChannel::Impl::closedByPeer(int p) {
   CloseSlot notice;
-  if (!tryLoad(&closes_[p], kClosedToken, notice)) return false;
+  if (!tryLoad(&notices_[p].close, closeToken(peers_[p].epoch), notice)) return false;
   peers_[p].failure_ranks.clear();
   for (int q = 0; q < 256; ++q) {  // in the caller's numbering: not checked against ours
     if (notice.failed_mask[q / 64] & (1ull << (q % 64))) peers_[p].failure_ranks.push_back(q);
@@ -273,12 +334,16 @@ int P2pChannel::Impl::writeData(int peer, const char* src, uint64_t remote, size
   return engine_.transferSync({te::TransferRequest{te::Opcode::kWrite, staging_, peers_[peer].handle, remote, length}});
 }
 
-void P2pChannel::Impl::failPeer(int peer, const std::string& why) {
+void P2pChannel::Impl::failPeer(int peer, const std::string& why, bool gone) {
   Peer& p = peers_[peer];
   if (p.failure.empty()) p.failure = why;
   RecvLane& rl = recv_lanes_[peer];
   for (const Outstanding& o : rl.outstanding) {
-    if (o.chunk >= 0) free_chunks_.push_back(o.chunk);
+    if (o.chunk >= 0) p.quarantined.push_back(o.chunk);
+  }
+  if (gone) {  // nobody can write into them any more
+    for (int c : p.quarantined) free_chunks_.push_back(c);
+    p.quarantined.clear();
   }
   rl.outstanding.clear();
   for (RecvOp& op : rl.ops) op.done(failure(peer, p.failure));
@@ -311,7 +376,7 @@ bool P2pChannel::Impl::stepRecv(int peer) {
       credit.tag = op.tag;
       credit.op_id = op.op_id;
       credit.offset = op.credited;
-      seal(credit, token(epoch_, seq));
+      seal(credit, token(peers_[peer].epoch, seq));
       const uint64_t remote = peers_[peer].endpoint.credit_region +
                               (static_cast<uint64_t>(rank_) * kSlotsPerLane + seq % kSlotsPerLane) * sizeof(CreditSlot);
       lane.outstanding.push_back(Outstanding{seq, c, op.credited, length, &op});
@@ -329,7 +394,7 @@ bool P2pChannel::Impl::stepRecv(int peer) {
   for (auto it = lane.outstanding.begin(); it != lane.outstanding.end();) {
     AckSlot* slot = &acks_[static_cast<size_t>(peer) * kSlotsPerLane + it->seq % kSlotsPerLane];
     AckSlot ack;
-    if (!tryLoad(slot, token(epoch_, it->seq), ack)) {
+    if (!tryLoad(slot, token(peers_[peer].epoch, it->seq), ack)) {
       ++it;
       continue;
     }
@@ -377,7 +442,7 @@ bool P2pChannel::Impl::stepSend(int peer) {
     if (lane.consumed[index]) continue;
     CreditSlot* slot = &credits_[static_cast<size_t>(peer) * kSlotsPerLane + index];
     CreditSlot credit;
-    if (!tryLoad(slot, token(epoch_, seq), credit)) continue;
+    if (!tryLoad(slot, token(peers_[peer].epoch, seq), credit)) continue;
     AckSlot ack{};
     Done finished;
     OpResult finished_result;
@@ -425,7 +490,7 @@ bool P2pChannel::Impl::stepSend(int peer) {
     // Free the credit slot before acknowledging: the ack lets the receiver
     // reuse this slot for a new credit.
     reset(slot);
-    seal(ack, token(epoch_, seq));
+    seal(ack, token(peers_[peer].epoch, seq));
     const uint64_t ack_remote = peers_[peer].endpoint.ack_region +
                                 (static_cast<uint64_t>(rank_) * kSlotsPerLane + index) * sizeof(AckSlot);
     int rc = writeSlot(peer, &ack, ack_remote);
@@ -468,7 +533,7 @@ void P2pChannel::Impl::checkPeers() {
         now - peer.last_probe > std::chrono::milliseconds(200)) {
       peer.last_probe = now;
       if (engine_.probe(peer.endpoint.segment, std::chrono::milliseconds(500)) != te::kOk) {
-        failPeer(p, "rank " + std::to_string(p) + " (" + peer.endpoint.segment + ") is gone");
+        failPeer(p, "rank " + std::to_string(p) + " (" + peer.endpoint.segment + ") is gone", /*gone=*/true);
       }
     }
   }
@@ -476,7 +541,7 @@ void P2pChannel::Impl::checkPeers() {
 
 void P2pChannel::Impl::loop() {
   int idle_rounds = 0;
-  std::vector<Abort*> aborts;
+  std::vector<ControlTask*> control;
   for (;;) {
     std::vector<Posted> incoming;
     {
@@ -486,15 +551,15 @@ void P2pChannel::Impl::loop() {
       for (int p = 0; p < size_ && !busy; ++p) {
         busy = !recv_lanes_[p].ops.empty() || !send_lanes_[p].ops.empty() || now < send_lanes_[p].drain_until;
       }
-      if (!busy) cv_.wait(lock, [this] { return stopping_ || !posted_.empty() || !aborts_.empty(); });
+      if (!busy) cv_.wait(lock, [this] { return stopping_ || !posted_.empty() || !control_.empty(); });
       incoming.swap(posted_);
-      aborts.swap(aborts_);
+      control.swap(control_);
     }
-    for (Abort* a : aborts) {
-      applyAbort(a->why, a->failed_ranks);
-      a->told.set_value();
+    for (ControlTask* task : control) {
+      task->run();
+      task->done.set_value();
     }
-    aborts.clear();
+    control.clear();
     {
       std::lock_guard lock(mutex_);
       if (stopping_) {
@@ -520,6 +585,7 @@ void P2pChannel::Impl::loop() {
       progressed |= stepSend(p);
     }
     checkPeers();
+    releaseQuarantine();
     // Nothing moved: back off from spinning to short sleeps, so that waiting
     // for a slow peer does not burn a core.
     idle_rounds = progressed ? 0 : idle_rounds + 1;
@@ -535,11 +601,11 @@ void P2pChannel::Impl::loop() {
   {
     std::lock_guard lock(mutex_);
     left.swap(posted_);
-    aborts.swap(aborts_);
+    control.swap(control_);
     stopped_ = true;
   }
   for (Posted& op : left) op.done(failure(op.peer, "the process group was shut down"));
-  for (Abort* a : aborts) a->told.set_value();
+  for (ControlTask* task : control) task->done.set_value();
 }
 
 P2pChannel::P2pChannel(te::TransferEngine& engine, int rank, int size, const P2pOptions& options)
@@ -556,5 +622,6 @@ void P2pChannel::recv(int peer, int tag, void* data, size_t bytes, Done done) {
 void P2pChannel::abort(const std::string& why, const std::vector<int>& failed_ranks) {
   impl_->abort(why, failed_ranks);
 }
+void P2pChannel::reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch) { impl_->reopen(peer, endpoint, epoch); }
 
 }  // namespace mooncake::pg

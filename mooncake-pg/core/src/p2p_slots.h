@@ -43,8 +43,10 @@ struct alignas(64) AckSlot {
 static_assert(sizeof(AckSlot) == 64);
 
 // A rank that gives up -> every peer: "fail what you have with me; these
-// ranks are at fault, for this reason". Written once, sealed with kClosedToken.
-constexpr uint64_t kClosedToken = 0x436c6f7365640000ull;  // "Closed"
+// ranks are at fault, for this reason". Written once per lane epoch, sealed
+// with closeToken(epoch): a notice of an earlier epoch does not close lanes
+// reopened since.
+inline uint64_t closeToken(uint32_t epoch) { return 0x436c6f7300000000ull ^ epoch; }  // "Clos" + epoch
 struct alignas(64) CloseSlot {
   uint64_t header;
   uint64_t failed_mask[4];  // ranks at fault, below 256
@@ -52,6 +54,23 @@ struct alignas(64) CloseSlot {
   uint64_t footer;
 };
 static_assert(sizeof(CloseSlot) == 512);
+
+// A rank that reopened its lanes with a peer at an epoch -> that peer: "I
+// serve no credit of an earlier epoch any more", so the peer may reuse the
+// pool chunks it had quarantined. Sealed with openToken(epoch).
+struct alignas(64) OpenSlot {
+  uint64_t header;
+  uint8_t reserved[48];
+  uint64_t footer;
+};
+static_assert(sizeof(OpenSlot) == 64);
+inline uint64_t openToken(uint32_t epoch) { return 0x4f70656e00000000ull ^ epoch; }  // "Open" + epoch
+
+// What each peer may write about its lanes with this rank: one per peer.
+struct alignas(64) PeerNotices {
+  CloseSlot close;
+  OpenSlot open;
+};
 
 template <typename Slot>
 void seal(Slot& slot, uint64_t tok) {

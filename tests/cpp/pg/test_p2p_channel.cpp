@@ -6,6 +6,7 @@
 
 #include <future>
 #include <numeric>
+#include <thread>
 
 #include "mooncake/pg/p2p_channel.h"
 #include "mooncake/te/transfer_engine.h"
@@ -198,6 +199,69 @@ TEST_P(P2pPair, AbortTellsThePeerAtOnceNamingTheRanksAtFault) {
   OpResult sr = get(s0, 2s);
   EXPECT_FALSE(sr.ok);
   EXPECT_EQ(sr.error, "rank 7 died");
+}
+
+TEST_P(P2pPair, ReopenAtANewEpochAfterAnAbortCarriesMessagesAgain) {
+  std::vector<uint8_t> got(1000);
+  auto r = recv(1, 0, 0, got);
+  ranks_[0]->channel->abort("rank 0 gives up", {0});
+  ASSERT_FALSE(get(r).ok);
+  // Rank 0 reopens first and sends at once: the message waits for rank 1 to
+  // reopen too; the close notice of epoch 0 does not close epoch 1.
+  const P2pEndpoint ep0 = ranks_[0]->channel->localEndpoint(), ep1 = ranks_[1]->channel->localEndpoint();
+  ranks_[0]->channel->reopen(1, ep1, 1);
+  const auto data = pattern(300 * 1024, 5);  // several chunks: credits and acks of the new epoch
+  auto s0 = send(0, 1, 3, data);
+  std::this_thread::sleep_for(50ms);
+  ranks_[1]->channel->reopen(0, ep0, 1);
+  std::vector<uint8_t> out(data.size());
+  auto r1 = recv(1, 0, 3, out);
+  ASSERT_TRUE(get(s0).ok);
+  ASSERT_TRUE(get(r1).ok);
+  EXPECT_EQ(out, data);
+}
+
+TEST_P(P2pPair, TwentyAbortAndReopenCyclesKeepThePoolUsable) {
+  // Each cycle closes lanes while a receive holds credited chunks (which are
+  // quarantined, since the sender could still write them): the pool must
+  // come back, or it would run dry after a few cycles (4 chunks).
+  const P2pEndpoint ep0 = ranks_[0]->channel->localEndpoint(), ep1 = ranks_[1]->channel->localEndpoint();
+  for (uint32_t epoch = 1; epoch <= 20; ++epoch) {
+    std::vector<uint8_t> pending(200 * 1024);
+    auto stuck = recv(1, 0, 9, pending);  // credits go out; nothing will be sent
+    std::this_thread::sleep_for(5ms);
+    ranks_[1]->channel->abort("cycle", {1});
+    ASSERT_FALSE(get(stuck).ok);
+    ranks_[1]->channel->reopen(0, ep0, epoch);
+    ranks_[0]->channel->reopen(1, ep1, epoch);
+    const auto data = pattern(100 * 1024 + epoch, static_cast<int>(epoch));
+    std::vector<uint8_t> out(data.size());
+    auto s = send(0, 1, 1, data);
+    auto r = recv(1, 0, 1, out);
+    ASSERT_TRUE(get(s).ok) << "cycle " << epoch;
+    ASSERT_TRUE(get(r).ok) << "cycle " << epoch;
+    ASSERT_EQ(out, data);
+  }
+}
+
+TEST_P(P2pPair, ReopenTowardsAReplacementProcess) {
+  // Rank 1 is replaced by a new engine and channel (a new endpoint); both
+  // sides reopen at epoch 1 and talk as before.
+  ranks_[1].reset();
+  ranks_[1] = std::make_unique<Rank>();
+  ASSERT_EQ(ranks_[1]->engine.init("P2PHANDSHAKE", "127.0.0.1", GetParam()), te::kOk);
+  ranks_[1]->channel = std::make_unique<P2pChannel>(ranks_[1]->engine, 1, 2, P2pOptions{64 * 1024, 4, 5000ms});
+  const P2pEndpoint ep0 = ranks_[0]->channel->localEndpoint(), ep1 = ranks_[1]->channel->localEndpoint();
+  ranks_[1]->channel->connect({ep0, ep1});
+  ranks_[1]->channel->reopen(0, ep0, 1);
+  ranks_[0]->channel->reopen(1, ep1, 1);
+  const auto data = pattern(150 * 1024, 11);
+  std::vector<uint8_t> out(data.size());
+  auto s = send(1, 0, 0, data);
+  auto r = recv(0, 1, 0, out);
+  ASSERT_TRUE(get(s).ok);
+  ASSERT_TRUE(get(r).ok);
+  EXPECT_EQ(out, data);
 }
 
 TEST_P(P2pPair, UnmatchedReceiveTimesOut) {

@@ -39,7 +39,7 @@ struct P2pEndpoint {
   std::string segment;        // transfer engine segment "host:port"
   uint64_t credit_region = 0;  // CreditSlot[size][64]: peers (as receivers) write here
   uint64_t ack_region = 0;     // AckSlot[size][64]: peers (as senders) write here
-  uint64_t close_region = 0;   // CloseSlot[size]: a peer that gives up writes here
+  uint64_t notice_region = 0;  // PeerNotices[size]: a peer that gives up or reopens writes here
 
   std::string encode() const;
   static bool decode(const std::string& text, P2pEndpoint& out);
@@ -70,6 +70,17 @@ class P2pChannel {
   // peers were told (each write bounded by the engine's timeouts); call it
   // from the thread that posts, never from a completion callback.
   void abort(const std::string& why, const std::vector<int>& failed_ranks);
+
+  // Reopens the lanes with `peer` at membership epoch `epoch` (after a view
+  // change: the peer replaced by a new process at `endpoint`, or lanes that
+  // were closed by a failure). Messages still pending with the peer fail.
+  // Both sides must reopen at the same epoch: slots carry it, so a side that
+  // reopens first simply goes unheard until the other follows, and slots of
+  // earlier epochs are never taken for current ones. Pool chunks the peer
+  // might still write under an earlier epoch are reused only once it
+  // acknowledges under the new one (or was replaced). Blocks until applied;
+  // not from a completion callback.
+  void reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch);
 
  private:
   class Impl;
