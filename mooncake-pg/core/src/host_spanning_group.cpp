@@ -29,9 +29,9 @@ int HostLayout::localIndexOf(int rank) const {
 }
 
 HostSpanningGroup::HostSpanningGroup(int rank, HostLayout layout, std::unique_ptr<ShmGroup> local,
-                                     std::unique_ptr<P2pChannel> channel)
+                                     std::shared_ptr<P2pChannel> channel, std::vector<int> channel_rank_of)
     : rank_(rank), layout_(std::move(layout)), host_(layout_.hostOf(rank)), local_(std::move(local)),
-      channel_(std::move(channel)) {
+      channel_(std::move(channel)), channel_rank_of_(std::move(channel_rank_of)) {
   if (local_->size() != static_cast<int>(layout_.ranksOn(host_).size()) ||
       local_->rank() != layout_.localIndexOf(rank_)) {
     throw std::invalid_argument("HostSpanningGroup: the local ShmGroup does not match the host layout");
@@ -67,7 +67,11 @@ OpResult HostSpanningGroup::settle(OpResult r) {
   }
   const std::string why = "rank " + std::to_string(rank_) + " failed its part: " + r.error;
   local_->abort(why, local_failed, outside_failed);
-  channel_->abort(why, r.failed_ranks);
+  std::vector<int> at_fault = r.failed_ranks;  // the channel names ranks its own way
+  for (int& q : at_fault) {
+    if (!channel_rank_of_.empty() && q >= 0 && q < static_cast<int>(channel_rank_of_.size())) q = channel_rank_of_[q];
+  }
+  channel_->abort(why, at_fault);
   return r;
 }
 
@@ -85,7 +89,7 @@ OpResult HostSpanningGroup::barrier() {
   if (isLeader() && layout_.hosts() > 1) {
     // Zero-byte messages: every leader has heard from every other one.
     char none = 0;
-    P2pExchange x(*channel_, tagOf(OpCode::kBarrier));
+    P2pExchange x(*channel_, tagOf(OpCode::kBarrier), channel_rank_of_);
     for (int h = 0; h < layout_.hosts(); ++h) {
       if (h == host_) continue;
       x.send(layout_.leaderOf(h), &none, 0);
@@ -104,7 +108,7 @@ OpResult HostSpanningGroup::broadcast(void* data, size_t bytes, int root) {
     return settle(r);
   }
   if (isLeader() && layout_.hosts() > 1) {
-    P2pExchange x(*channel_, tagOf(OpCode::kBroadcast));
+    P2pExchange x(*channel_, tagOf(OpCode::kBroadcast), channel_rank_of_);
     if (host_ == root_host) {
       for (int h = 0; h < layout_.hosts(); ++h) {
         if (h != host_) x.send(layout_.leaderOf(h), data, bytes);
@@ -133,7 +137,7 @@ OpResult HostSpanningGroup::allgather(const void* input, void* output, size_t by
   if (!(r = fromLocal(local_->gather(input, packed.data(), bytes, 0))).ok) return settle(r);
   scatterBlocks(packed.data(), mine, bytes, out);
   if (layout_.hosts() > 1) {
-    P2pExchange x(*channel_, tagOf(OpCode::kAllgather));
+    P2pExchange x(*channel_, tagOf(OpCode::kAllgather), channel_rank_of_);
     std::vector<std::vector<char>> theirs(layout_.hosts());
     for (int h = 0; h < layout_.hosts(); ++h) {
       if (h == host_) continue;
@@ -157,7 +161,7 @@ OpResult HostSpanningGroup::allgather(const void* input, void* output, size_t by
 OpResult HostSpanningGroup::gather(const void* input, void* output, size_t bytes, int root) {
   OpResult r;
   if (failedBefore(r)) return r;
-  P2pExchange x(*channel_, tagOf(OpCode::kGather));
+  P2pExchange x(*channel_, tagOf(OpCode::kGather), channel_rank_of_);
   if (rank_ == root) {
     auto* out = static_cast<char*>(output);
     std::memmove(out + root * bytes, input, bytes);
@@ -173,7 +177,7 @@ OpResult HostSpanningGroup::gather(const void* input, void* output, size_t bytes
 OpResult HostSpanningGroup::scatter(const void* input, void* output, size_t bytes, int root) {
   OpResult r;
   if (failedBefore(r)) return r;
-  P2pExchange x(*channel_, tagOf(OpCode::kScatter));
+  P2pExchange x(*channel_, tagOf(OpCode::kScatter), channel_rank_of_);
   if (rank_ == root) {
     const auto* in = static_cast<const char*>(input);
     for (int q = 0; q < size(); ++q) {
@@ -200,7 +204,7 @@ OpResult HostSpanningGroup::alltoall(const void* input, const std::vector<size_t
   const auto* in = static_cast<const char*>(input);
   auto* out = static_cast<char*>(output);
   // Every pair at once: the channel moves each peer's messages independently.
-  P2pExchange x(*channel_, tagOf(OpCode::kAlltoall));
+  P2pExchange x(*channel_, tagOf(OpCode::kAlltoall), channel_rank_of_);
   for (int q = 0; q < size(); ++q) {
     if (q == rank_) continue;
     x.send(q, in + send_offsets[q], send_bytes[q]);

@@ -28,7 +28,7 @@ OpResult HostSpanningGroup::leadersAllreduce(void* buf, size_t count, DataType t
     // order, so all leaders compute bit-identical results.
     std::vector<char> theirs((hosts - 1) * count * esize);
     std::vector<const void*> sources(hosts);
-    P2pExchange x(*channel_, tag);
+    P2pExchange x(*channel_, tag, channel_rank_of_);
     for (int h = 0, slot = 0; h < hosts; ++h) {
       if (h == host_) {
         sources[h] = data;
@@ -51,7 +51,7 @@ OpResult HostSpanningGroup::leadersAllreduce(void* buf, size_t count, DataType t
   std::vector<char> incoming((count / hosts + 1) * esize);
   for (int s = 0; s < hosts - 1; ++s) {  // reduce-scatter
     const int out = (host_ - s + hosts) % hosts, in = (host_ - s - 1 + 2 * hosts) % hosts;
-    P2pExchange x(*channel_, tag);
+    P2pExchange x(*channel_, tag, channel_rank_of_);
     x.send(next, data + begin(out) * esize, length(out) * esize);
     x.recv(prev, incoming.data(), length(in) * esize);
     OpResult r = x.wait();
@@ -61,7 +61,7 @@ OpResult HostSpanningGroup::leadersAllreduce(void* buf, size_t count, DataType t
   }
   for (int s = 0; s < hosts - 1; ++s) {  // all-gather of the reduced segments
     const int out = (host_ + 1 - s + hosts) % hosts, in = (host_ - s + hosts) % hosts;
-    P2pExchange x(*channel_, tag);
+    P2pExchange x(*channel_, tag, channel_rank_of_);
     x.send(next, data + begin(out) * esize, length(out) * esize);
     x.recv(prev, data + begin(in) * esize, length(in) * esize);
     OpResult r = x.wait();
@@ -101,7 +101,7 @@ OpResult HostSpanningGroup::reduce(const void* input, void* output, size_t count
   if (rank_ == root && layout_.hosts() > 1) {
     std::vector<char> theirs((layout_.hosts() - 1) * bytes);
     std::vector<const void*> sources(layout_.hosts());
-    P2pExchange x(*channel_, tagOf(OpCode::kReduce));
+    P2pExchange x(*channel_, tagOf(OpCode::kReduce), channel_rank_of_);
     for (int h = 0, slot = 0; h < layout_.hosts(); ++h) {
       if (h == host_) {
         sources[h] = output;
@@ -114,7 +114,7 @@ OpResult HostSpanningGroup::reduce(const void* input, void* output, size_t count
     if (!(r = x.wait()).ok) return settle(r);
     reduceInto(output, sources.data(), layout_.hosts(), count, type, part);
   } else if (rank_ == collector && rank_ != root) {
-    P2pExchange x(*channel_, tagOf(OpCode::kReduce));
+    P2pExchange x(*channel_, tagOf(OpCode::kReduce), channel_rank_of_);
     x.send(root, partial.data(), bytes);
     if (!(r = x.wait()).ok) return settle(r);
   }
@@ -137,7 +137,7 @@ OpResult HostSpanningGroup::reduceScatter(const void* input, void* output, size_
     gatherBlocks(host_sum.data(), mine, block, for_mine.data());
     std::vector<std::vector<char>> outgoing(layout_.hosts()), incoming(layout_.hosts());
     std::vector<const void*> sources(layout_.hosts());
-    P2pExchange x(*channel_, tagOf(OpCode::kReduceScatter));
+    P2pExchange x(*channel_, tagOf(OpCode::kReduceScatter), channel_rank_of_);
     for (int h = 0; h < layout_.hosts(); ++h) {
       if (h == host_) {
         sources[h] = for_mine.data();

@@ -25,9 +25,13 @@ P2pChannel::Done P2pExchange::completion() {
   };
 }
 
-void P2pExchange::send(int peer, const void* data, size_t bytes) { channel_.send(peer, tag_, data, bytes, completion()); }
+void P2pExchange::send(int peer, const void* data, size_t bytes) {
+  channel_.send(toChannel(peer), tag_, data, bytes, completion());
+}
 
-void P2pExchange::recv(int peer, void* data, size_t bytes) { channel_.recv(peer, tag_, data, bytes, completion()); }
+void P2pExchange::recv(int peer, void* data, size_t bytes) {
+  channel_.recv(toChannel(peer), tag_, data, bytes, completion());
+}
 
 OpResult P2pExchange::wait() {
   // No deadline here: the channel ends every message, at the latest when its
@@ -36,6 +40,12 @@ OpResult P2pExchange::wait() {
   state_->done.wait(lock, [&] { return state_->pending == 0; });
   OpResult r = state_->result;
   state_->result = OpResult{};
+  if (!channel_rank_of_.empty()) {  // back to the caller's numbering; ranks outside it stay as they are
+    for (int& q : r.failed_ranks) {
+      auto it = std::find(channel_rank_of_.begin(), channel_rank_of_.end(), q);
+      if (it != channel_rank_of_.end()) q = static_cast<int>(it - channel_rank_of_.begin());
+    }
+  }
   return r;
 }
 

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "mooncake/pg/p2p_channel.h"
 
@@ -14,7 +15,11 @@ namespace mooncake::pg {
 
 class P2pExchange {
  public:
-  P2pExchange(P2pChannel& channel, int tag) : channel_(channel), tag_(tag), state_(std::make_shared<State>()) {}
+  // Peers are named in the caller's numbering; `channel_rank_of[i]` is the
+  // channel's rank of the caller's rank i (empty: the same numbering).
+  // Failed ranks come back in the caller's numbering.
+  P2pExchange(P2pChannel& channel, int tag, const std::vector<int>& channel_rank_of = {})
+      : channel_(channel), tag_(tag), channel_rank_of_(channel_rank_of), state_(std::make_shared<State>()) {}
 
   void send(int peer, const void* data, size_t bytes);
   void recv(int peer, void* data, size_t bytes);
@@ -29,9 +34,11 @@ class P2pExchange {
     OpResult result;
   };
   P2pChannel::Done completion();
+  int toChannel(int rank) const { return channel_rank_of_.empty() ? rank : channel_rank_of_[rank]; }
 
   P2pChannel& channel_;
   const int tag_;
+  const std::vector<int>& channel_rank_of_;
   std::shared_ptr<State> state_;  // shared with the callbacks, which may outlive a thrown-out caller
 };
 

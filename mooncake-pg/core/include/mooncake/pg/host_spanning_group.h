@@ -64,7 +64,11 @@ class HostSpanningGroup : public Collectives {
   // `local`: the ShmGroup of this host's ranks, in layout order (its rank i
   // is layout.ranksOn(host)[i]). `channel`: connected, over every rank of
   // the group, used by nothing else (so user P2P never pairs with ours).
-  HostSpanningGroup(int rank, HostLayout layout, std::unique_ptr<ShmGroup> local, std::unique_ptr<P2pChannel> channel);
+  // `channel_rank_of[r]`: the channel's rank for rank r, when the channel
+  // numbers ranks differently (an elastic group's channel has a rank per
+  // seat; this group only the active ones); empty: the same numbering.
+  HostSpanningGroup(int rank, HostLayout layout, std::unique_ptr<ShmGroup> local,
+                    std::shared_ptr<P2pChannel> channel, std::vector<int> channel_rank_of = {});
   ~HostSpanningGroup() override;
 
   int rank() const override { return rank_; }
@@ -102,7 +106,8 @@ class HostSpanningGroup : public Collectives {
   const HostLayout layout_;
   const int host_;
   std::unique_ptr<ShmGroup> local_;
-  std::unique_ptr<P2pChannel> channel_;
+  std::shared_ptr<P2pChannel> channel_;  // shared: an elastic group keeps it across epochs
+  const std::vector<int> channel_rank_of_;
   std::atomic<bool> failed_{false};
   std::string first_error_;  // written once, before failed_ is set
 };
