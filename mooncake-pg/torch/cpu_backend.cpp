@@ -5,8 +5,8 @@
 #include <torch/csrc/utils/pybind.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
-#include <random>
 
 #include "mooncake/pg/host_spanning_group.h"
 #include "mooncake/te/host_identity.h"
@@ -15,15 +15,6 @@
 
 namespace mooncake::pg {
 namespace {
-
-std::string storeGet(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key) {
-  std::vector<uint8_t> v = store->get(key);
-  return std::string(v.begin(), v.end());
-}
-
-void storeSet(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, const std::string& value) {
-  store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
-}
 
 // A byte count from the environment (plain decimal), or `fallback`.
 size_t envBytes(const char* name, size_t fallback) {
@@ -44,79 +35,49 @@ size_t bytesOf(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.
 
 }  // namespace
 
-MooncakeCpuBackend::MooncakeCpuBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+MooncakeCpuBackend::MooncakeCpuBackend(const c10::intrusive_ptr<c10d::Store>& store, const GroupIdentity& identity,
                                        std::chrono::milliseconds timeout, const MooncakeBackendOptions& options)
-    : c10d::Backend(rank, size), max_group_size_(options.max_group_size > 0 ? options.max_group_size : size) {
-  TORCH_CHECK_VALUE(max_group_size_ >= size, "MooncakeBackendOptions: max_group_size (", max_group_size_,
-                    ") must be at least the group size (", size, ")");
-  // Which host each rank runs on decides the data plane: one host's ranks
-  // meet in a shared-memory arena; hosts are joined over the transfer engine.
-  const std::string my_host = te::hostIdentity();
-  storeSet(store, "mc_host/" + std::to_string(rank), my_host);
-  std::vector<std::string> identities(size);
-  for (int r = 0; r < size; ++r) identities[r] = storeGet(store, "mc_host/" + std::to_string(r));
-  HostLayout layout = HostLayout::fromIdentities(identities);
-  const int host = layout.hostOf(rank);
-  const std::string name_key = "mc_shm_name/" + std::to_string(host);
-  std::string name;
-  if (rank == layout.leaderOf(host)) {
-    std::random_device rd;
-    name = "/mooncake-pg-" + std::to_string(::getpid()) + "-" + std::to_string(rd()) + std::to_string(rd());
-    storeSet(store, name_key, name);
-  } else {
-    name = storeGet(store, name_key);
-  }
-  ShmGroupOptions shm;
-  shm.slot_bytes = envBytes("MOONCAKE_PG_SHM_SLOT_BYTES", 4u << 20);
-  int64_t override_us = settings().collective_timeout_us.load();
-  shm.timeout = override_us >= 0 ? std::chrono::milliseconds(override_us / 1000) : timeout;
-  shm.attach_timeout = std::max(timeout, std::chrono::milliseconds(10000));
-  shm.rank_names = layout.ranksOn(host);
-  std::string error;
-  std::unique_ptr<ShmGroup> local = ShmGroup::open(name, layout.localIndexOf(rank),
-                                                   static_cast<int>(layout.ranksOn(host).size()), shm, &error);
-  TORCH_CHECK(local != nullptr, "mooncake-cpu: ", error);
-  if (layout.hosts() == 1) {
-    group_ = std::move(local);
-  } else {
-    // The collectives' own channel: user P2P messages never pair with theirs.
-    P2pOptions o = p2pOptionsFromEnv();
-    o.timeout = shm.timeout;
-    std::unique_ptr<P2pChannel> channel = openChannel(store, "mc_coll/", o, &error);
-    TORCH_CHECK(channel != nullptr, "mooncake-cpu: this group spans ", layout.hosts(),
-                " hosts, which needs the transfer engine, and it could not start: ", error);
-    LOG(INFO) << "mooncake-cpu: rank " << rank << ": this group spans " << layout.hosts() << " hosts ("
-              << layout.ranksOn(host).size() << " rank(s) on this one): shared memory inside hosts, the transfer "
-              << "engine between them";
-    group_ = std::make_unique<HostSpanningGroup>(rank, std::move(layout), std::move(local), std::move(channel));
-  }
-  startP2p(store, timeout);
-}
-
-std::unique_ptr<P2pChannel> MooncakeCpuBackend::openChannel(const c10::intrusive_ptr<c10d::Store>& store,
-                                                            const std::string& key, const P2pOptions& options,
-                                                            std::string* error) {
-  // Every rank publishes an endpoint (possibly "none"), so no rank waits for
-  // a key that never comes when another rank could not start its channel.
-  std::unique_ptr<P2pChannel> channel;
+    : c10d::Backend(identity.rank, identity.size),
+      max_group_size_(options.max_group_size > 0 ? options.max_group_size : identity.size) {
+  TORCH_CHECK_VALUE(max_group_size_ >= identity.size, "MooncakeBackendOptions: max_group_size (", max_group_size_,
+                    ") must be at least the group size (", identity.size, ")");
+  // Channels have a lane per seat: seats that join later are reached the
+  // same way as founders. The collectives' channel is separate, so user P2P
+  // never pairs with the collectives' messages (it carries traffic only
+  // when the active seats span hosts).
+  std::shared_ptr<P2pChannel> collectives;
+  const int64_t override_us = settings().collective_timeout_us.load();
+  const auto collective_timeout = override_us >= 0 ? std::chrono::milliseconds(override_us / 1000) : timeout;
   try {
-    te::TransferEngine* engine = pgTransferEngine(error);
-    if (engine != nullptr) channel = std::make_unique<P2pChannel>(*engine, getRank(), getSize(), options);
-  } catch (const std::exception& e) {
-    channel.reset();
-    *error = e.what();
-  }
-  storeSet(store, key + std::to_string(getRank()), channel ? channel->localEndpoint().encode() : "none");
-  std::vector<P2pEndpoint> peers(getSize());
-  for (int r = 0; r < getSize(); ++r) {
-    std::string text = storeGet(store, key + std::to_string(r));
-    if (channel && (text == "none" || !P2pEndpoint::decode(text, peers[r]))) {
-      channel.reset();
-      *error = "rank " + std::to_string(r) + " could not start point-to-point communication";
+    if (te::TransferEngine* engine = pgTransferEngine(&p2p_error_)) {
+      P2pOptions o = p2pOptionsFromEnv();
+      const int64_t p2p_us = settings().p2p_timeout_us.load();
+      o.timeout = p2p_us >= 0 ? std::chrono::milliseconds(p2p_us / 1000) : timeout;
+      p2p_ = std::make_shared<P2pChannel>(*engine, identity.rank, max_group_size_, o);
+      o.timeout = collective_timeout;
+      collectives = std::make_shared<P2pChannel>(*engine, identity.rank, max_group_size_, o);
     }
+  } catch (const std::exception& e) {
+    p2p_.reset();
+    collectives.reset();
+    p2p_error_ = e.what();
   }
-  if (channel) channel->connect(peers);
-  return channel;
+  MembershipConfig m;
+  m.key = "cpu:" + identity.group_name;
+  m.seat = identity.rank;
+  m.declared_size = identity.size;
+  m.max_group_size = max_group_size_;
+  m.rank_order = identity.global_ranks;
+  m.global_rank = identity.global_ranks[identity.rank];
+  m.is_extension = options.is_extension;
+  m.auto_deactivate = options.auto_deactivate_on_failure;
+  m.auto_sync = options.auto_sync_on_failure;
+  m.timeout = timeout;
+  m.shm.slot_bytes = envBytes("MOONCAKE_PG_SHM_SLOT_BYTES", 4u << 20);
+  m.shm.timeout = collective_timeout;
+  m.shm.attach_timeout = std::max(timeout, std::chrono::milliseconds(10000));
+  m.mirror = options.active_ranks;
+  membership_ = std::make_unique<GroupMembership>(store, std::move(m), p2p_, collectives);
 }
 
 P2pOptions MooncakeCpuBackend::p2pOptionsFromEnv() {
@@ -127,13 +88,6 @@ P2pOptions MooncakeCpuBackend::p2pOptionsFromEnv() {
                     "MOONCAKE_P2P_POOL_SIZE must be a positive multiple of MOONCAKE_P2P_CHUNK_SIZE");
   o.pool_chunks = pool / o.chunk_bytes;
   return o;
-}
-
-void MooncakeCpuBackend::startP2p(const c10::intrusive_ptr<c10d::Store>& store, std::chrono::milliseconds timeout) {
-  P2pOptions o = p2pOptionsFromEnv();
-  int64_t us = settings().p2p_timeout_us.load();
-  o.timeout = us >= 0 ? std::chrono::milliseconds(us / 1000) : timeout;
-  p2p_ = openChannel(store, "mc_p2p/", o, &p2p_error_);
 }
 
 P2pChannel& MooncakeCpuBackend::p2p(const char* op) {
@@ -149,6 +103,7 @@ void MooncakeCpuBackend::shutdown() {
   // the GIL held).
   auto stop = [this] {
     queue_.stop();
+    if (membership_) membership_->shutdown();  // leaves the seat; drops the plane and the channels
     p2p_.reset();
   };
   if (Py_IsInitialized() && PyGILState_Check()) {
@@ -159,20 +114,56 @@ void MooncakeCpuBackend::shutdown() {
   }
 }
 
+OpResult MooncakeCpuBackend::runCollective(const std::function<OpResult()>& body) {
+  auto attempt = [&body] {
+    try {
+      return body();
+    } catch (const std::exception& e) {  // never let an error escape the worker thread
+      OpResult r;
+      r.ok = false;
+      r.error = e.what();
+      return r;
+    }
+  };
+  OpResult result = attempt();
+  std::vector<int> seen = result.failed_ranks;
+  // A collective that failed because ranks failed is run again over the
+  // survivors (the reconciled view, or this plane without the failed seats),
+  // unless it had already written part of its output. It then completes:
+  // wait() returns the survivors' result, and the hint names the failed ranks.
+  for (int tries = 0; !result.ok && !result.mismatch && tries < kCollectiveRetries; ++tries) {
+    settleFailure(result);
+    if (result.failed_ranks.empty() || result.output_written || !membership_->leaveOut(result.failed_ranks)) break;
+    result = attempt();
+    for (int q : result.failed_ranks) {
+      if (std::find(seen.begin(), seen.end(), q) == seen.end()) seen.push_back(q);
+    }
+  }
+  result.failed_ranks = seen;
+  return result;
+}
+
+void MooncakeCpuBackend::settleFailure(const OpResult& result) {
+  // The failure reaches the control plane; with auto-sync, the reconciled
+  // view is in place before the Work completes (a failed sync is reported,
+  // never thrown: the Work already carries the operation's error).
+  try {
+    membership_->afterFailure(result);
+  } catch (const std::exception& e) {
+    LOG(WARNING) << "mooncake-cpu: reporting a failure to the control plane failed: " << e.what();
+  }
+}
+
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
                                                            std::function<OpResult()> body, bool may_run_inline) {
   auto work = c10::make_intrusive<MooncakeWork>(getRank(), type, max_group_size_, std::move(outputs));
-  auto run = [work, body = std::move(body)] {
-    OpResult result;
-    try {
-      result = body();
-    } catch (const std::exception& e) {  // never let an error escape the worker thread
-      result.ok = false;
-      result.error = e.what();
-    }
-    work->complete(result);
-  };
-  if (!may_run_inline || !queue_.runInlineIfIdle(run)) queue_.push(std::move(run));
+  auto run = [this, work, body = std::move(body)] { work->complete(runCollective(body)); };
+  if ((!may_run_inline || !queue_.runInlineIfIdle(run)) && !queue_.push(run)) {
+    OpResult r;
+    r.ok = false;
+    r.error = "the process group was shut down";
+    work->complete(r);
+  }
   return work;
 }
 
@@ -183,7 +174,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allreduce(std::vector<at::Ten
   ReduceOp op = reduceOpOf(opts.reduceOp, t, w, "all_reduce");
   at::Tensor io = contiguousOf(t);
   return enqueue(c10d::OpType::ALLREDUCE, {t}, [this, t, io, w, op] {
-    OpResult r = group_->allreduce(io.data_ptr(), io.data_ptr(), io.numel() * w.lanes, w.type, op);
+    OpResult r = plane().allreduce(io.data_ptr(), io.data_ptr(), io.numel() * w.lanes, w.type, op);
     if (r.ok && !io.is_same(t)) t.copy_(io);
     return r;
   }, !opts.asyncOp);
@@ -203,7 +194,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allreduce_coalesced(std::vect
   return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors, [this, tensors, ios, wires, ops] {
     OpResult r;
     for (size_t i = 0; i < ios.size() && r.ok; ++i) {
-      r = group_->allreduce(ios[i].data_ptr(), ios[i].data_ptr(), ios[i].numel() * wires[i].lanes, wires[i].type,
+      r = plane().allreduce(ios[i].data_ptr(), ios[i].data_ptr(), ios[i].numel() * wires[i].lanes, wires[i].type,
                             ops[i]);
       if (r.ok && !ios[i].is_same(tensors[i])) tensors[i].copy_(ios[i]);
     }
@@ -215,12 +206,12 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::broadcast(std::vector<at::Ten
                                                              const c10d::BroadcastOptions& opts) {
   const at::Tensor& t = checkSingle(tensors, "broadcast", "tensor");
   wireTypeOf(t, "broadcast", "tensor");
-  checkRank(opts.rootRank, getSize(), "broadcast", "src");
+  checkRank(opts.rootRank, worldSize(), "broadcast", "src");
   TORCH_CHECK_VALUE(opts.rootTensor == 0, "broadcast: rootTensor must be 0 (one tensor per rank)");
   at::Tensor io = contiguousOf(t);
   int root = static_cast<int>(opts.rootRank);
   return enqueue(c10d::OpType::BROADCAST, {t}, [this, t, io, root] {
-    OpResult r = group_->broadcast(io.data_ptr(), bytesOf(io), root);
+    OpResult r = plane().broadcast(io.data_ptr(), bytesOf(io), root);
     if (r.ok && !io.is_same(t)) t.copy_(io);
     return r;
   }, !opts.asyncOp);
@@ -231,11 +222,11 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduce(std::vector<at::Tensor
   const at::Tensor& t = checkSingle(tensors, "reduce", "tensor");
   WireType w = wireTypeOf(t, "reduce", "tensor");
   ReduceOp op = reduceOpOf(opts.reduceOp, t, w, "reduce");
-  checkRank(opts.rootRank, getSize(), "reduce", "dst");
+  checkRank(opts.rootRank, worldSize(), "reduce", "dst");
   at::Tensor io = contiguousOf(t);
   int root = static_cast<int>(opts.rootRank);
   return enqueue(c10d::OpType::REDUCE, {t}, [this, t, io, w, op, root] {
-    OpResult r = group_->reduce(io.data_ptr(), io.data_ptr(), io.numel() * w.lanes, w.type, op, root);
+    OpResult r = plane().reduce(io.data_ptr(), io.data_ptr(), io.numel() * w.lanes, w.type, op, root);
     if (r.ok && root == getRank() && !io.is_same(t)) t.copy_(io);
     return r;
   }, !opts.asyncOp);
@@ -251,8 +242,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgatherPairs(std::vector<at
     checkCpuDense(inputs[i], op, "input_tensor");
     checkSameKind(inputs[i], outputs[i], op, "input_tensor", "output_tensor");
     wireTypeOf(inputs[i], op, "input_tensor");
-    TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * getSize(), op, ": output_tensor must have world_size (",
-                      getSize(), ") times the elements of input_tensor (", inputs[i].numel(), "), got ",
+    TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * worldSize(), op, ": output_tensor must have world_size (",
+                      worldSize(), ") times the elements of input_tensor (", inputs[i].numel(), "), got ",
                       outputs[i].numel());
     ins.push_back(contiguousOf(inputs[i]));
     outs.push_back(contiguousOf(outputs[i]));
@@ -260,7 +251,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgatherPairs(std::vector<at
   return enqueue(c10d::OpType::_ALLGATHER_BASE, outputs, [this, outputs, ins, outs] {
     OpResult r;
     for (size_t i = 0; i < ins.size() && r.ok; ++i) {
-      r = group_->allgather(ins[i].data_ptr(), outs[i].data_ptr(), bytesOf(ins[i]));
+      r = plane().allgather(ins[i].data_ptr(), outs[i].data_ptr(), bytesOf(ins[i]));
       if (r.ok && !outs[i].is_same(outputs[i])) outputs[i].copy_(outs[i]);
     }
     return r;
@@ -285,8 +276,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgather(std::vector<std::ve
   wireTypeOf(in, "all_gather", "tensor");
   TORCH_CHECK_VALUE(outputs.size() == 1, "all_gather: expects one output list, got ", outputs.size());
   std::vector<at::Tensor> list = outputs[0];
-  TORCH_CHECK_VALUE(static_cast<int>(list.size()) == getSize(), "all_gather: tensor_list must have world_size (",
-                    getSize(), ") tensors, got ", list.size());
+  TORCH_CHECK_VALUE(static_cast<int>(list.size()) == worldSize(), "all_gather: tensor_list must have world_size (",
+                    worldSize(), ") tensors, got ", list.size());
   for (const at::Tensor& o : list) {
     checkSameKind(in, o, "all_gather", "tensor", "tensor_list[i]");
     TORCH_CHECK_VALUE(o.numel() == in.numel(), "all_gather: every tensor in tensor_list must have ", in.numel(),
@@ -295,7 +286,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgather(std::vector<std::ve
   at::Tensor src = contiguousOf(in);
   return enqueue(c10d::OpType::ALLGATHER, list, [this, list, src] {
     at::Tensor flat = at::empty({static_cast<int64_t>(list.size()) * src.numel()}, src.options());
-    OpResult r = group_->allgather(src.data_ptr(), flat.data_ptr(), bytesOf(src));
+    OpResult r = plane().allgather(src.data_ptr(), flat.data_ptr(), bytesOf(src));
     for (size_t i = 0; r.ok && i < list.size(); ++i) list[i].copy_(flat.narrow(0, i * src.numel(), src.numel()).view_as(list[i]));
     return r;
   });
@@ -311,8 +302,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgather_coalesced(std::vect
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkCpuDense(inputs[i], op, "input_list[i]");
     wireTypeOf(inputs[i], op, "input_list[i]");
-    TORCH_CHECK_VALUE(static_cast<int>(outputs[i].size()) == getSize(), op, ": output list ", i,
-                      " must have world_size (", getSize(), ") tensors");
+    TORCH_CHECK_VALUE(static_cast<int>(outputs[i].size()) == worldSize(), op, ": output list ", i,
+                      " must have world_size (", worldSize(), ") tensors");
     for (const at::Tensor& o : outputs[i]) {
       checkSameKind(inputs[i], o, op, "input_list[i]", "output_lists[i][j]");
       TORCH_CHECK_VALUE(o.numel() == inputs[i].numel(), op, ": output tensors must match their input's size");
@@ -324,9 +315,9 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgather_coalesced(std::vect
     OpResult r;
     for (size_t i = 0; r.ok && i < srcs.size(); ++i) {
       const int64_t n = srcs[i].numel();
-      at::Tensor flat = at::empty({n * getSize()}, srcs[i].options());
-      r = group_->allgather(srcs[i].data_ptr(), flat.data_ptr(), bytesOf(srcs[i]));
-      for (int p = 0; r.ok && p < getSize(); ++p) outputs[i][p].copy_(flat.narrow(0, p * n, n).view_as(outputs[i][p]));
+      at::Tensor flat = at::empty({n * worldSize()}, srcs[i].options());
+      r = plane().allgather(srcs[i].data_ptr(), flat.data_ptr(), bytesOf(srcs[i]));
+      for (int p = 0; r.ok && p < worldSize(); ++p) outputs[i][p].copy_(flat.narrow(0, p * n, n).view_as(outputs[i][p]));
     }
     return r;
   });
@@ -346,15 +337,15 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduceScatterPairs(std::vecto
     checkSameKind(inputs[i], outputs[i], op, "input", "output");
     wires.push_back(wireTypeOf(inputs[i], op, "input"));
     ops.push_back(reduceOpOf(reduce_op, inputs[i], wires.back(), op));
-    TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * getSize(), op, ": input must have world_size (",
-                      getSize(), ") times the elements of output (", outputs[i].numel(), "), got ", inputs[i].numel());
+    TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * worldSize(), op, ": input must have world_size (",
+                      worldSize(), ") times the elements of output (", outputs[i].numel(), "), got ", inputs[i].numel());
     ins.push_back(contiguousOf(inputs[i]));
     outs.push_back(contiguousOf(outputs[i]));
   }
   return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, outputs, [this, outputs, ins, outs, wires, ops] {
     OpResult r;
     for (size_t i = 0; i < ins.size() && r.ok; ++i) {
-      r = group_->reduceScatter(ins[i].data_ptr(), outs[i].data_ptr(), outs[i].numel() * wires[i].lanes,
+      r = plane().reduceScatter(ins[i].data_ptr(), outs[i].data_ptr(), outs[i].numel() * wires[i].lanes,
                                 wires[i].type, ops[i]);
       if (r.ok && !outs[i].is_same(outputs[i])) outputs[i].copy_(outs[i]);
     }
@@ -376,8 +367,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduce_scatter(std::vector<at
                                                                   std::vector<std::vector<at::Tensor>>& inputs,
                                                                   const c10d::ReduceScatterOptions& opts) {
   const at::Tensor& out = checkSingle(outputs, "reduce_scatter", "output");
-  TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
-                    "reduce_scatter: input_list must have world_size (", getSize(), ") tensors");
+  TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == worldSize(),
+                    "reduce_scatter: input_list must have world_size (", worldSize(), ") tensors");
   for (const at::Tensor& in : inputs[0]) {
     checkSameKind(out, in, "reduce_scatter", "output", "input_list[i]");
     TORCH_CHECK_VALUE(in.numel() == out.numel(), "reduce_scatter: every tensor in input_list must have ", out.numel(),
@@ -397,7 +388,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::alltoall_base(at::Tensor& out
   checkCpuDense(input, op, "input");
   checkSameKind(input, output, op, "input", "output");
   wireTypeOf(input, op, "input");
-  const int W = getSize();
+  const int W = worldSize();
   auto layout = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* arg,
                     std::vector<size_t>& offsets, std::vector<size_t>& bytes) {
     const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
@@ -430,7 +421,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::alltoall_base(at::Tensor& out
   layout(output, output_split_sizes, "output", ro, rb);
   at::Tensor in = contiguousOf(input), out = contiguousOf(output);
   return enqueue(c10d::OpType::ALLTOALL_BASE, {output}, [this, output, in, out, so, sb, ro, rb] {
-    OpResult r = group_->alltoall(in.data_ptr(), so, sb, out.data_ptr(), ro, rb);
+    OpResult r = plane().alltoall(in.data_ptr(), so, sb, out.data_ptr(), ro, rb);
     if (r.ok && !out.is_same(output)) output.copy_(out);
     return r;
   }, !opts.asyncOp);
@@ -440,7 +431,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::alltoall(std::vector<at::Tens
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllToAllOptions&) {
   const char* op = "all_to_all";
-  const int W = getSize();
+  const int W = worldSize();
   TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == W && static_cast<int>(outputs.size()) == W, op,
                     ": input_tensor_list and output_tensor_list must have world_size (", W, ") tensors, got ",
                     inputs.size(), " and ", outputs.size());
@@ -463,7 +454,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::alltoall(std::vector<at::Tens
   at::Tensor packed = at::cat(flat_in);
   return enqueue(c10d::OpType::ALLTOALL, outputs, [this, outputs, packed, so, sb, ro, rb, roff] {
     at::Tensor received = at::empty({static_cast<int64_t>(roff)}, packed.options().dtype(at::kByte));
-    OpResult r = group_->alltoall(packed.data_ptr(), so, sb, received.data_ptr(), ro, rb);
+    OpResult r = plane().alltoall(packed.data_ptr(), so, sb, received.data_ptr(), ro, rb);
     for (size_t p = 0; r.ok && p < outputs.size(); ++p) {
       at::Tensor bytes = received.narrow(0, ro[p], rb[p]);
       outputs[p].copy_(bytes.view(outputs[p].scalar_type()).view(outputs[p].sizes()));
@@ -477,12 +468,12 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::gather(std::vector<std::vecto
                                                           const c10d::GatherOptions& opts) {
   const at::Tensor& in = checkSingle(inputs, "gather", "tensor");
   wireTypeOf(in, "gather", "tensor");
-  checkRank(opts.rootRank, getSize(), "gather", "dst");
+  checkRank(opts.rootRank, worldSize(), "gather", "dst");
   const int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> list;
   if (getRank() == root) {
-    TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
-                      "gather: on the destination rank, gather_list must have world_size (", getSize(), ") tensors");
+    TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == worldSize(),
+                      "gather: on the destination rank, gather_list must have world_size (", worldSize(), ") tensors");
     list = outputs[0];
     for (const at::Tensor& o : list) {
       checkSameKind(in, o, "gather", "tensor", "gather_list[i]");
@@ -494,8 +485,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::gather(std::vector<std::vecto
   }
   at::Tensor src = contiguousOf(in);
   return enqueue(c10d::OpType::GATHER, list, [this, list, src, root] {
-    at::Tensor flat = getRank() == root ? at::empty({src.numel() * getSize()}, src.options()) : at::Tensor();
-    OpResult r = group_->gather(src.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, bytesOf(src), root);
+    at::Tensor flat = getRank() == root ? at::empty({src.numel() * worldSize()}, src.options()) : at::Tensor();
+    OpResult r = plane().gather(src.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, bytesOf(src), root);
     for (size_t i = 0; r.ok && i < list.size(); ++i) list[i].copy_(flat.narrow(0, i * src.numel(), src.numel()).view_as(list[i]));
     return r;
   });
@@ -506,12 +497,12 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::scatter(std::vector<at::Tenso
                                                            const c10d::ScatterOptions& opts) {
   const at::Tensor& out = checkSingle(outputs, "scatter", "tensor");
   wireTypeOf(out, "scatter", "tensor");
-  checkRank(opts.rootRank, getSize(), "scatter", "src");
+  checkRank(opts.rootRank, worldSize(), "scatter", "src");
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor packed;
   if (getRank() == root) {
-    TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
-                      "scatter: on the source rank, scatter_list must have world_size (", getSize(), ") tensors");
+    TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == worldSize(),
+                      "scatter: on the source rank, scatter_list must have world_size (", worldSize(), ") tensors");
     std::vector<at::Tensor> parts;
     for (const at::Tensor& in : inputs[0]) {
       checkSameKind(out, in, "scatter", "tensor", "scatter_list[i]");
@@ -525,39 +516,67 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::scatter(std::vector<at::Tenso
   }
   at::Tensor dst = contiguousOf(out);
   return enqueue(c10d::OpType::SCATTER, {out}, [this, out, dst, packed, root] {
-    OpResult r = group_->scatter(packed.defined() ? packed.data_ptr() : nullptr, dst.data_ptr(), bytesOf(dst), root);
+    OpResult r = plane().scatter(packed.defined() ? packed.data_ptr() : nullptr, dst.data_ptr(), bytesOf(dst), root);
     if (r.ok && !dst.is_same(out)) out.copy_(dst);
     return r;
   });
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::barrier(const c10d::BarrierOptions& opts) {
-  return enqueue(c10d::OpType::BARRIER, {}, [this] { return group_->barrier(); }, !opts.asyncOp);
+  return enqueue(c10d::OpType::BARRIER, {}, [this] { return plane().barrier(); }, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   const at::Tensor& t = checkSingle(tensors, "send", "tensor");
   wireTypeOf(t, "send", "tensor");
-  checkRank(dst_rank, getSize(), "send", "dst");
+  checkRank(dst_rank, worldSize(), "send", "dst");
   P2pChannel& channel = p2p("send");
   at::Tensor src = t.contiguous();  // kept alive by the callback until the bytes are out
   auto work = c10::make_intrusive<MooncakeWork>(getRank(), c10d::OpType::SEND, max_group_size_, std::vector<at::Tensor>{t});
-  channel.send(dst_rank, tag, src.data_ptr(), bytesOf(src), [work, src](const OpResult& r) { work->complete(r); });
+  if (!peerIsActive(dst_rank, work)) return work;
+  channel.send(dst_rank, tag, src.data_ptr(), bytesOf(src), [this, work, src](const OpResult& r) { finishP2p(work, r); });
   return work;
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   const at::Tensor& t = checkSingle(tensors, "recv", "tensor");
   wireTypeOf(t, "recv", "tensor");
-  checkRank(src_rank, getSize(), "recv", "src");
+  checkRank(src_rank, worldSize(), "recv", "src");
   P2pChannel& channel = p2p("recv");
   at::Tensor dst = contiguousOf(t);
   auto work = c10::make_intrusive<MooncakeWork>(getRank(), c10d::OpType::RECV, max_group_size_, std::vector<at::Tensor>{t});
-  channel.recv(src_rank, tag, dst.data_ptr(), bytesOf(dst), [work, t, dst](const OpResult& r) {
+  if (!peerIsActive(src_rank, work)) return work;
+  channel.recv(src_rank, tag, dst.data_ptr(), bytesOf(dst), [this, work, t, dst](const OpResult& r) {
     if (r.ok && !dst.is_same(t)) t.copy_(dst);  // only a complete message is copied back
-    work->complete(r);
+    finishP2p(work, r);
   });
   return work;
+}
+
+bool MooncakeCpuBackend::peerIsActive(int peer, const c10::intrusive_ptr<MooncakeWork>& work) {
+  if (membership_->isActive(peer)) return true;
+  OpResult r;
+  r.ok = false;
+  r.error = "rank " + std::to_string(peer) + " is not active in this group (epoch " +
+            std::to_string(membership_->epoch()) + ")";
+  r.failed_ranks.push_back(peer);
+  work->complete(r);
+  return false;
+}
+
+void MooncakeCpuBackend::finishP2p(const c10::intrusive_ptr<MooncakeWork>& work, const OpResult& result) {
+  if (result.ok || result.mismatch) {
+    work->complete(result);
+    return;
+  }
+  // Runs on the channel's progress thread, which must not wait for the
+  // control plane: the failure is settled on the operation thread (or not
+  // at all when the group is going away).
+  bool queued = queue_.push([this, work, result] {
+    settleFailure(result);
+    work->complete(result);
+  });
+  if (!queued) work->complete(result);
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::recvAnysource(std::vector<at::Tensor>&, int) {

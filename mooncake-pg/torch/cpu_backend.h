@@ -1,7 +1,7 @@
 // The c10d::Backend of "mooncake-cpu": validates arguments on the calling
-// thread, then runs each operation on the group's OpQueue over the
-// torch-free core: a ShmGroup when every rank is on this host, else a
-// HostSpanningGroup (shared memory inside hosts, the transfer engine between).
+// thread, then runs each operation on the group's OpQueue over the data plane
+// of the current membership configuration (GroupMembership): shared memory
+// inside hosts, the transfer engine between them.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -11,21 +11,32 @@
 #include <memory>
 
 #include "backend_options.h"
+#include "group_membership.h"
 #include "mooncake/pg/p2p_channel.h"
-#include "mooncake/pg/shm_group.h"
 #include "op_queue.h"
 #include "work.h"
 
 namespace mooncake::pg {
 
+// Who this group is, as torch created it.
+struct GroupIdentity {
+  int rank = 0;                      // this process's seat
+  int size = 0;                      // the declared group size
+  std::string group_name;            // torch's name: equal on every process for the same group
+  std::vector<int> global_ranks;     // global rank of each seat torch knows of
+};
+
 class MooncakeCpuBackend : public c10d::Backend {
  public:
-  MooncakeCpuBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+  MooncakeCpuBackend(const c10::intrusive_ptr<c10d::Store>& store, const GroupIdentity& identity,
                      std::chrono::milliseconds timeout, const MooncakeBackendOptions& options);
   ~MooncakeCpuBackend() override;
 
   const std::string getBackendName() const override { return "mooncake"; }
   int maxGroupSize() const { return max_group_size_; }
+  // The world size torch reports: follows membership (see GroupMembership).
+  int worldSize() const { return membership_->worldSize(); }
+  GroupMembership& membership() { return *membership_; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
@@ -78,18 +89,25 @@ class MooncakeCpuBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduceScatterPairs(std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
                                                     const c10d::ReduceOp& reduce_op, const char* op, bool may_run_inline);
 
-  void startP2p(const c10::intrusive_ptr<c10d::Store>& store, std::chrono::milliseconds timeout);
-  // A P2pChannel over every rank, its endpoints traded under `key` + rank;
-  // null with *error set when any rank could not start one.
-  std::unique_ptr<P2pChannel> openChannel(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key,
-                                          const P2pOptions& options, std::string* error);
   static P2pOptions p2pOptionsFromEnv();
+  // The collectives of the current membership configuration (operation thread).
+  Collectives& plane() { return membership_->plane(); }
+  // Runs one collective on the operation thread, and again over the
+  // survivors when ranks fail (see the .cpp); never throws.
+  OpResult runCollective(const std::function<OpResult()>& body);
+  static constexpr int kCollectiveRetries = 3;
+  // A failed operation's report to the control plane (and, with auto-sync,
+  // the reconciled view applied) before its Work completes.
+  void settleFailure(const OpResult& result);
+  // P2P with an inactive seat fails at once (false: `work` completed so).
+  bool peerIsActive(int peer, const c10::intrusive_ptr<MooncakeWork>& work);
+  void finishP2p(const c10::intrusive_ptr<MooncakeWork>& work, const OpResult& result);
   P2pChannel& p2p(const char* op);
 
   int max_group_size_;
-  std::unique_ptr<Collectives> group_;  // a ShmGroup, or a HostSpanningGroup across hosts
-  std::unique_ptr<P2pChannel> p2p_;
+  std::shared_ptr<P2pChannel> p2p_;
   std::string p2p_error_;  // why P2P is unavailable, when it is
+  std::unique_ptr<GroupMembership> membership_;
   OpQueue queue_;  // last: its thread stops before the group goes away
 };
 

@@ -16,13 +16,16 @@ class OpQueue {
   OpQueue() : thread_([this] { loop(); }) {}
   ~OpQueue() { stop(); }
 
-  void push(std::function<void()> op) {
+  // False (and `op` dropped) once the queue is stopping.
+  bool push(std::function<void()> op) {
     {
       std::lock_guard lock(mutex_);
+      if (stopping_) return false;
       ops_.push_back(std::move(op));
       ++outstanding_;
     }
     cv_.notify_one();
+    return true;
   }
 
   // Runs `op` on the calling thread when nothing is queued or running (so

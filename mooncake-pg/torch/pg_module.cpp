@@ -46,13 +46,21 @@ c10::intrusive_ptr<c10d::ProcessGroup> createCpuGroup(const c10d::DistributedBac
                                                       const py::object& pg_options) {
   MooncakeBackendOptions options = optionsFrom(pg_options);
   auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(opts.timeout);
+  GroupIdentity identity;
+  identity.rank = opts.group_rank;
+  identity.size = opts.group_size;
+  identity.group_name = opts.group_id;
+  for (int64_t g : opts.global_ranks_in_group) identity.global_ranks.push_back(static_cast<int>(g));
+  if (identity.global_ranks.empty()) {  // torch names them for every group it creates; be safe anyway
+    for (int r = 0; r < opts.group_size; ++r) identity.global_ranks.push_back(r);
+  }
   c10::intrusive_ptr<MooncakeCpuBackend> backend;
   {
-    py::gil_scoped_release release;  // the store exchange blocks until every rank arrives
-    backend = c10::make_intrusive<MooncakeCpuBackend>(opts.store, opts.group_rank, opts.group_size, timeout, options);
+    py::gil_scoped_release release;  // registration waits until every founder arrives
+    backend = c10::make_intrusive<MooncakeCpuBackend>(opts.store, identity, timeout, options);
   }
   settings().groups_created++;
-  return c10::make_intrusive<MooncakeProcessGroup>(opts.store, opts.group_rank, opts.group_size, backend, options);
+  return c10::make_intrusive<MooncakeProcessGroup>(opts.store, opts.group_rank, opts.group_size, backend);
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> createCudaGroup(const c10d::DistributedBackendOptions&, const py::object&) {
@@ -156,11 +164,54 @@ PYBIND11_MODULE(MOONCAKE_PG_MODULE_NAME, m) {
     return requireMooncake(backend, "get_active_ranks").activeRanks();
   }, py::arg("backend"));
   m.def("get_num_synced_ranks", [](const c10::intrusive_ptr<c10d::ProcessGroup>& backend) {
-    return requireMooncake(backend, "get_num_synced_ranks").activeRanks().count_nonzero().item<int64_t>();
+    return requireMooncake(backend, "get_num_synced_ranks").membership().numSyncedRanks();
   }, py::arg("backend"));
   m.def("get_current_epoch", [](const c10::intrusive_ptr<c10d::ProcessGroup>& backend) {
     return requireMooncake(backend, "get_current_epoch").epoch();
   }, py::arg("backend"));
+  m.def("get_peer_state", [](const c10::intrusive_ptr<c10d::ProcessGroup>& backend, const std::vector<int>& ranks) {
+    MooncakeProcessGroup& group = requireMooncake(backend, "get_peer_state");
+    std::vector<bool> states;
+    for (int r : ranks) {
+      TORCH_CHECK_VALUE(r >= 0 && r < group.maxGroupSize(), "get_peer_state: rank ", r, " is outside [0, ",
+                        group.maxGroupSize(), ") (max_group_size)");
+      states.push_back(group.membership().peerState(r));
+    }
+    return states;
+  }, py::arg("backend"), py::arg("ranks"));
+  m.def("join_group", [](const c10::intrusive_ptr<c10d::ProcessGroup>& backend) {
+    GroupMembership& membership = requireMooncake(backend, "join_group").membership();
+    py::gil_scoped_release release;
+    membership.joinGroup();
+  }, py::arg("backend"));
+  auto propose = [](bool activate, const char* fn) {
+    return [activate, fn](const c10::intrusive_ptr<c10d::ProcessGroup>& backend, const std::vector<int>& ranks) {
+      MooncakeProcessGroup& group = requireMooncake(backend, fn);
+      for (int r : ranks) {
+        TORCH_CHECK_VALUE(r >= 0 && r < group.maxGroupSize(), fn, ": rank ", r, " is outside [0, ",
+                          group.maxGroupSize(), ") (max_group_size)");
+      }
+      py::gil_scoped_release release;
+      return group.membership().propose(activate, ranks);
+    };
+  };
+  m.def("activate_ranks", propose(true, "activate_ranks"), py::arg("backend"), py::arg("ranks"));
+  m.def("recover_ranks", propose(true, "recover_ranks"), py::arg("backend"), py::arg("ranks"));
+  m.def("deactivate_ranks", propose(false, "deactivate_ranks"), py::arg("backend"), py::arg("ranks"));
+  m.def("sync_after_failure", [](const c10::intrusive_ptr<c10d::ProcessGroup>& backend) {
+    GroupMembership& membership = requireMooncake(backend, "sync_after_failure").membership();
+    py::gil_scoped_release release;
+    return membership.syncAfterFailure();
+  }, py::arg("backend"));
+  m.def("set_fault_reconciliation_window_us", [](int64_t us) {
+    TORCH_CHECK_VALUE(us >= 0, "set_fault_reconciliation_window_us: the window must not be negative, got ", us);
+    settings().fault_reconciliation_window_us.store(us);
+  }, py::arg("us"));
+  m.def("extend_group_size_to", [](const c10::intrusive_ptr<c10d::ProcessGroup>& backend, int) {
+    requireMooncake(backend, "extend_group_size_to");
+    TORCH_WARN("extend_group_size_to is deprecated and does nothing: seats are fixed by max_group_size; use "
+               "join_group and activate_ranks");
+  }, py::arg("backend"), py::arg("size"));
   m.def("get_failed_ranks_hint", [](const c10::intrusive_ptr<c10d::Work>& work) -> py::object {
     auto* w = dynamic_cast<MooncakeWork*>(work.get());
     if (w == nullptr) return py::none();

@@ -1,8 +1,8 @@
 // The ProcessGroup torch hands to users for "mooncake-cpu" (and, later,
 // "mooncake"). It subclasses c10d::ProcessGroup rather than only providing a
-// c10d::Backend, so that getSize() can follow membership changes at run time
-// (elastic groups); the operations themselves go through the c10d dispatcher
-// to the backend registered here for each device type.
+// c10d::Backend, so that getSize() follows membership at run time (elastic
+// groups: the highest active seat + 1); the operations themselves go through
+// the c10d dispatcher to the backend registered here for each device type.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -15,17 +15,19 @@ namespace mooncake::pg {
 class MooncakeProcessGroup : public c10d::ProcessGroup {
  public:
   MooncakeProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       c10::intrusive_ptr<MooncakeCpuBackend> backend, const MooncakeBackendOptions& options);
+                       c10::intrusive_ptr<MooncakeCpuBackend> backend);
 
   const std::string getBackendName() const override { return "mooncake"; }
-  int maxGroupSize() const { return max_group_size_; }
-  // int32[max_group_size]: 1 for each active seat. Returned by get_active_ranks.
-  at::Tensor activeRanks() const { return active_ranks_; }
-  int64_t epoch() const { return 0; }  // membership views arrive with the elastic control plane
+  int getSize() const override { return backend_->worldSize(); }
+  int maxGroupSize() const { return backend_->maxGroupSize(); }
+  // int32[max_group_size]: 1 for each active seat, kept up to date as views
+  // arrive (the user's tensor when one was given). Returned by get_active_ranks.
+  at::Tensor activeRanks() const { return backend_->membership().activeRanks(); }
+  int64_t epoch() const { return backend_->membership().epoch(); }
+  GroupMembership& membership() { return backend_->membership(); }
 
  private:
-  int max_group_size_;
-  at::Tensor active_ranks_;
+  c10::intrusive_ptr<MooncakeCpuBackend> backend_;
 };
 
 }  // namespace mooncake::pg

@@ -22,6 +22,7 @@ struct PgSettings {
   // Negative: not set; the group's torch timeout applies.
   std::atomic<int64_t> collective_timeout_us{-1};
   std::atomic<int64_t> p2p_timeout_us{-1};
+  std::atomic<int64_t> fault_reconciliation_window_us{-1};  // -1: the control plane's default
   std::atomic<int> groups_created{0};
 };
 

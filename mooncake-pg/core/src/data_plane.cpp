@@ -23,8 +23,8 @@ std::unique_ptr<MemberCollectives> formPlane(const PlaneConfig& config, std::str
   shm.rank_names.clear();
   for (int dense : layout.ranksOn(host)) shm.rank_names.push_back(active[dense]);
   // One arena per host of this configuration, named after its lowest seat.
-  const std::string name = "/mooncake-pg-" + config.uid + "-e" + std::to_string(config.epoch) + "-s" +
-                           std::to_string(active[layout.leaderOf(host)]);
+  const std::string name = "/mooncake-pg-" + config.uid + "-e" + std::to_string(config.epoch) + config.variant +
+                           "-s" + std::to_string(active[layout.leaderOf(host)]);
   std::unique_ptr<ShmGroup> local = ShmGroup::open(name, layout.localIndexOf(dense_me),
                                                    static_cast<int>(layout.ranksOn(host).size()), shm, error);
   if (!local) return nullptr;

@@ -66,12 +66,12 @@ OpResult HostSpanningGroup::settle(OpResult r) {
     else outside_failed.push_back(q);
   }
   const std::string why = "rank " + std::to_string(rank_) + " failed its part: " + r.error;
-  local_->abort(why, local_failed, outside_failed);
+  local_->abort(why, local_failed, outside_failed, r.mismatch);
   std::vector<int> at_fault = r.failed_ranks;  // the channel names ranks its own way
   for (int& q : at_fault) {
     if (!channel_rank_of_.empty() && q >= 0 && q < static_cast<int>(channel_rank_of_.size())) q = channel_rank_of_[q];
   }
-  channel_->abort(why, at_fault);
+  channel_->abort(why, at_fault, r.mismatch);
   return r;
 }
 

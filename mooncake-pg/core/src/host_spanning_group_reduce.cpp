@@ -76,9 +76,13 @@ OpResult HostSpanningGroup::allreduce(const void* input, void* output, size_t co
   const ReduceOp part = partialOp(op);
   if (!(r = fromLocal(local_->reduce(input, output, count, type, part, 0))).ok) return settle(r);
   if (isLeader() && !(r = leadersAllreduce(output, count, type, part, tagOf(OpCode::kAllreduce))).ok) {
+    r.output_written = true;  // the leader's output holds its host's partial sum
     return settle(r);
   }
-  if (!(r = fromLocal(local_->broadcast(output, count * elementSize(type), 0))).ok) return settle(r);
+  if (!(r = fromLocal(local_->broadcast(output, count * elementSize(type), 0))).ok) {
+    r.output_written = true;  // possibly part of the broadcast
+    return settle(r);
+  }
   if (op == ReduceOp::kAvg) divideBy(output, count, type, size());
   return r;
 }
@@ -111,7 +115,10 @@ OpResult HostSpanningGroup::reduce(const void* input, void* output, size_t count
       x.recv(layout_.leaderOf(h), from, bytes);
       sources[h] = from;
     }
-    if (!(r = x.wait()).ok) return settle(r);
+    if (!(r = x.wait()).ok) {
+      r.output_written = true;  // the root's output holds its host's partial result
+      return settle(r);
+    }
     reduceInto(output, sources.data(), layout_.hosts(), count, type, part);
   } else if (rank_ == collector && rank_ != root) {
     P2pExchange x(*channel_, tagOf(OpCode::kReduce), channel_rank_of_);

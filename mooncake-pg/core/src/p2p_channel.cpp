@@ -41,7 +41,7 @@ class P2pChannel::Impl {
   }
   void connect(const std::vector<P2pEndpoint>& peers);
   void post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done);
-  void abort(const std::string& why, const std::vector<int>& failed_ranks);
+  void abort(const std::string& why, const std::vector<int>& failed_ranks, bool mismatch);
   void reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch);
 
  private:
@@ -96,6 +96,7 @@ class P2pChannel::Impl {
     te::SegmentHandle handle = te::kInvalidSegment;
     std::string failure;  // non-empty once the peer is known gone (or closed)
     std::vector<int> failure_ranks;  // whom that failure names: the peer, unless closed for another rank's fault
+    bool failure_mismatch = false;   // that failure was ranks disagreeing, not a rank failing
     Clock::time_point last_progress;
     Clock::time_point last_probe;
     // The membership epoch of the lane pair (both sides open it at the same
@@ -127,7 +128,7 @@ class P2pChannel::Impl {
   // Ends every message with `peer` and closes its lanes. Chunks it was
   // credited stay quarantined unless it is `gone` (see Peer::quarantined).
   void failPeer(int peer, const std::string& why, bool gone = false);
-  void applyAbort(const std::string& why, const std::vector<int>& failed_ranks);
+  void applyAbort(const std::string& why, const std::vector<int>& failed_ranks, bool mismatch);
   bool closedByPeer(int peer);
   // Returns to the pool the quarantined chunks of peers that told us they
   // reopened at our epoch (OpenSlot).
@@ -138,6 +139,7 @@ class P2pChannel::Impl {
     r.error = why;
     r.failed_ranks = peers_[peer].failure_ranks;
     if (r.failed_ranks.empty()) r.failed_ranks.push_back(peer);
+    r.mismatch = peers_[peer].failure_mismatch;
     return r;
   }
 
@@ -241,8 +243,8 @@ void P2pChannel::Impl::runOnProgressThread(std::function<void()> run) {
   done.wait();  // the progress thread always answers, also when it stops
 }
 
-void P2pChannel::Impl::abort(const std::string& why, const std::vector<int>& failed_ranks) {
-  runOnProgressThread([&] { applyAbort(why, failed_ranks); });
+void P2pChannel::Impl::abort(const std::string& why, const std::vector<int>& failed_ranks, bool mismatch) {
+  runOnProgressThread([&] { applyAbort(why, failed_ranks, mismatch); });
 }
 
 void P2pChannel::Impl::reopen(int p, const P2pEndpoint& endpoint, uint32_t epoch) {
@@ -261,6 +263,7 @@ void P2pChannel::Impl::reopen(int p, const P2pEndpoint& endpoint, uint32_t epoch
     peer.failure = peer.handle == te::kInvalidSegment ? "cannot reach rank " + std::to_string(p) + " at " + endpoint.segment
                                                       : std::string();
     peer.failure_ranks.clear();
+    peer.failure_mismatch = false;
     peer.last_progress = Clock::now();
     recv_lanes_[p] = RecvLane{};
     send_lanes_[p] = SendLane{};
@@ -272,8 +275,9 @@ void P2pChannel::Impl::reopen(int p, const P2pEndpoint& endpoint, uint32_t epoch
   });
 }
 
-void P2pChannel::Impl::applyAbort(const std::string& why, const std::vector<int>& failed_ranks) {
+void P2pChannel::Impl::applyAbort(const std::string& why, const std::vector<int>& failed_ranks, bool mismatch) {
   CloseSlot notice{};
+  notice.mismatch = mismatch ? 1 : 0;
   for (int q : failed_ranks) {
     if (q >= 0 && q < 256) notice.failed_mask[q / 64] |= 1ull << (q % 64);
   }
@@ -284,7 +288,10 @@ void P2pChannel::Impl::applyAbort(const std::string& why, const std::vector<int>
     seal(notice, closeToken(peer.epoch));
     std::memcpy(outbox_, &notice, sizeof(notice));
     const bool reachable = peer.failure.empty() && peer.handle != te::kInvalidSegment;
-    if (peer.failure.empty()) peer.failure_ranks = failed_ranks;
+    if (peer.failure.empty()) {
+      peer.failure_ranks = failed_ranks;
+      peer.failure_mismatch = mismatch;
+    }
     failPeer(p, why);
     if (reachable) {  // best effort: a peer that is gone cannot be told
       engine_.transferSync({te::TransferRequest{te::Opcode::kWrite, outbox_, peer.handle,
@@ -308,6 +315,7 @@ bool P2pChannel::Impl::closedByPeer(int p) {
   CloseSlot notice;
   if (!tryLoad(&notices_[p].close, closeToken(peers_[p].epoch), notice)) return false;
   peers_[p].failure_ranks.clear();
+  peers_[p].failure_mismatch = notice.mismatch != 0;
   for (int q = 0; q < 256; ++q) {  // in the caller's numbering: not checked against ours
     if (notice.failed_mask[q / 64] & (1ull << (q % 64))) peers_[p].failure_ranks.push_back(q);
   }
@@ -423,6 +431,7 @@ bool P2pChannel::Impl::stepRecv(int peer) {
       continue;
     }
     OpResult r = op.error.empty() ? OpResult{} : failure(peer, op.error);
+    r.mismatch = !op.error.empty();  // the only error a receive keeps: the sender refused the pair (sizes differ)
     Done done = std::move(op.done);
     it = lane.ops.erase(it);
     done(r);
@@ -471,6 +480,7 @@ bool P2pChannel::Impl::stepSend(int peer) {
         finished_result = failure(peer, "message size mismatch with rank " + std::to_string(peer) +
                                             ": this rank sends " + std::to_string(it->total) +
                                             " bytes, the matching receive expects " + std::to_string(credit.total));
+        finished_result.mismatch = true;
         lane.ops.erase(it);
       } else {
         if (credit.length > 0) {
@@ -619,8 +629,8 @@ void P2pChannel::send(int peer, int tag, const void* data, size_t bytes, Done do
 void P2pChannel::recv(int peer, int tag, void* data, size_t bytes, Done done) {
   impl_->post(false, peer, tag, static_cast<char*>(data), bytes, std::move(done));
 }
-void P2pChannel::abort(const std::string& why, const std::vector<int>& failed_ranks) {
-  impl_->abort(why, failed_ranks);
+void P2pChannel::abort(const std::string& why, const std::vector<int>& failed_ranks, bool mismatch) {
+  impl_->abort(why, failed_ranks, mismatch);
 }
 void P2pChannel::reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch) { impl_->reopen(peer, endpoint, epoch); }
 

@@ -12,6 +12,7 @@ P2pChannel::Done P2pExchange::completion() {
   return [state = state_](const OpResult& r) {
     std::lock_guard<std::mutex> lock(state->mutex);
     if (!r.ok) {
+      state->result.mismatch |= r.mismatch;
       if (state->result.ok) {
         state->result.ok = false;
         state->result.error = r.error;

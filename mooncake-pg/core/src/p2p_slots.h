@@ -50,7 +50,9 @@ inline uint64_t closeToken(uint32_t epoch) { return 0x436c6f7300000000ull ^ epoc
 struct alignas(64) CloseSlot {
   uint64_t header;
   uint64_t failed_mask[4];  // ranks at fault, below 256
-  char reason[464];
+  uint32_t mismatch;        // 1: ranks disagreed on an operation (OpResult::mismatch)
+  uint32_t reserved;
+  char reason[456];
   uint64_t footer;
 };
 static_assert(sizeof(CloseSlot) == 512);

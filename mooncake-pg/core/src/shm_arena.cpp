@@ -23,7 +23,7 @@ namespace mooncake::pg {
 namespace {
 
 constexpr uint64_t kMagic = 0x4d43504753484d31ull;  // "MCPGSHM1"
-constexpr uint32_t kVersion = 2;  // 2: outside_failed_mask
+constexpr uint32_t kVersion = 3;  // 2: outside_failed_mask; 3: broken_by_mismatch
 
 size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -166,6 +166,7 @@ OpResult ShmArena::brokenResult() const {
   int by = header_->broken_by.load(std::memory_order_acquire);
   r.error = "the group's shared-memory arena is broken (declared by " + rankName(by) +
             "): " + std::string(header_->broken_reason);
+  r.mismatch = header_->broken_by_mismatch.load(std::memory_order_acquire) != 0;
   return r;
 }
 
@@ -183,7 +184,7 @@ std::string ShmArena::rankName(int r) const {
 }
 
 void ShmArena::breakArena(const std::string& reason, const std::vector<int>& failed_ranks,
-                          const std::vector<int>& outside_failed_ranks) {
+                          const std::vector<int>& outside_failed_ranks, bool mismatch) {
   auto name = [](std::atomic<uint64_t>* mask, const std::vector<int>& ranks) {
     for (int q : ranks) {
       if (q >= 0 && q < 64 * kMaxFailedMaskWords) mask[q / 64].fetch_or(1ull << (q % 64));
@@ -194,6 +195,7 @@ void ShmArena::breakArena(const std::string& reason, const std::vector<int>& fai
   int32_t expected = -1;
   if (header_->broken_by.compare_exchange_strong(expected, rank_, std::memory_order_acq_rel)) {
     std::strncpy(header_->broken_reason, reason.c_str(), sizeof(header_->broken_reason) - 1);
+    header_->broken_by_mismatch.store(mismatch ? 1 : 0, std::memory_order_release);
   }
   for (int r = 0; r < size_; ++r) futexWakeAll(&block(r).step);
 }
@@ -294,12 +296,13 @@ OpResult ShmArena::step() {
       if (block(r).signature[slot].load(std::memory_order_relaxed) != signature_) {
         result.ok = false;
         result.failed_ranks.push_back(r);
+        result.mismatch = true;
         result.error = rankName(r) +
                        " called a different collective (operation, dtype, size or root differ): every rank must "
                        "issue the same collectives in the same order";
       }
     }
-    if (!result.ok) breakArena(result.error, result.failed_ranks);
+    if (!result.ok) breakArena(result.error, result.failed_ranks, {}, result.mismatch);
   }
   return result;
 }

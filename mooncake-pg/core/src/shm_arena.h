@@ -38,6 +38,7 @@ struct ArenaHeader {
   // Ranks outside this arena's group named by the layer above (group ranks of
   // a HostSpanningGroup), so every local rank can name them in its hint.
   std::atomic<uint64_t> outside_failed_mask[kMaxFailedMaskWords];
+  std::atomic<uint32_t> broken_by_mismatch;  // 1: broken because ranks disagreed (OpResult::mismatch)
 };
 
 class ShmArena {
@@ -69,7 +70,7 @@ class ShmArena {
   // Marks the arena broken (idempotent), records the ranks at fault, and
   // wakes every sleeper.
   void breakArena(const std::string& reason, const std::vector<int>& failed_ranks = {},
-                  const std::vector<int>& outside_failed_ranks = {});
+                  const std::vector<int>& outside_failed_ranks = {}, bool mismatch = false);
   std::vector<int> outsideFailedRanks() const;
   // "rank N" for messages, N as the user knows rank r (ShmGroupOptions::rank_names).
   std::string rankName(int r) const;

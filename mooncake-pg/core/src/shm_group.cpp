@@ -28,8 +28,8 @@ ShmGroup::~ShmGroup() = default;
 size_t ShmGroup::slotBytes() const { return arena_->slotBytes(); }
 bool ShmGroup::broken() const { return arena_->broken(); }
 void ShmGroup::abort(const std::string& reason, const std::vector<int>& failed_ranks,
-                     const std::vector<int>& outside_failed_ranks) {
-  arena_->breakArena(reason, failed_ranks, outside_failed_ranks);
+                     const std::vector<int>& outside_failed_ranks, bool mismatch) {
+  arena_->breakArena(reason, failed_ranks, outside_failed_ranks, mismatch);
 }
 std::vector<int> ShmGroup::outsideFailedRanks() const { return arena_->outsideFailedRanks(); }
 
@@ -135,6 +135,7 @@ OpResult ShmGroup::alltoall(const void* input, const std::vector<size_t>& send_o
     if (sizes[rank_] != recv_bytes[s] && r.ok) {
       r.ok = false;
       r.failed_ranks.push_back(s);
+      r.mismatch = true;
       r.error = "all_to_all: " + a.rankName(s) + " sends " + std::to_string(sizes[rank_]) + " bytes to " +
                 a.rankName(rank_) + ", which expects " + std::to_string(recv_bytes[s]) +
                 " (split sizes disagree)";
@@ -142,7 +143,7 @@ OpResult ShmGroup::alltoall(const void* input, const std::vector<size_t>& send_o
   }
   a.finish();
   if (!r.ok) {
-    a.breakArena(r.error, r.failed_ranks);
+    a.breakArena(r.error, r.failed_ranks, {}, r.mismatch);
     return r;
   }
   const size_t piece = std::max<size_t>(1, a.slotBytes() / size_);

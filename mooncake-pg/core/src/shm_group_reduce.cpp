@@ -50,10 +50,14 @@ static OpResult reduceCommon(ShmArena& a, OpCode code, const void* input, void* 
   for (size_t off = 0; off < count; off += chunk) {
     const size_t n = std::min(chunk, count - off);
     if (!(r = a.begin(opSignature(code, count, static_cast<uint64_t>(type), static_cast<uint64_t>(op), root))).ok) {
+      r.output_written = off > 0;  // earlier chunks are out
       break;
     }
     std::memcpy(a.slot(rank), static_cast<const char*>(input) + off * esize, n * esize);
-    if (!(r = a.step()).ok) break;
+    if (!(r = a.step()).ok) {
+      r.output_written = off > 0;
+      break;
+    }
     size_t seg_begin, seg_len;
     segment(n, size, rank, seg_begin, seg_len);
     if (seg_len > 0) {
@@ -62,7 +66,10 @@ static OpResult reduceCommon(ShmArena& a, OpCode code, const void* input, void* 
       // result can go back into its own slot.
       reduceInto(a.slot(rank) + seg_begin * esize, srcs.data(), size, seg_len, type, op);
     }
-    if (!(r = a.step()).ok) break;
+    if (!(r = a.step()).ok) {
+      r.output_written = off > 0;
+      break;
+    }
     if (gets_result) {
       for (int s = 0; s < size; ++s) {
         segment(n, size, s, seg_begin, seg_len);
@@ -72,6 +79,7 @@ static OpResult reduceCommon(ShmArena& a, OpCode code, const void* input, void* 
     }
     a.finish();
   }
+  if (!r.ok) r.output_written = gets_result && r.output_written;
   return r;
 }
 

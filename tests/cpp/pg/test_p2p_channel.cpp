@@ -159,6 +159,8 @@ TEST_P(P2pPair, SizeMismatchFailsBothSidesAndTheNextMessageStillWorks) {
   EXPECT_FALSE(rr.ok);
   EXPECT_NE(sr.error.find("mismatch"), std::string::npos) << sr.error;
   EXPECT_NE(rr.error.find("mismatch"), std::string::npos) << rr.error;
+  EXPECT_TRUE(sr.mismatch);  // a program error, not a failed peer
+  EXPECT_TRUE(rr.mismatch);
   auto next = pattern(150000, 4);
   std::vector<uint8_t> got(150000);
   auto s2 = send(0, 1, 0, next);

@@ -17,6 +17,14 @@ struct OpResult {
   bool ok = true;
   std::string error;            // why it failed
   std::vector<int> failed_ranks;  // ranks that did not arrive (dead or late), for the failure hint
+  // A failed reduction had already written part of its output (so, in
+  // place, part of its input is gone and it cannot simply be run again).
+  // Only reductions set it: the other operations never modify their input.
+  bool output_written = false;
+  // Ranks disagreed on the operation (different collectives, sizes or
+  // splits): a program error, not a failure of any rank, so membership is
+  // left alone and the operation is not run again.
+  bool mismatch = false;
 };
 
 class Collectives {

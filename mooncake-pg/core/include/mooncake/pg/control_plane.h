@@ -40,6 +40,11 @@ struct GroupView {
   std::string key;    // the group's key (as registered)
   std::string uid;    // unique per group incarnation: data-plane resources are named after it
   uint64_t epoch = 0;
+  // The epoch of the last view that changed the active set or the endpoint
+  // of an active seat. Data planes are formed per active configuration and
+  // named after it, so every process derives the same one from whichever
+  // later view it happens to apply.
+  uint64_t active_epoch = 0;
   // One entry per seat (max_group_size entries each).
   std::vector<MemberState> members;
   std::vector<int> global_ranks;       // the process holding the seat, -1 for none

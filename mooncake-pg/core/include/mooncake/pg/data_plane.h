@@ -20,7 +20,8 @@ namespace mooncake::pg {
 
 struct PlaneConfig {
   std::string uid;        // the group incarnation: names its arenas
-  uint32_t epoch = 0;     // the view epoch of this active configuration
+  uint32_t epoch = 0;     // the view epoch of this active configuration (channel lanes reopen at it)
+  std::string variant;    // distinguishes planes of one epoch (seats left out after a failure), "" for none
   int my_seat = 0;
   std::vector<int> active;                 // ascending seats, including my_seat
   std::vector<std::string> host_of_seat;   // per seat: host identity

@@ -69,7 +69,9 @@ class P2pChannel {
   // the same way at once instead of waiting for the timeout. Blocks until the
   // peers were told (each write bounded by the engine's timeouts); call it
   // from the thread that posts, never from a completion callback.
-  void abort(const std::string& why, const std::vector<int>& failed_ranks);
+  // `mismatch`: the failure is ranks disagreeing (OpResult::mismatch), which
+  // the peers' failed messages then say too.
+  void abort(const std::string& why, const std::vector<int>& failed_ranks, bool mismatch = false);
 
   // Reopens the lanes with `peer` at membership epoch `epoch` (after a view
   // change: the peer replaced by a new process at `endpoint`, or lanes that

@@ -58,7 +58,7 @@ class ShmGroup : public Collectives {
   // `outside_failed_ranks` are ranks of that layer (not of this group) at
   // fault; every local rank can read them back with outsideFailedRanks().
   void abort(const std::string& reason, const std::vector<int>& failed_ranks = {},
-             const std::vector<int>& outside_failed_ranks = {});
+             const std::vector<int>& outside_failed_ranks = {}, bool mismatch = false);
   std::vector<int> outsideFailedRanks() const;
 
   OpResult barrier() override;

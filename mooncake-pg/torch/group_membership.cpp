@@ -1,0 +1,246 @@
+#include "group_membership.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "control_runtime.h"
+#include "mooncake/te/host_identity.h"
+
+namespace mooncake::pg {
+GroupMembership::GroupMembership(const c10::intrusive_ptr<c10d::Store>& store, MembershipConfig config,
+                                 std::shared_ptr<P2pChannel> user_p2p, std::shared_ptr<P2pChannel> collectives)
+    : config_(std::move(config)), user_p2p_(std::move(user_p2p)), collectives_channel_(std::move(collectives)) {
+  mirror_ = config_.mirror ? *config_.mirror : at::zeros({config_.max_group_size}, at::TensorOptions().dtype(at::kInt));
+  world_size_.store(config_.declared_size);
+  agent_ = &controlAgent(store, config_.global_rank, config_.timeout);
+  GroupRegistration registration;
+  registration.key = config_.key;
+  registration.rank = config_.seat;
+  registration.max_group_size = config_.max_group_size;
+  registration.rank_order = config_.rank_order;
+  registration.is_extension = config_.is_extension;
+  registration.auto_deactivate = config_.auto_deactivate;
+  registration.endpoint = endpointText();
+  registration.host = te::hostIdentity();
+  GroupView view;
+  std::string error;
+  bool ok = agent_->registerGroup(registration, [this](const GroupView& v) { onView(v); }, &view, &error);
+  TORCH_CHECK(ok, "mooncake: rank ", config_.seat, " could not register group ", config_.key, ": ", error);
+  isolated_.store(!view.isActive(config_.seat));
+  applyView(view);
+  if (!isolated_.load()) plane();  // founders meet in the first plane now: errors surface at creation
+}
+
+GroupMembership::~GroupMembership() { shutdown(); }
+
+void GroupMembership::shutdown() {
+  leave();
+  plane_.reset();
+  std::shared_ptr<P2pChannel> user, collectives;
+  {
+    std::lock_guard lock(mutex_);
+    user.swap(user_p2p_);
+    collectives.swap(collectives_channel_);
+  }
+  // Destroyed here, outside the lock: their pending messages fail now.
+}
+
+std::string GroupMembership::endpointText() const {
+  auto text = [](const std::shared_ptr<P2pChannel>& c) { return c ? c->localEndpoint().encode() : std::string("none"); };
+  return text(user_p2p_) + "|" + text(collectives_channel_);
+}
+
+bool GroupMembership::decodeEndpoints(const std::string& text, P2pEndpoint& user, P2pEndpoint& collectives) {
+  const size_t bar = text.find('|');
+  if (bar == std::string::npos) return false;
+  return P2pEndpoint::decode(text.substr(0, bar), user) && P2pEndpoint::decode(text.substr(bar + 1), collectives);
+}
+
+void GroupMembership::onView(const GroupView& view) {
+  try {
+    applyView(view);
+  } catch (const std::exception& e) {  // never let an error escape into the Agent's thread
+    LOG(WARNING) << "mooncake: group " << config_.key << ": applying view " << view.epoch << " failed: " << e.what();
+  }
+}
+
+void GroupMembership::applyView(const GroupView& view) {
+  std::vector<std::pair<int, P2pEndpoint>> reopen;
+  uint32_t reopen_epoch = 0;
+  std::shared_ptr<P2pChannel> channel;
+  {
+    std::lock_guard lock(mutex_);
+    if (!view_.key.empty() && view.epoch <= view_.epoch) return;  // stale or repeated
+    view_ = view;
+    int32_t* mask = mirror_.data_ptr<int32_t>();
+    int highest = -1;
+    for (int s = 0; s < config_.max_group_size && s < static_cast<int>(view.members.size()); ++s) {
+      mask[s] = view.isActive(s) ? 1 : 0;
+      if (view.isActive(s)) highest = s;
+    }
+    if (view.isActive(config_.seat)) isolated_.store(false);
+    world_size_.store(isolated_.load() ? config_.declared_size : highest + 1, std::memory_order_release);
+    epoch_.store(static_cast<int64_t>(view.epoch), std::memory_order_release);
+    // User P2P lanes follow the active configuration: reopened at its epoch
+    // with every active peer, as every peer does from the same view.
+    if (!isolated_.load() && view.isActive(config_.seat) && view.active_epoch != p2p_epoch_ && user_p2p_) {
+      p2p_epoch_ = view.active_epoch;
+      reopen_epoch = static_cast<uint32_t>(view.active_epoch);
+      channel = user_p2p_;
+      for (int s : view.activeRanks()) {
+        P2pEndpoint user, collectives;
+        if (s != config_.seat && decodeEndpoints(view.endpoints[s], user, collectives)) reopen.emplace_back(s, user);
+      }
+    }
+  }
+  for (auto& [seat, endpoint] : reopen) channel->reopen(seat, endpoint, reopen_epoch);
+}
+
+GroupView GroupMembership::latestView() const {
+  std::lock_guard lock(mutex_);
+  return view_;
+}
+
+bool GroupMembership::isActive(int seat) const {
+  std::lock_guard lock(mutex_);
+  return seat >= 0 && seat < static_cast<int>(view_.members.size()) && view_.isActive(seat);
+}
+
+Collectives& GroupMembership::plane() {
+  if (isolated_.load()) {
+    // Before activation a joiner's collectives involve itself only.
+    if (!plane_ || plane_key_ != "isolated") {
+      plane_.reset();
+      std::string error;
+      static std::atomic<int> counter{0};
+      const std::string name = "/mooncake-pg-iso-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+      ShmGroupOptions shm = config_.shm;
+      shm.rank_names = {config_.seat};
+      std::unique_ptr<ShmGroup> alone = ShmGroup::open(name, 0, 1, shm, &error);
+      if (!alone) throw std::runtime_error("cannot open this rank's local arena: " + error);
+      plane_ = std::make_unique<MemberCollectives>(std::vector<int>{config_.seat}, config_.seat, std::move(alone));
+      plane_key_ = "isolated";
+    }
+    return *plane_;
+  }
+  GroupView view = latestView();
+  if (!view.isActive(config_.seat)) {
+    throw std::runtime_error("rank " + std::to_string(config_.seat) + " is not active in this group (epoch " +
+                             std::to_string(view.epoch) + "); it was deactivated: call join_group to rejoin");
+  }
+  if (left_out_epoch_ != view.active_epoch) left_out_.clear();  // a new configuration decides anew
+  std::vector<int> active;
+  for (int s : view.activeRanks()) {
+    if (!std::binary_search(left_out_.begin(), left_out_.end(), s)) active.push_back(s);
+  }
+  std::string variant;
+  uint32_t lane_epoch = static_cast<uint32_t>(view.active_epoch);
+  if (!left_out_.empty()) {
+    // Every survivor names this plane alike: the epoch and the seats left out.
+    uint32_t h = 2166136261u;
+    for (int s : left_out_) {
+      variant += "x" + std::to_string(s);
+      h = (h ^ static_cast<uint32_t>(s)) * 16777619u;
+    }
+    lane_epoch = 0x80000000u | ((lane_epoch * 40503u) ^ h);
+  }
+  const std::string key = std::to_string(view.active_epoch) + variant;
+  if (!plane_ || plane_key_ != key) {
+    plane_.reset();  // leave the old arenas before meeting in the new ones
+    plane_key_.clear();
+    PlaneConfig pc;
+    pc.uid = view.uid;
+    pc.epoch = lane_epoch;
+    pc.variant = variant;
+    pc.my_seat = config_.seat;
+    pc.active = active;
+    pc.host_of_seat = view.hosts;
+    pc.shm = config_.shm;
+    pc.channel = collectives_channel_;
+    pc.channel_endpoints.resize(config_.max_group_size);
+    for (int s : pc.active) {
+      P2pEndpoint user;
+      decodeEndpoints(view.endpoints[s], user, pc.channel_endpoints[s]);
+    }
+    std::string error;
+    plane_ = formPlane(pc, &error);
+    if (!plane_) {
+      throw std::runtime_error("cannot form the data plane of epoch " + std::to_string(view.active_epoch) + variant +
+                               ": " + error);
+    }
+    plane_key_ = key;
+  }
+  return *plane_;
+}
+
+bool GroupMembership::leaveOut(const std::vector<int>& seats) {
+  GroupView view = latestView();
+  if (left_out_epoch_ != view.active_epoch) {
+    left_out_.clear();
+    left_out_epoch_ = view.active_epoch;
+  }
+  for (int s : seats) {
+    if (s == config_.seat) return false;
+    if (s >= 0 && s < config_.max_group_size && view.isActive(s)) left_out_.push_back(s);
+  }
+  std::sort(left_out_.begin(), left_out_.end());
+  left_out_.erase(std::unique(left_out_.begin(), left_out_.end()), left_out_.end());
+  return view.isActive(config_.seat);
+}
+
+void GroupMembership::afterFailure(const OpResult& failure) {
+  if (!config_.auto_sync) {
+    agent_->reportFailure(config_.key, failure.failed_ranks);
+    return;
+  }
+  SyncResult sync = agent_->syncAfterFailure(config_.key, failure.failed_ranks);
+  if (sync.response.status != SyncAfterFailureStatus::Rejected) applyView(sync.view);
+}
+
+void GroupMembership::joinGroup() {
+  std::string error;
+  TORCH_CHECK(agent_->joinGroup(config_.key, config_.timeout, &error), "join_group: ", error);
+  applyView(agent_->view(config_.key));
+}
+
+ProposeViewUpdateResponse GroupMembership::propose(bool activate, const std::vector<int>& ranks) {
+  ProposeViewUpdateResponse response = agent_->propose(config_.key, activate, ranks);
+  applyView(agent_->view(config_.key));
+  return response;
+}
+
+SyncAfterFailureResponse GroupMembership::syncAfterFailure() {
+  SyncResult sync = agent_->syncAfterFailure(config_.key, {});
+  if (sync.response.status != SyncAfterFailureStatus::Rejected) applyView(sync.view);
+  return sync.response;
+}
+
+bool GroupMembership::peerState(int rank) const {
+  std::lock_guard lock(mutex_);
+  if (rank < 0 || rank >= static_cast<int>(view_.members.size())) return false;
+  const MemberState state = view_.members[rank];
+  return (state == MemberState::kActive || state == MemberState::kAwaitingActivation) && view_.online[rank] &&
+         !view_.endpoints[rank].empty();
+}
+
+int GroupMembership::numSyncedRanks() const {
+  int n = 0;
+  for (int s = 0; s < config_.max_group_size; ++s) n += peerState(s) ? 1 : 0;
+  return n;
+}
+
+void GroupMembership::leave() {
+  {
+    std::lock_guard lock(mutex_);
+    if (left_) return;
+    left_ = true;
+  }
+  // Outside the lock: the Agent's thread may be delivering a view to us.
+  agent_->unregisterGroup(config_.key);
+}
+
+}  // namespace mooncake::pg

@@ -1,0 +1,121 @@
+// One group's elastic membership, as the torch backend sees it: its seat
+// registration with the control plane, the views it receives, the live mask
+// (get_active_ranks), the world size torch reports, and the data plane of the
+// current active configuration.
+//
+// Modes (as in the reference): a founder starts Normal; a process joining an
+// existing group (is_extension) starts Isolated, where collectives run on
+// itself only and the world size is the declared one, until a view shows its
+// seat Active. In Normal mode the world size is the highest active seat + 1.
+//
+// Views arrive on the Agent's thread: the mask, epoch and world size change
+// at once, and user P2P lanes are reopened for the new active set. The
+// collectives' plane is re-formed lazily, on the operation thread, when the
+// next operation starts, so a view never changes a running operation.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mooncake/pg/control_plane.h"
+#include "mooncake/pg/data_plane.h"
+#include "mooncake/pg/membership.h"
+#include "mooncake/pg/p2p_channel.h"
+
+namespace mooncake::pg {
+
+struct MembershipConfig {
+  std::string key;                // control-plane key of the group ("cpu:" + torch group name)
+  int seat = 0;                   // this process's in-group rank
+  int declared_size = 0;          // the size torch created the group with
+  int max_group_size = 0;         // seats
+  std::vector<int> rank_order;    // global rank per seat known at creation
+  int global_rank = 0;
+  bool is_extension = false;
+  bool auto_deactivate = true;
+  bool auto_sync = true;
+  std::chrono::milliseconds timeout{300000};  // the group's timeout
+  ShmGroupOptions shm;            // for the planes
+  std::optional<at::Tensor> mirror;  // the user's active_ranks tensor, kept in sync
+};
+
+class GroupMembership {
+ public:
+  // Registers the seat (founders: waits until every founder has), with the
+  // endpoints of the user P2P channel and the collectives' channel; forms the
+  // first plane (founders) or the isolated one (joiners). Throws c10::Error.
+  GroupMembership(const c10::intrusive_ptr<c10d::Store>& store, MembershipConfig config,
+                  std::shared_ptr<P2pChannel> user_p2p, std::shared_ptr<P2pChannel> collectives);
+  ~GroupMembership();
+
+  int worldSize() const { return world_size_.load(std::memory_order_acquire); }
+  int64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
+  int seats() const { return config_.max_group_size; }
+  at::Tensor activeRanks() const { return mirror_; }
+  bool isActive(int seat) const;
+
+  // On the operation thread: the collectives of the current configuration
+  // (re-formed first when a view changed it), without the seats left out
+  // after failures (below). Throws std::runtime_error when this seat is not
+  // active (deactivated: join_group to come back).
+  Collectives& plane();
+  // After a collective failed because of `seats`: until the active set
+  // changes, this rank's collectives leave them out (the survivors, which
+  // all saw the same failure, meet in a plane without them). So a failed
+  // collective can be run again over the survivors even when the view does
+  // not change (auto-deactivation off). False when this seat is left out.
+  bool leaveOut(const std::vector<int>& seats);
+  // On the operation thread, after an operation failed: reports the ranks it
+  // saw fail; with auto-sync, waits for the reconciled view and applies it,
+  // so that the Work completes with the new mask in place.
+  void afterFailure(const OpResult& failure);
+
+  // Module functions.
+  void joinGroup();
+  ProposeViewUpdateResponse propose(bool activate, const std::vector<int>& ranks);
+  SyncAfterFailureResponse syncAfterFailure();
+  bool peerState(int rank) const;
+  int numSyncedRanks() const;
+  // destroy_process_group: leaves the seat (the others get a view without it).
+  void leave();
+  // The group is going away: leaves, and drops the plane and the channels
+  // (their pending messages fail). Only once the operation thread stopped.
+  void shutdown();
+
+ private:
+  void onView(const GroupView& view);  // the Agent's thread
+  void applyView(const GroupView& view);
+  GroupView latestView() const;
+  std::string endpointText() const;
+  static bool decodeEndpoints(const std::string& text, P2pEndpoint& user, P2pEndpoint& collectives);
+
+  MembershipConfig config_;
+  Agent* agent_ = nullptr;
+  std::shared_ptr<P2pChannel> user_p2p_;
+  std::shared_ptr<P2pChannel> collectives_channel_;
+  at::Tensor mirror_;  // int32[max_group_size]
+
+  mutable std::mutex mutex_;  // guards view_ and p2p_epoch_
+  GroupView view_;            // the latest view
+  uint64_t p2p_epoch_ = 0;    // active configuration the user P2P lanes are open for
+  std::atomic<int> world_size_{0};
+  std::atomic<int64_t> epoch_{0};
+  std::atomic<bool> isolated_{false};
+  bool left_ = false;
+
+  // Operation thread only.
+  std::unique_ptr<MemberCollectives> plane_;
+  std::string plane_key_;              // the configuration plane_ was formed for ("" = none)
+  uint64_t left_out_epoch_ = 0;        // active configuration left_out_ applies to
+  std::vector<int> left_out_;          // ascending seats left out after failures
+};
+
+}  // namespace mooncake::pg
