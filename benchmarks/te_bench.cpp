@@ -10,7 +10,17 @@
 //        the same request/acknowledge pattern as a synchronous engine write.
 // Prints a markdown table (and CSV with --csv FILE) with the ratios.
 //
+// With --cuda, GPU memory instead (CUDA builds, one GPU is enough): the
+// target's buffer is a cudaMalloc allocation, and for each size it times
+//   cuda_ipc: synchronous writes and reads of the initiator's GPU buffer into
+//             and out of the target's, and
+//   tcp:      the same write over tcp, staged through host memory at both ends,
+// against the bound: a local cudaMemcpy device-to-device of the same size in
+// this process (bytes counted once), timed in the same run.
+//
 //   build/benchmarks/te_bench [--max-mib 64] [--seconds 0.3] [--csv docs/benchmarks/te.csv]
+//   build/benchmarks/te_bench --cuda [--max-mib 256] [--csv docs/benchmarks/te_cuda.csv]
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -28,6 +38,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#if MOONCAKE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "mooncake/te/shared_memory.h"
 #include "mooncake/te/transfer_engine.h"
@@ -104,6 +118,20 @@ int runTarget(size_t bytes) {
   return 0;
 }
 
+#if MOONCAKE_WITH_CUDA
+// GPU target: an engine with one registered cudaMalloc buffer.
+int runGpuTarget(size_t bytes) {
+  void* buffer = nullptr;
+  if (cudaMalloc(&buffer, bytes) != cudaSuccess || cudaMemset(buffer, 1, bytes) != cudaSuccess) return 1;
+  TransferEngine engine;
+  if (engine.init("P2PHANDSHAKE", "127.0.0.1") != kOk || engine.registerLocalMemory(buffer, bytes) != kOk) return 1;
+  std::cout << engine.segmentName() << " " << reinterpret_cast<uint64_t>(buffer) << std::endl;
+  std::string line;
+  std::getline(std::cin, line);  // until the initiator closes our stdin
+  return 0;
+}
+#endif
+
 struct Timing {
   double us_per_op = 0;
   double gbps = 0;  // 1e9 bytes per second
@@ -139,41 +167,157 @@ std::string sizeLabel(size_t n) {
   return std::to_string(n) + " B";
 }
 
+// Starts the target: this program again with `args`, talking over a pipe.
+// Returns its first line of output ("" on failure); `to_child` is the pipe
+// whose closing tells it to exit.
+std::string spawnTarget(char* self, std::vector<std::string> args, pid_t& child, int& to_child_fd) {
+  // Close-on-exec, so that the child holds no copy of the write end of its
+  // own stdin (it would never see the end of input) and we none of its.
+  int to_child[2], from_child[2];
+  if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) return "";
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
+  std::vector<char*> argv = {self};
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  if (posix_spawn(&child, "/proc/self/exe", &actions, nullptr, argv.data(), environ) != 0) return "";
+  close(to_child[0]);
+  close(from_child[1]);
+  to_child_fd = to_child[1];
+  FILE* child_out = fdopen(from_child[0], "r");
+  char line[512];
+  if (!fgets(line, sizeof(line), child_out)) return "";
+  return line;
+}
+
+#if MOONCAKE_WITH_CUDA
+int runCudaBench(char* self, size_t max_bytes, double seconds, const std::string& csv_path) {
+  auto fail = [](const char* what) {
+    std::fprintf(stderr, "te_bench --cuda: %s\n", what);
+    return 1;
+  };
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) return fail("no CUDA device");
+  pid_t child = 0;
+  int to_child = -1;
+  std::istringstream ready(spawnTarget(self, {"--target", std::to_string(max_bytes), "--gpu"}, child, to_child));
+  std::string segment;
+  uint64_t remote = 0;
+  ready >> segment >> remote;
+  if (remote == 0) return fail("the target did not start");
+
+  void *src = nullptr, *dst = nullptr;
+  if (cudaMalloc(&src, max_bytes) != cudaSuccess || cudaMalloc(&dst, max_bytes) != cudaSuccess) {
+    return fail("cudaMalloc failed");
+  }
+  cudaMemset(src, 2, max_bytes);
+  cudaMemset(dst, 3, max_bytes);
+  cudaStream_t stream = nullptr;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+
+  // One engine with the automatic choice and one forced to tcp, both aimed at the target.
+  struct Initiator {
+    const char* protocol;
+    TransferEngine engine;
+    SegmentHandle peer = kInvalidSegment;
+  };
+  Initiator ipc{""}, tcp{"tcp"};
+  for (Initiator* i : {&ipc, &tcp}) {
+    if (i->engine.init("P2PHANDSHAKE", "127.0.0.1", i->protocol) != kOk ||
+        i->engine.registerLocalMemory(src, max_bytes) != kOk || i->engine.registerLocalMemory(dst, max_bytes) != kOk) {
+      return fail("engine setup failed");
+    }
+    i->peer = i->engine.openSegment(segment);
+    if (i->peer == kInvalidSegment) return fail("cannot open the target's segment");
+  }
+  for (Initiator* i : {&ipc, &tcp}) {
+    std::string t = i->engine.transportFor(TransferRequest{Opcode::kWrite, src, i->peer, remote, 4096});
+    std::fprintf(stderr, "initiator with protocol '%s': transport %s\n", i->protocol, t.c_str());
+  }
+
+  auto transfer = [&](Initiator& i, Opcode op, size_t n) {
+    return [&i, op, n, src, dst, remote] {
+      void* local = op == Opcode::kWrite ? src : dst;
+      return i.engine.transferSync({TransferRequest{op, local, i.peer, remote, n}}) == kOk;
+    };
+  };
+  auto deviceCopy = [&](size_t n) {
+    return [&, n] {
+      return cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream) == cudaSuccess &&
+             cudaStreamSynchronize(stream) == cudaSuccess;
+    };
+  };
+
+  FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
+  if (csv) {
+    std::fprintf(csv, "bytes,ipc_write_us,ipc_read_us,device_copy_us,ipc_write_gbps,ipc_read_gbps,device_copy_gbps,"
+                      "tcp_write_gbps\n");
+  }
+  std::printf("| size | cuda_ipc write µs | cuda_ipc read µs | device copy µs | cuda_ipc write GB/s | "
+              "cuda_ipc read GB/s | device copy GB/s | write/bound | read/bound | tcp (staged) write GB/s |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (size_t n = 64; n <= max_bytes; n *= 4) {
+    Timing write = timeIt(n, seconds, transfer(ipc, Opcode::kWrite, n));
+    Timing read = timeIt(n, seconds, transfer(ipc, Opcode::kRead, n));
+    Timing bound = timeIt(n, seconds, deviceCopy(n));
+    Timing staged = timeIt(n, seconds, transfer(tcp, Opcode::kWrite, n));
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", sizeLabel(n).c_str(),
+                fmt(write.us_per_op).c_str(), fmt(read.us_per_op).c_str(), fmt(bound.us_per_op).c_str(),
+                fmt(write.gbps).c_str(), fmt(read.gbps).c_str(), fmt(bound.gbps).c_str(),
+                fmt(write.gbps / bound.gbps).c_str(), fmt(read.gbps / bound.gbps).c_str(), fmt(staged.gbps).c_str());
+    std::fflush(stdout);
+    if (csv) {
+      std::fprintf(csv, "%zu,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f\n", n, write.us_per_op, read.us_per_op,
+                   bound.us_per_op, write.gbps, read.gbps, bound.gbps, staged.gbps);
+    }
+  }
+  if (csv) std::fclose(csv);
+  close(to_child);
+  waitpid(child, nullptr, 0);
+  return 0;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   size_t max_bytes = 64u << 20;
   double seconds = 0.3;
   std::string csv_path;
+  bool cuda = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
-    if (arg == "--target" && i + 1 < argc) return runTarget(std::strtoull(argv[i + 1], nullptr, 10));
+    if (arg == "--target" && i + 1 < argc) {
+#if MOONCAKE_WITH_CUDA
+      if (i + 2 < argc && std::string(argv[i + 2]) == "--gpu") {
+        return runGpuTarget(std::strtoull(argv[i + 1], nullptr, 10));
+      }
+#endif
+      return runTarget(std::strtoull(argv[i + 1], nullptr, 10));
+    }
     if (arg == "--max-mib" && i + 1 < argc) max_bytes = std::strtoull(argv[++i], nullptr, 10) << 20;
     else if (arg == "--seconds" && i + 1 < argc) seconds = std::atof(argv[++i]);
     else if (arg == "--csv" && i + 1 < argc) csv_path = argv[++i];
+    else if (arg == "--cuda") cuda = true;
     else {
-      std::fprintf(stderr, "usage: %s [--max-mib N] [--seconds S] [--csv FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--cuda] [--max-mib N] [--seconds S] [--csv FILE]\n", argv[0]);
       return 2;
     }
   }
+  if (cuda) {
+#if MOONCAKE_WITH_CUDA
+    return runCudaBench(argv[0], max_bytes, seconds, csv_path);
+#else
+    std::fprintf(stderr, "--cuda: this build has no CUDA (MOONCAKE_WITH_CUDA=OFF)\n");
+    return 2;
+#endif
+  }
 
-  // Start the target: this program again, talking over a pipe.
-  int to_child[2], from_child[2];
-  if (pipe(to_child) != 0 || pipe(from_child) != 0) return 1;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
-  posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
-  std::string bytes_arg = std::to_string(max_bytes);
-  char* child_argv[] = {argv[0], const_cast<char*>("--target"), bytes_arg.data(), nullptr};
   pid_t child = 0;
-  if (posix_spawn(&child, "/proc/self/exe", &actions, nullptr, child_argv, environ) != 0) return 1;
-  close(to_child[0]);
-  close(from_child[1]);
-  FILE* child_out = fdopen(from_child[0], "r");
-  char line[512];
-  if (!fgets(line, sizeof(line), child_out)) return 1;
-  std::istringstream ready(line);
+  int to_child = -1;
+  std::istringstream ready(spawnTarget(argv[0], {"--target", std::to_string(max_bytes)}, child, to_child));
   std::string segment;
   uint64_t remote_addr = 0, remote_shared = 0;
   int sink_port = 0;
@@ -245,7 +389,7 @@ int main(int argc, char** argv) {
   }
   if (csv) std::fclose(csv);
   ::close(raw);
-  close(to_child[1]);  // the target exits at end of input
+  close(to_child);  // the target exits at end of input
   waitpid(child, nullptr, 0);
   return 0;
 }

@@ -7,6 +7,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "mooncake/te/log.h"
+#include "mooncake/te/memory_region.h"
+#if MOONCAKE_WITH_CUDA
+#include "cuda/cuda_driver.h"
+#endif
+
 namespace mooncake::te {
 namespace {
 
@@ -54,7 +60,19 @@ uint64_t processStartTicks(pid_t pid) {
   return 0;
 }
 
-std::string detectMemoryLocation(const void* addr) {
+namespace {
+
+// The CUDA device holding `addr`, -1 for host memory (always, without CUDA).
+int gpuOf(const void* addr) {
+#if MOONCAKE_WITH_CUDA
+  return cuda::deviceOfPointer(addr);
+#else
+  (void)addr;
+  return -1;
+#endif
+}
+
+std::string hostLocation(const void* addr) {
   // get_mempolicy(MPOL_F_NODE | MPOL_F_ADDR) reports the node backing the
   // page at addr; called through syscall() to avoid a libnuma dependency.
   constexpr unsigned long kMpolFNode = 1ul << 0;
@@ -63,6 +81,34 @@ std::string detectMemoryLocation(const void* addr) {
   long rc = ::syscall(SYS_get_mempolicy, &node, nullptr, 0ul, const_cast<void*>(addr), kMpolFNode | kMpolFAddr);
   if (rc != 0 || node < 0) node = 0;
   return "cpu:" + std::to_string(node);
+}
+
+}  // namespace
+
+std::string detectMemoryLocation(const void* addr) {
+  int device = gpuOf(addr);
+  return device >= 0 ? "cuda:" + std::to_string(device) : hostLocation(addr);
+}
+
+std::string resolveMemoryLocation(const void* addr, const std::string& requested) {
+  if (requested.empty() || requested == "*") return detectMemoryLocation(addr);
+#if MOONCAKE_WITH_CUDA
+  const int device = gpuOf(addr);
+  const bool labeled_gpu = cudaDeviceOfLocation(requested) >= 0;
+  if (device >= 0 && cudaDeviceOfLocation(requested) != device) {
+    std::string actual = "cuda:" + std::to_string(device);
+    MC_LOG(Warning) << "register: memory at " << addr << " is on " << actual << ", not '" << requested
+                    << "'; registering it as " << actual;
+    return actual;
+  }
+  if (device < 0 && labeled_gpu) {
+    std::string actual = hostLocation(addr);
+    MC_LOG(Warning) << "register: memory at " << addr << " is host memory, not '" << requested
+                    << "'; registering it as " << actual;
+    return actual;
+  }
+#endif
+  return requested;
 }
 
 }  // namespace mooncake::te

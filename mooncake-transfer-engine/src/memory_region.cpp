@@ -1,10 +1,21 @@
 #include "mooncake/te/memory_region.h"
 
+#include <cstdlib>
 #include <mutex>
 
 #include "mooncake/te/status.h"
 
 namespace mooncake::te {
+
+int cudaDeviceOfLocation(const std::string& location) {
+  constexpr const char kPrefix[] = "cuda:";
+  if (location.compare(0, sizeof(kPrefix) - 1, kPrefix) != 0) return -1;
+  const char* digits = location.c_str() + sizeof(kPrefix) - 1;
+  if (*digits < '0' || *digits > '9') return -1;
+  char* end = nullptr;
+  long device = std::strtol(digits, &end, 10);
+  return *end == '\0' && device < 1024 ? static_cast<int>(device) : -1;
+}
 
 bool RegionTable::overlapsLocked(const std::map<uint64_t, MemoryRegion>& regions, uint64_t addr,
                                  uint64_t length) {

@@ -22,10 +22,47 @@
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "wire.h"
+#if MOONCAKE_WITH_CUDA
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
+#endif
 
 namespace mooncake::te {
+namespace {
 
-std::vector<std::string> builtTransports() { return {"shm", "tcp"}; }
+// Every transport this build contains: what builtTransports() lists and
+// what an engine installs, from one table so the two cannot disagree. The
+// order is the automatic choice's preference: each request goes to the
+// first transport that reaches its peer and carries its memory. cuda_ipc
+// carries only requests with GPU memory, shm only host memory, tcp anything.
+struct TransportEntry {
+  const char* name;
+  std::unique_ptr<Transport> (*make)(rpc::ConnectionServer& server);
+};
+
+const TransportEntry kTransports[] = {
+#if MOONCAKE_WITH_CUDA
+    {"cuda_ipc", [](rpc::ConnectionServer&) -> std::unique_ptr<Transport> {
+       return std::make_unique<CudaIpcTransport>();
+     }},
+#endif
+    {"shm", [](rpc::ConnectionServer&) -> std::unique_ptr<Transport> { return std::make_unique<ShmTransport>(); }},
+    {"tcp", [](rpc::ConnectionServer& server) -> std::unique_ptr<Transport> {
+       return std::make_unique<TcpTransport>(server);
+     }},
+};
+
+bool built(const std::string& name) {
+  return std::any_of(std::begin(kTransports), std::end(kTransports),
+                     [&](const TransportEntry& e) { return name == e.name; });
+}
+
+}  // namespace
+
+std::vector<std::string> builtTransports() {
+  std::vector<std::string> names;
+  for (const TransportEntry& e : kTransports) names.push_back(e.name);
+  return names;
+}
 
 // ---- segment names ----
 
@@ -69,12 +106,24 @@ std::string stripPort(const std::string& text) {
   return text;  // bare IPv6 or plain host
 }
 
-// Transports, in order of preference for a peer that several reach.
-constexpr const char* kAutoOrder[] = {"shm", "tcp"};
+// Protocol names that ask for GPU-to-GPU transfers on one host. The
+// automatic choice already sends GPU memory of same-host peers over cuda_ipc
+// and everything else over shm or tcp, so where cuda_ipc is built they select
+// it; forcing cuda_ipc for every request would fail the host buffers such
+// clients register beside their GPU ones.
+constexpr const char* kCudaIpcProtocols[] = {"cuda_ipc", "nvlink", "nvlink_intra"};
 // Protocol names users pass that this build cannot serve yet: fall back to
 // the automatic choice with one warning, as clients pass "rdma" by default.
-constexpr const char* kFallbackProtocols[] = {"rdma", "nvlink", "nvlink_intra", "cuda_ipc", "efa", "hip", "musa",
-                                              "ascend", "cxl"};
+constexpr const char* kFallbackProtocols[] = {"rdma", "efa", "hip", "musa", "ascend", "cxl"};
+
+template <size_t N>
+bool listed(const std::string& value, const char* const (&names)[N]) {
+  return std::any_of(std::begin(names), std::end(names), [&](const char* n) { return value == n; });
+}
+
+// What the engine assumes of memory it is not told about (transportFor(handle)).
+const MemoryRegion kHostRegion{0, 0, "cpu:0"};
+const BufferDescriptor kHostBuffer{0, 0, "cpu:0", {}};
 
 bool isOneOf(const std::string& value, std::initializer_list<const char*> names) {
   return std::any_of(names.begin(), names.end(), [&](const char* n) { return value == n; });
@@ -115,9 +164,13 @@ class EngineImpl {
   int submit(BatchId id, const std::vector<TransferRequest>& requests, const std::string& hint, bool caller_waits);
   std::chrono::nanoseconds waitBudget(const Batch& batch) const;
 
-  // The transport for `peer`: the hint, else the forced protocol, else the
-  // first in kAutoOrder that reaches it; null when none does.
-  Transport* chooseTransport(PeerSegment& peer, const std::string& hint);
+  // The transport for a request to `peer` from `local` into `remote`: the
+  // hint, else the forced protocol, else the first in kTransports that
+  // carries the memory and reaches the peer; null when none does.
+  Transport* chooseTransport(PeerSegment& peer, const std::string& hint, const MemoryRegion& local,
+                             const BufferDescriptor& remote);
+
+  std::string transportFor(const TransferRequest& request, const std::string& hint);
 
   int sendNotify(const std::string& name, const Notify& notify);
   std::vector<Notify> drainNotifies();
@@ -190,13 +243,17 @@ int EngineImpl::init(const std::string& metadata, const std::string& local_hostn
     preferred_.clear();
   } else if (isOneOf(proto, {"tcp", "shm"})) {
     preferred_ = proto;
-  } else if (std::any_of(std::begin(kFallbackProtocols), std::end(kFallbackProtocols),
-                         [&](const char* n) { return proto == n; })) {
+  } else if (listed(proto, kCudaIpcProtocols) && built("cuda_ipc")) {
+    MC_LOG(Info) << "initialize: protocol '" << proto
+                 << "': GPU memory of same-host peers goes over cuda_ipc, other memory over shm or tcp";
+    preferred_.clear();
+  } else if (listed(proto, kFallbackProtocols) || listed(proto, kCudaIpcProtocols)) {
     MC_LOG(Warning) << "initialize: protocol '" << proto
-                    << "' is not available in this build/host; choosing per peer among shm and tcp instead";
+                    << "' is not available in this build/host; choosing per request among the built transports";
     preferred_.clear();
   } else {
-    MC_LOG(Error) << "initialize: unknown protocol '" << protocol << "' (expected \"tcp\", \"shm\", \"rdma\" or \"\")";
+    MC_LOG(Error) << "initialize: unknown protocol '" << protocol
+                  << "' (expected \"\", \"auto\", \"tcp\", \"shm\", \"cuda_ipc\", \"nvlink\", \"rdma\", ...)";
     return kInvalidArgument;
   }
   (void)device_filter;  // the RDMA device allow-list; no RDMA transport in this build
@@ -209,8 +266,7 @@ int EngineImpl::init(const std::string& metadata, const std::string& local_hostn
   __atomic_store_n(&stamp_->nonce, local_.engine_nonce, __ATOMIC_RELEASE);
 
   server_ = std::make_unique<rpc::ConnectionServer>();
-  transports_.push_back(std::make_unique<ShmTransport>());
-  transports_.push_back(std::make_unique<TcpTransport>(*server_));
+  for (const TransportEntry& entry : kTransports) transports_.push_back(entry.make(*server_));
   TransportContext context{&config_, &regions_, &local_};
   for (auto& t : transports_) {
     if (int rc = t->install(context); rc != kOk) {
@@ -236,8 +292,10 @@ int EngineImpl::init(const std::string& metadata, const std::string& local_hostn
   segment_name_ = formatSegmentName(host, rpc_port_);
   local_.name = segment_name_;
   initialized_.store(true, std::memory_order_release);
-  MC_LOG(Info) << "transfer engine " << segment_name_ << " up; transports: shm, tcp; choice: "
-               << (preferred_.empty() ? "per peer" : preferred_);
+  std::string names;
+  for (const auto& n : transport_names_) names += (names.empty() ? "" : ", ") + n;
+  MC_LOG(Info) << "transfer engine " << segment_name_ << " up; transports: " << names
+               << "; choice: " << (preferred_.empty() ? "per request" : preferred_);
   return kOk;
 }
 
@@ -269,8 +327,8 @@ int EngineImpl::registerMemory(const std::vector<void*>& addrs, const std::vecto
       MC_LOG(Error) << "register: buffer " << i << " has a null address or zero length";
       return kInvalidArgument;
     }
-    std::string loc = location == "*" || location.empty() ? detectMemoryLocation(addrs[i]) : location;
-    regions.push_back(MemoryRegion{reinterpret_cast<uint64_t>(addrs[i]), lengths[i], loc});
+    regions.push_back(
+        MemoryRegion{reinterpret_cast<uint64_t>(addrs[i]), lengths[i], resolveMemoryLocation(addrs[i], location)});
   }
   std::lock_guard lock(descriptor_mutex_);
   if (int rc = regions_.addAll(regions); rc != kOk) {
@@ -462,20 +520,35 @@ Transport* EngineImpl::transportByName(const std::string& name) {
   return nullptr;
 }
 
-Transport* EngineImpl::chooseTransport(PeerSegment& peer, const std::string& hint) {
+Transport* EngineImpl::chooseTransport(PeerSegment& peer, const std::string& hint, const MemoryRegion& local,
+                                       const BufferDescriptor& remote) {
   const std::string& wanted = hint.empty() ? preferred_ : hint;
   if (!wanted.empty()) {
     Transport* t = transportByName(wanted);
-    if (t != nullptr && t->reaches(peer)) return t;
-    MC_LOG(Warning) << "transport '" << wanted << "' cannot reach " << peer.name();
+    if (t != nullptr && t->carries(peer, local, remote) && t->reaches(peer)) return t;
+    MC_LOG(Warning) << "transport '" << wanted << "' cannot reach " << peer.name() << " for memory " << local.location
+                    << " -> " << remote.location;
     return nullptr;
   }
-  for (const char* name : kAutoOrder) {
-    Transport* t = transportByName(name);
-    if (t != nullptr && t->reaches(peer)) return t;
+  // carries() first: it is the cheap test, and keeps reaches() from starting
+  // anything (CUDA) for memory a transport would refuse anyway.
+  for (auto& t : transports_) {
+    if (t->carries(peer, local, remote) && t->reaches(peer)) return t.get();
   }
-  MC_LOG(Warning) << "no transport reaches " << peer.name();
+  MC_LOG(Warning) << "no transport reaches " << peer.name() << " for memory " << local.location << " -> "
+                  << remote.location;
   return nullptr;
+}
+
+std::string EngineImpl::transportFor(const TransferRequest& r, const std::string& hint) {
+  std::shared_ptr<PeerSegment> p = peer(r.target_id);
+  std::optional<MemoryRegion> local = regions_.find(reinterpret_cast<uint64_t>(r.source), r.length);
+  if (!p || !local) return "";
+  if (!p->covers(r.target_offset, r.length)) p->refresh();
+  std::shared_ptr<const SegmentDescriptor> d = p->descriptor();
+  const BufferDescriptor* remote = d->findBuffer(r.target_offset, r.length);
+  Transport* t = remote != nullptr ? chooseTransport(*p, hint, *local, *remote) : nullptr;
+  return t != nullptr ? t->name() : "";
 }
 
 int EngineImpl::submit(BatchId id, const std::vector<TransferRequest>& requests, const std::string& hint,
@@ -506,42 +579,51 @@ int EngineImpl::submit(BatchId id, const std::vector<TransferRequest>& requests,
   std::vector<TransferTask*> tasks;
   if (int rc = b->addTasks(requests, tasks); rc != kOk) return rc;
 
-  std::map<SegmentHandle, std::vector<TransferTask*>> by_target;
+  // Each task with the registered region holding its source.
+  std::map<SegmentHandle, std::vector<std::pair<TransferTask*, MemoryRegion>>> by_target;
   for (TransferTask* task : tasks) {
     const TransferRequest& r = task->request();
-    if (!regions_.find(reinterpret_cast<uint64_t>(r.source), r.length)) {
+    std::optional<MemoryRegion> local = regions_.find(reinterpret_cast<uint64_t>(r.source), r.length);
+    if (!local) {
       MC_LOG(Error) << "submit: local buffer [0x" << std::hex << reinterpret_cast<uint64_t>(r.source) << ", +0x"
                     << r.length << ") is not inside a registered region";
       task->fail(kAddressNotRegistered);
       continue;
     }
-    by_target[r.target_id].push_back(task);
+    by_target[r.target_id].emplace_back(task, std::move(*local));
   }
   for (auto& [handle, group] : by_target) {
     PeerSegment& p = *targets[handle];
     // A remote range the cached descriptor does not cover may have been
     // registered since we fetched it: refresh once, then judge.
-    bool all_covered = std::all_of(group.begin(), group.end(), [&](TransferTask* t) {
-      return p.covers(t->request().target_offset, t->request().length);
+    bool all_covered = std::all_of(group.begin(), group.end(), [&](const auto& entry) {
+      return p.covers(entry.first->request().target_offset, entry.first->request().length);
     });
     if (!all_covered) p.refresh();
-    std::vector<TransferTask*> ready;
-    for (TransferTask* task : group) {
-      if (p.covers(task->request().target_offset, task->request().length)) {
-        ready.push_back(task);
-      } else {
-        MC_LOG(Error) << "submit: remote range [0x" << std::hex << task->request().target_offset << ", +0x"
-                      << task->request().length << ") is not registered by " << p.name();
+    std::shared_ptr<const SegmentDescriptor> d = p.descriptor();
+    // Transports are chosen per request (the memory on both ends decides),
+    // then each gets its share in one call.
+    std::vector<std::pair<Transport*, std::vector<TransferTask*>>> by_transport;
+    for (auto& [task, local] : group) {
+      const TransferRequest& r = task->request();
+      const BufferDescriptor* remote = d->findBuffer(r.target_offset, r.length);
+      if (remote == nullptr) {
+        MC_LOG(Error) << "submit: remote range [0x" << std::hex << r.target_offset << ", +0x" << r.length
+                      << ") is not registered by " << p.name();
         task->fail(kAddressNotRegistered);
+        continue;
       }
+      Transport* transport = chooseTransport(p, hint, local, *remote);
+      if (transport == nullptr) {
+        task->fail(kEndpointError);
+        continue;
+      }
+      auto it = std::find_if(by_transport.begin(), by_transport.end(),
+                             [&](const auto& entry) { return entry.first == transport; });
+      if (it == by_transport.end()) it = by_transport.insert(by_transport.end(), {transport, {}});
+      it->second.push_back(task);
     }
-    if (ready.empty()) continue;
-    Transport* transport = chooseTransport(p, hint);
-    if (transport == nullptr) {
-      for (TransferTask* task : ready) task->fail(kEndpointError);
-      continue;
-    }
-    transport->submit(p, ready, caller_waits);
+    for (auto& [transport, share] : by_transport) transport->submit(p, share, caller_waits);
   }
   return kOk;
 }
@@ -609,8 +691,12 @@ int TransferEngine::closeSegment(SegmentHandle handle) { return impl_->closeSegm
 
 std::string TransferEngine::transportFor(SegmentHandle handle, const std::string& transport_hint) {
   std::shared_ptr<PeerSegment> p = impl_->peer(handle);
-  Transport* t = p ? impl_->chooseTransport(*p, transport_hint) : nullptr;
+  Transport* t = p ? impl_->chooseTransport(*p, transport_hint, kHostRegion, kHostBuffer) : nullptr;
   return t ? t->name() : "";
+}
+
+std::string TransferEngine::transportFor(const TransferRequest& request, const std::string& transport_hint) {
+  return impl_->transportFor(request, transport_hint);
 }
 
 uint64_t TransferEngine::firstBufferAddress(const std::string& segment_name) {

@@ -26,13 +26,13 @@ using namespace mooncake;
 
 namespace {
 
-constexpr const char* kKnownHints[] = {"", "tcp", "shm"};
-
+// A transport_hint names a transport of this build ("" = the engine's choice).
 void checkHint(const std::string& hint) {
-  for (const char* known : kKnownHints) {
-    if (hint == known) return;
-  }
-  throw py::value_error("transport_hint must be one of \"\", \"tcp\", \"shm\"; got '" + hint + "'");
+  static const std::vector<std::string> built = te::builtTransports();
+  if (hint.empty() || std::find(built.begin(), built.end(), hint) != built.end()) return;
+  std::string names = "\"\"";
+  for (const auto& name : built) names += ", \"" + name + "\"";
+  throw py::value_error("transport_hint must be one of " + names + "; got '" + hint + "'");
 }
 
 // The JSON the reference returns from get_local_topology: for each memory

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 extern char** environ;
 
@@ -17,7 +18,8 @@ namespace mooncake::te::testing {
 
 class PeerProcess {
  public:
-  PeerProcess(size_t bytes, uint64_t seed) {
+  // `extra` arguments follow <bytes> <seed> (see te_test_peer.cpp).
+  PeerProcess(size_t bytes, uint64_t seed, std::vector<std::string> extra = {}) {
     int to_child[2], from_child[2];
     if (pipe(to_child) != 0 || pipe(from_child) != 0) throw std::runtime_error("pipe");
     posix_spawn_file_actions_t actions;
@@ -27,8 +29,10 @@ class PeerProcess {
     posix_spawn_file_actions_addclose(&actions, to_child[1]);
     posix_spawn_file_actions_addclose(&actions, from_child[0]);
     std::string size_arg = std::to_string(bytes), seed_arg = std::to_string(seed);
-    char* argv[] = {const_cast<char*>(TE_TEST_PEER_PATH), size_arg.data(), seed_arg.data(), nullptr};
-    if (posix_spawn(&pid_, TE_TEST_PEER_PATH, &actions, nullptr, argv, environ) != 0) {
+    std::vector<char*> argv = {const_cast<char*>(TE_TEST_PEER_PATH), size_arg.data(), seed_arg.data()};
+    for (auto& arg : extra) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, TE_TEST_PEER_PATH, &actions, nullptr, argv.data(), environ) != 0) {
       throw std::runtime_error("cannot start " TE_TEST_PEER_PATH);
     }
     posix_spawn_file_actions_destroy(&actions);
@@ -56,6 +60,17 @@ class PeerProcess {
     fprintf(in_, "DIGEST %zu %zu\n", offset, length);
     fflush(in_);
     return std::stoull(readLine());
+  }
+
+  // Has the peer replace its buffer by a new allocation; returns its address.
+  uint64_t reallocate(uint64_t seed) {
+    fprintf(in_, "REALLOC %llu\n", static_cast<unsigned long long>(seed));
+    fflush(in_);
+    std::istringstream reply(readLine());
+    std::string word;
+    reply >> word >> buffer_addr;
+    if (word != "OK") throw std::runtime_error("peer failed to reallocate: '" + word + "'");
+    return buffer_addr;
   }
 
   void signal(int sig) { kill(pid_, sig); }

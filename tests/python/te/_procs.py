@@ -184,3 +184,36 @@ def rollout_main(name, cfg, upstream, downstream, results):
         results.put((name, "ok", sha256(assembled), bool(np.array_equal(assembled, expected))))
     except BaseException:
         results.put((name, "error", traceback.format_exc()))
+
+
+# ---------------------------------------------------------------------------
+# A passive target whose buffer is a torch CUDA tensor: a slice `offset`
+# bytes into a larger tensor, so the registered range is a piece of one of
+# the caching allocator's blocks, as it is in real clients.
+
+
+def cuda_target_main(conn, protocol, nbytes, offset, seed, idle_timeout=120.0):
+    import torch
+
+    engine = new_engine(protocol)
+    block = torch.empty(nbytes + offset + 4096, dtype=torch.uint8, device="cuda")
+    view = block[offset : offset + nbytes]
+    view.copy_(torch.from_numpy(pattern(seed, nbytes)))
+    torch.cuda.synchronize()
+    rc = engine.register_memory(view.data_ptr(), nbytes)  # location "*": detected as cuda:N
+    conn.send(("ready", session_of(engine), view.data_ptr(), os.getpid(), rc))
+    while conn.poll(idle_timeout):
+        try:
+            cmd, *args = conn.recv()
+        except EOFError:
+            break
+        if cmd == "digest":  # sha256 of view[offset:offset+length], copied to the host
+            start, length = args
+            torch.cuda.synchronize()
+            conn.send(sha256(view[start : start + length].cpu().numpy()))
+        elif cmd == "exit":
+            conn.send("bye")
+            break
+        else:
+            conn.send(f"unknown command {cmd!r}")
+    engine.unregister_memory(view.data_ptr())

@@ -17,7 +17,15 @@ std::string hostIdentity();
 // different start time is a different process that reused the number.
 uint64_t processStartTicks(pid_t pid);
 
-// "cpu:<numa node>" of the page at `addr` (0 when it cannot be told).
+// Where the memory at `addr` lives: "cuda:<device ordinal>" for GPU memory
+// (asked of the CUDA driver, in CUDA builds), else "cpu:<numa node>" of its
+// page (node 0 when it cannot be told).
 std::string detectMemoryLocation(const void* addr);
+
+// The location a registration records: `requested`, unless it is "*" or
+// empty (then detected), or contradicts the memory itself: a GPU pointer
+// labeled "cpu:..." or a host pointer labeled "cuda:..." gets the detected
+// location, with a warning, since transports choose by it.
+std::string resolveMemoryLocation(const void* addr, const std::string& requested);
 
 }  // namespace mooncake::te

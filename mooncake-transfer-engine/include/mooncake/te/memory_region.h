@@ -14,13 +14,17 @@ namespace mooncake::te {
 struct MemoryRegion {
   uint64_t addr = 0;
   uint64_t length = 0;
-  std::string location;  // "cpu:<numa>", later "cuda:<dev>"
+  std::string location;  // "cpu:<numa node>" or "cuda:<device ordinal>"
 
   uint64_t end() const { return addr + length; }
   bool contains(uint64_t a, uint64_t len) const {
     return a >= addr && len <= length && a - addr <= length - len;
   }
 };
+
+// The CUDA device ordinal a location names ("cuda:3" -> 3), -1 for any other
+// location: what transports check to tell GPU memory from host memory.
+int cudaDeviceOfLocation(const std::string& location);
 
 // Registered regions, disjoint by construction: a registration that overlaps
 // an existing one is refused (kAddressOverlapped). Thread-safe. Readers that

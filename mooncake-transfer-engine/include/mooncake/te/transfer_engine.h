@@ -36,10 +36,13 @@ class TransferEngine {
 
   // metadata: "P2PHANDSHAKE" (the only mode; anything else is kInvalidArgument).
   // local_hostname: the address peers reach us at; a ":port" in it is ignored.
-  // protocol: "" / "auto" picks per peer (same host -> "shm", else "tcp");
-  //   "tcp" or "shm" forces that transport; "rdma", "nvlink", "nvlink_intra",
-  //   "cuda_ipc" fall back to auto with one warning while not built/available;
-  //   anything else is kInvalidArgument.
+  // protocol: "" / "auto" picks per request: GPU memory of a same-host peer
+  //   -> "cuda_ipc" (CUDA builds), host memory of a same-host peer -> "shm",
+  //   anything else -> "tcp" (which stages GPU memory through host memory);
+  //   "tcp" or "shm" forces that transport; "cuda_ipc", "nvlink",
+  //   "nvlink_intra" mean auto where cuda_ipc is built (it is what they ask
+  //   for GPU memory), and, like "rdma" and other vendor names, fall back to
+  //   auto with one warning where it is not; anything else is kInvalidArgument.
   // device_filter: comma-separated RDMA device allow-list (kept for RDMA).
   int init(const std::string& metadata, const std::string& local_hostname,
            const std::string& protocol = "", const std::string& device_filter = "",
@@ -52,7 +55,8 @@ class TransferEngine {
   const EngineConfig& config() const;
   std::vector<std::string> transports() const;  // installed transport names
 
-  // Registration. location "*" detects it ("cpu:<numa>").
+  // Registration. location "*" detects it ("cuda:<device>" for GPU memory in
+  // CUDA builds, else "cpu:<numa>"); a label contradicting the memory is corrected.
   int registerLocalMemory(void* addr, size_t length, const std::string& location = "*");
   int unregisterLocalMemory(void* addr);
   int registerLocalMemoryBatch(const std::vector<void*>& addrs, const std::vector<size_t>& lengths,
@@ -63,8 +67,10 @@ class TransferEngine {
   // returns kInvalidSegment when the peer cannot be reached or the name is bad.
   SegmentHandle openSegment(const std::string& segment_name);
   int closeSegment(SegmentHandle handle);
-  // The transport the engine would use for `handle` ("" when none reaches it).
+  // The transport the engine would use for host memory to `handle` ("" when
+  // none reaches it), and the one for `request`'s memory on both ends.
   std::string transportFor(SegmentHandle handle, const std::string& transport_hint = "");
+  std::string transportFor(const TransferRequest& request, const std::string& transport_hint = "");
   // The first registered buffer's address in a peer's descriptor, 0 if none.
   uint64_t firstBufferAddress(const std::string& segment_name);
 
@@ -99,7 +105,8 @@ class TransferEngine {
   std::unique_ptr<EngineImpl> impl_;
 };
 
-// Names of the transports this build contains ("shm", "tcp", ...).
+// Names of the transports this build contains ("cuda_ipc", "shm", "tcp"), in
+// the order the automatic choice tries them.
 std::vector<std::string> builtTransports();
 
 // Splits "host:port" / "[v6]:port" into parts. False when malformed.

@@ -1,4 +1,4 @@
-// The interface every transport implements (tcp/, shm/, and later cuda_ipc/,
+// The interface every transport implements (tcp/, shm/, cuda_ipc/, and later
 // rdma/), and the two objects the engine hands to it: the peer being talked to
 // and the tasks to carry out.
 //
@@ -6,7 +6,7 @@
 // registration bookkeeping, descriptor caching and refresh, choosing a
 // transport per peer, batches, deadlines and status. A new transport is a new
 // folder with a class implementing this header and one line in the engine's
-// transport list.
+// transport table (kTransports in transfer_engine.cpp).
 #pragma once
 
 #include <atomic>
@@ -113,6 +113,14 @@ class Transport {
   // Whether this transport can move bytes between us and `peer` (same host,
   // permissions, the peer serving it). May cache per-peer state.
   virtual bool reaches(PeerSegment& peer) = 0;
+  // Whether it can move one request's bytes between these two memories: the
+  // local registered region holding the source and the peer's buffer holding
+  // the target (host or GPU memory, as their locations say; the transport's
+  // attributes of the buffer). Asked before reaches(), so it must be cheap
+  // and must not start anything (a CUDA context, say) for memory it refuses.
+  virtual bool carries(PeerSegment& /*peer*/, const MemoryRegion& /*local*/, const BufferDescriptor& /*remote*/) {
+    return true;
+  }
 
   // Starts `tasks`, all aimed at `peer` and already checked against its
   // descriptor. Each task ends through TransferTask::completeSlice / fail.

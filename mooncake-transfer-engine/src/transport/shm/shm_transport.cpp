@@ -14,6 +14,7 @@
 #include "mooncake/te/host_identity.h"
 #include "mooncake/te/shared_memory.h"
 #include "mooncake/te/log.h"
+#include "transport/peer_stamp.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
@@ -90,7 +91,7 @@ std::shared_ptr<ShmTransport::PeerProcess> ShmTransport::attach(PeerSegment& pee
     // refers to the peer and not to a later process with the same number.
     bool same_process = processStartTicks(d.pid) == d.process_start_ticks;
     SegmentStamp stamp;
-    int rc = same_process ? readStamp(*process, d.stamp_addr, stamp) : kPeerUnreachable;
+    int rc = same_process ? readPeerStamp(d.pid, d.stamp_addr, stamp) : kPeerUnreachable;
     process->usable = same_process && rc == kOk;
     if (same_process && rc != kOk) {
       MC_LOG(Warning) << "same-host peer " << peer.name() << " (pid " << d.pid
@@ -104,6 +105,11 @@ std::shared_ptr<ShmTransport::PeerProcess> ShmTransport::attach(PeerSegment& pee
 
 bool ShmTransport::reaches(PeerSegment& peer) { return attach(peer)->usable; }
 
+bool ShmTransport::carries(PeerSegment&, const MemoryRegion& local, const BufferDescriptor& remote) {
+  // memcpy and process_vm_* need memory the CPU can address.
+  return cudaDeviceOfLocation(local.location) < 0 && cudaDeviceOfLocation(remote.location) < 0;
+}
+
 void ShmTransport::forget(SegmentHandle handle) {
   std::lock_guard lock(mutex_);
   peers_.erase(handle);
@@ -115,29 +121,6 @@ bool ShmTransport::alive(const PeerProcess& process) const {
     return ::poll(&p, 1, 0) == 0;  // readable once the process has exited
   }
   return processStartTicks(process.pid) == process.start_ticks;
-}
-
-int ShmTransport::readStamp(const PeerProcess& process, uint64_t addr, SegmentStamp& stamp) const {
-  iovec local{&stamp, sizeof(stamp)};
-  iovec remote{reinterpret_cast<void*>(addr), sizeof(stamp)};
-  ssize_t n = ::process_vm_readv(process.pid, &local, 1, &remote, 1, 0);
-  return n == static_cast<ssize_t>(sizeof(stamp)) ? kOk : errnoToError(errno);
-}
-
-int ShmTransport::checkFresh(PeerSegment& peer, const PeerProcess& process) const {
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    std::shared_ptr<const SegmentDescriptor> d = peer.descriptor();
-    if (d->pid != process.pid) return kPeerUnreachable;  // the name now belongs to another process
-    SegmentStamp stamp;
-    if (int rc = readStamp(process, d->stamp_addr, stamp); rc != kOk) return rc;
-    if (stamp.nonce == d->engine_nonce && stamp.registration_version == d->registration_version) return kOk;
-    if (attempt == 0) {
-      if (int rc = peer.refresh(); rc != kOk) return rc;
-    }
-  }
-  // Still inconsistent right after a refresh: registrations are changing
-  // under us, or the engine behind the name went away. Refuse rather than guess.
-  return kPeerUnreachable;
 }
 
 char* ShmTransport::mapped(PeerProcess& process, const BufferDescriptor& buffer) const {
@@ -216,7 +199,7 @@ void ShmTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& t
   std::shared_ptr<PeerProcess> process = attach(peer);
   int verdict = !process->usable       ? kEndpointError
                 : !alive(*process)       ? kPeerUnreachable
-                                         : checkFresh(peer, *process);
+                                         : checkDescriptorFresh(peer, process->pid);
   std::shared_ptr<const SegmentDescriptor> d = peer.descriptor();  // checked fresh above
   for (TransferTask* task : tasks) {
     const TransferRequest& r = task->request();

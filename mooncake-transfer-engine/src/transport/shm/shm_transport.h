@@ -1,5 +1,6 @@
 // Same-host transport for CPU memory: one-sided copies straight between the
 // two address spaces, one copy, no socket, no cooperation from the target.
+// GPU memory on either side is left to cuda_ipc or tcp (see carries()).
 // Two ways, chosen per remote buffer:
 // - mapped: the buffer lies in shared memory (te/shared_memory.h); we take a
 //   duplicate of the peer's memfd (pidfd_getfd), map it once and memcpy.
@@ -11,11 +12,11 @@
 // Safety against stale state, since the target never participates:
 // - pid reuse: the peer is pinned by a pidfd opened after checking that the
 //   pid's start time matches the descriptor; a transfer to an exited peer fails.
-// - stale descriptors: the peer publishes the address of its registration
-//   stamp (engine nonce + registration counter); before each submission we
-//   read it (16 bytes, one syscall) and refetch the descriptor when it moved,
-//   so a range the peer unregistered, or a buffer of an engine that was
-//   replaced at the same name, is refused instead of written.
+// - stale descriptors: before each submission we read the peer's stamp
+//   (transport/peer_stamp.h, 16 bytes, one syscall) and refetch the
+//   descriptor when it moved, so a range the peer unregistered, or a buffer
+//   of an engine that was replaced at the same name, is refused instead of
+//   written.
 #pragma once
 
 #include <atomic>
@@ -34,6 +35,7 @@ class ShmTransport : public Transport {
   void shutdown() override {}
   int registerMemory(const MemoryRegion& region, BufferDescriptor& buffer) override;
   bool reaches(PeerSegment& peer) override;
+  bool carries(PeerSegment& peer, const MemoryRegion& local, const BufferDescriptor& remote) override;
   void submit(PeerSegment& peer, const std::vector<TransferTask*>& tasks, bool caller_waits) override;
   void forget(SegmentHandle handle) override;
 
@@ -60,9 +62,6 @@ class ShmTransport : public Transport {
 
   std::shared_ptr<PeerProcess> attach(PeerSegment& peer);
   bool alive(const PeerProcess& process) const;
-  int readStamp(const PeerProcess& process, uint64_t addr, SegmentStamp& stamp) const;
-  // kOk when the cached descriptor matches the peer's stamp, after at most one refresh.
-  int checkFresh(PeerSegment& peer, const PeerProcess& process) const;
   int copy(PeerProcess& process, const BufferDescriptor& buffer, const TransferRequest& request) const;
   int copyAttached(const PeerProcess& process, const TransferRequest& request) const;
   // Our view of the peer's shared buffer, or null to fall back to attaching.

@@ -2,12 +2,61 @@
 
 #include <algorithm>
 
+#include "cuda/host_staging.h"
 #include "mooncake/te/log.h"
 #include "rpc/connection_server.h"
 #include "rpc/rpc.h"
 #include "transport/tcp/tcp_protocol.h"
 
 namespace mooncake::te {
+namespace {
+
+// Sends `length` bytes of GPU memory through the thread's staging buffer.
+int sendFromDevice(int fd, const char* gpu, uint64_t length, int device, net::Deadline deadline) {
+  char* bounce = cuda::stagingBuffer(device);
+  if (bounce == nullptr) return kEndpointError;
+  for (uint64_t offset = 0; offset < length;) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(length - offset, cuda::kStagingChunk));
+    if (int rc = cuda::copyToHost(bounce, gpu + offset, n, device); rc != kOk) return rc;
+    if (int rc = net::sendAll(fd, bounce, n, deadline); rc != kOk) return rc;
+    offset += n;
+  }
+  return kOk;
+}
+
+// Receives `length` bytes into GPU memory through the thread's staging
+// buffer. Returns the socket's result; a failed copy is reported in
+// `copy_error` and the rest of the payload is still read, so that the
+// connection stays at a message boundary.
+int recvIntoDevice(int fd, char* gpu, uint64_t length, int device, net::Deadline deadline, int& copy_error) {
+  char* bounce = cuda::stagingBuffer(device);
+  copy_error = bounce == nullptr ? kEndpointError : kOk;
+  char scratch[64 * 1024];
+  for (uint64_t offset = 0; offset < length;) {
+    size_t capacity = bounce != nullptr ? cuda::kStagingChunk : sizeof(scratch);
+    size_t n = static_cast<size_t>(std::min<uint64_t>(length - offset, capacity));
+    char* landing = bounce != nullptr ? bounce : scratch;
+    if (int rc = net::recvAll(fd, landing, n, deadline); rc != kOk) return rc;
+    if (copy_error == kOk) copy_error = cuda::copyToDevice(gpu + offset, landing, n, device);
+    offset += n;
+  }
+  return kOk;
+}
+
+// Answers a READ of GPU memory: status, then the bytes. The first chunk is
+// staged before the status goes out, so that a failed copy is reported as
+// an error status; a copy failing later can only end the connection.
+int serveDeviceRead(int fd, const char* gpu, uint64_t length, int device, net::Deadline deadline) {
+  tcp::DataStatus status;
+  char* bounce = cuda::stagingBuffer(device);
+  size_t first = static_cast<size_t>(std::min<uint64_t>(length, cuda::kStagingChunk));
+  status.code = bounce == nullptr ? kEndpointError : cuda::copyToHost(bounce, gpu, first, device);
+  if (int rc = net::sendAll(fd, &status, sizeof(status), deadline); rc != kOk || status.code != kOk) return rc;
+  if (int rc = net::sendAll(fd, bounce, first, deadline); rc != kOk) return rc;
+  return sendFromDevice(fd, gpu + first, length - first, device, deadline);
+}
+
+}  // namespace
 
 // Idle data connections to one peer. A connection is checked out for one
 // request at a time and returned only after a clean exchange, so a pooled
@@ -103,14 +152,17 @@ void TcpTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& t
   std::vector<Slice> slices;
   for (TransferTask* task : tasks) {
     const TransferRequest& r = task->request();
+    // The engine checked that a registered region holds the source.
+    std::optional<MemoryRegion> region = context_.regions->find(reinterpret_cast<uint64_t>(r.source), r.length);
+    const int device = region ? cudaDeviceOfLocation(region->location) : -1;
     uint64_t count = (r.length + slice_size - 1) / slice_size;
     task->expectSlices(static_cast<uint32_t>(count));
     // One deadline for the whole request, however its slices are scheduled.
     const net::Deadline deadline = net::after(context_.config->budgetFor(r.length));
     for (uint64_t offset = 0; offset < r.length; offset += slice_size) {
       uint64_t n = std::min(slice_size, r.length - offset);
-      slices.push_back(
-          Slice{task, pool, r.opcode, static_cast<char*>(r.source) + offset, r.target_offset + offset, n, deadline});
+      slices.push_back(Slice{task, pool, r.opcode, static_cast<char*>(r.source) + offset, device,
+                             r.target_offset + offset, n, deadline});
     }
   }
   // A single slice for a waiting caller runs here: a hand-off to a worker
@@ -175,13 +227,20 @@ int TcpTransport::exchange(net::Socket& socket, const Slice& slice) const {
   int fd = socket.fd();
   if (int rc = net::sendAll(fd, &header, sizeof(header), slice.deadline); rc != kOk) return rc;
   if (slice.opcode == Opcode::kWrite) {
-    if (int rc = net::sendAll(fd, slice.local, slice.length, slice.deadline); rc != kOk) return rc;
+    int rc = slice.local_device < 0 ? net::sendAll(fd, slice.local, slice.length, slice.deadline)
+                                    : sendFromDevice(fd, slice.local, slice.length, slice.local_device, slice.deadline);
+    if (rc != kOk) return rc;
   }
   tcp::DataStatus status;
   if (int rc = net::recvAll(fd, &status, sizeof(status), slice.deadline); rc != kOk) return rc;
   if (status.magic != tcp::kStatusMagic) return kMalformedMessage;
   if (status.code != kOk) return status.code;  // e.g. kAddressNotRegistered
-  if (slice.opcode == Opcode::kRead) return net::recvAll(fd, slice.local, slice.length, slice.deadline);
+  if (slice.opcode == Opcode::kRead) {
+    if (slice.local_device < 0) return net::recvAll(fd, slice.local, slice.length, slice.deadline);
+    int copy_error = kOk;
+    int rc = recvIntoDevice(fd, slice.local, slice.length, slice.local_device, slice.deadline, copy_error);
+    return rc != kOk ? rc : copy_error;
+  }
   return kOk;
 }
 
@@ -202,8 +261,13 @@ void TcpTransport::serveConnection(net::Socket& socket) const {
     bool registered = false;
     if (header.opcode == static_cast<uint8_t>(Opcode::kWrite)) {
       // Held registered while the payload lands, so unregistration waits.
-      registered = context_.regions->withRegion(header.addr, header.length, [&](const MemoryRegion&) {
-        io = net::recvAll(fd, target, header.length, deadline);
+      registered = context_.regions->withRegion(header.addr, header.length, [&](const MemoryRegion& region) {
+        int device = cudaDeviceOfLocation(region.location);
+        if (device < 0) {
+          io = net::recvAll(fd, target, header.length, deadline);
+        } else {
+          io = recvIntoDevice(fd, target, header.length, device, deadline, status.code);
+        }
       });
       if (!registered) {
         char scratch[64 * 1024];
@@ -212,14 +276,19 @@ void TcpTransport::serveConnection(net::Socket& socket) const {
           io = net::recvAll(fd, scratch, n, deadline);
           left -= n;
         }
+        status.code = kAddressNotRegistered;
       }
       if (io != kOk) return;
-      status.code = registered ? kOk : kAddressNotRegistered;
       if (net::sendAll(fd, &status, sizeof(status), deadline) != kOk) return;
     } else {
-      registered = context_.regions->withRegion(header.addr, header.length, [&](const MemoryRegion&) {
-        io = net::sendAll(fd, &status, sizeof(status), deadline);
-        if (io == kOk) io = net::sendAll(fd, target, header.length, deadline);
+      registered = context_.regions->withRegion(header.addr, header.length, [&](const MemoryRegion& region) {
+        int device = cudaDeviceOfLocation(region.location);
+        if (device < 0) {
+          io = net::sendAll(fd, &status, sizeof(status), deadline);
+          if (io == kOk) io = net::sendAll(fd, target, header.length, deadline);
+        } else {
+          io = serveDeviceRead(fd, target, header.length, device, deadline);
+        }
       });
       if (!registered) {
         status.code = kAddressNotRegistered;

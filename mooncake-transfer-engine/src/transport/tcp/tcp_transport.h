@@ -3,6 +3,11 @@
 // peer and splits large requests into slices that worker threads move over
 // several connections at once. Every socket wait is bounded by the request's
 // deadline (MC_TRANSFER_TIMEOUT + 1 ns/byte).
+//
+// GPU memory (a region whose location is "cuda:N"), on either side, is staged
+// through a pinned host buffer a chunk at a time (cuda/host_staging.h): this
+// is how GPU memory moves between hosts, and between processes of one host
+// that CUDA IPC cannot connect.
 #pragma once
 
 #include <condition_variable>
@@ -40,6 +45,7 @@ class TcpTransport : public Transport {
     std::shared_ptr<ConnectionPool> pool;
     Opcode opcode;
     char* local;
+    int local_device;  // CUDA device of `local`, -1 for host memory
     uint64_t remote;
     uint64_t length;
     net::Deadline deadline;

@@ -1,0 +1,87 @@
+// How the engine picks a transport per request from the memory on both ends,
+// and how it labels memory: the parts that need no GPU to check.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "engine_fixture.h"
+#include "mooncake/te/host_identity.h"
+#include "mooncake/te/memory_region.h"
+#include "transport/shm/shm_transport.h"
+
+namespace mooncake::te {
+namespace {
+
+TEST(TransportChoice, LocationsNameCudaDevices) {
+  EXPECT_EQ(cudaDeviceOfLocation("cuda:0"), 0);
+  EXPECT_EQ(cudaDeviceOfLocation("cuda:13"), 13);
+  for (const char* host : {"cpu:0", "*", "", "cuda:", "cuda:x", "cuda:1x", "cuda:-1", "gpu:0", "CUDA:0"}) {
+    EXPECT_EQ(cudaDeviceOfLocation(host), -1) << host;
+  }
+}
+
+// The list a build reports and the transports an engine installs come from
+// one table, in the order the automatic choice tries them.
+TEST(TransportChoice, BuiltTransportsAreExactlyWhatAnEngineInstalls) {
+  std::vector<std::string> built = builtTransports();
+#if MOONCAKE_WITH_CUDA
+  EXPECT_EQ(built, (std::vector<std::string>{"cuda_ipc", "shm", "tcp"}));
+#else
+  EXPECT_EQ(built, (std::vector<std::string>{"shm", "tcp"}));
+#endif
+  TransferEngine engine;
+  ASSERT_EQ(engine.init("P2PHANDSHAKE", "127.0.0.1"), kOk);
+  EXPECT_EQ(engine.transports(), built);
+}
+
+// "nvlink" and friends ask for GPU transfers on one host: the automatic
+// choice, which uses cuda_ipc for GPU memory where it is built. Host memory
+// still goes over shm.
+TEST(TransportChoice, NvlinkProtocolNamesSelectTheAutomaticChoice) {
+  for (const char* protocol : {"nvlink", "nvlink_intra", "cuda_ipc", "NVLINK"}) {
+    testing::EnginePair pair(protocol, 1 << 16);
+    EXPECT_EQ(pair.local.transportFor(pair.peer), "shm") << protocol;
+    ASSERT_EQ(pair.local.transferSync({pair.request(Opcode::kWrite, 0, 0, 1 << 16)}), kOk) << protocol;
+  }
+}
+
+TEST(TransportChoice, RequestsBetweenHostBuffersGoToShmUnlessHinted) {
+  testing::EnginePair pair("", 1 << 16);
+  TransferRequest r = pair.request(Opcode::kWrite, 100, 200, 300);
+  EXPECT_EQ(pair.local.transportFor(r), "shm");
+  EXPECT_EQ(pair.local.transportFor(r, "tcp"), "tcp");
+  TransferRequest unregistered = r;
+  unregistered.target_offset = 16;  // no buffer of the peer's there
+  EXPECT_EQ(pair.local.transportFor(unregistered), "");
+#if MOONCAKE_WITH_CUDA
+  // Host memory is not cuda_ipc's: a forced choice refuses rather than misroutes.
+  EXPECT_EQ(pair.local.transportFor(r, "cuda_ipc"), "");
+#endif
+}
+
+// memcpy and process_vm_* cannot touch GPU memory on either end.
+TEST(TransportChoice, ShmCarriesHostMemoryOnly) {
+  ShmTransport shm;
+  PeerSegment peer(1, "127.0.0.1:1", "127.0.0.1", 1);
+  MemoryRegion host{4096, 4096, "cpu:0"}, gpu{4096, 4096, "cuda:0"};
+  BufferDescriptor remote_host{8192, 4096, "cpu:1", {}}, remote_gpu{8192, 4096, "cuda:2", {}};
+  EXPECT_TRUE(shm.carries(peer, host, remote_host));
+  EXPECT_FALSE(shm.carries(peer, gpu, remote_host));
+  EXPECT_FALSE(shm.carries(peer, host, remote_gpu));
+  EXPECT_FALSE(shm.carries(peer, gpu, remote_gpu));
+}
+
+TEST(TransportChoice, HostMemoryIsLabeledHostMemory) {
+  std::vector<char> host(4096);
+  EXPECT_EQ(detectMemoryLocation(host.data()).rfind("cpu:", 0), 0u);
+  EXPECT_EQ(resolveMemoryLocation(host.data(), "*").rfind("cpu:", 0), 0u);
+  EXPECT_EQ(resolveMemoryLocation(host.data(), "cpu:1"), "cpu:1");  // the caller's NUMA label is kept
+#if MOONCAKE_WITH_CUDA
+  // A host pointer labeled as GPU memory would send shm and tcp down the
+  // wrong path: the label is corrected.
+  EXPECT_EQ(resolveMemoryLocation(host.data(), "cuda:0").rfind("cpu:", 0), 0u);
+#endif
+}
+
+}  // namespace
+}  // namespace mooncake::te
