@@ -7,7 +7,7 @@ exactly as on two machines. Ranks of one namespace share a host arena.
 * torchrun with --nnodes=2, one launch per host, as users start multi-node
   jobs: every collective checked against Gloo over the same ranks.
 * the failure twin: a rank on the second host dies; the others' collective
-  fails within the deadline and names it.
+  completes over the survivors within the deadline and names it.
 """
 
 import os
@@ -91,7 +91,7 @@ def _launch_rank(rank, world, port, *args):
 
 
 @pytest.mark.timeout(120)
-def test_rank_dying_on_another_host_fails_the_others_within_the_deadline():
+def test_rank_dying_on_another_host_the_others_complete_without_it():
     # Hosts: {0, 1} and {2, 3}; rank 3 dies after the first collective. Each
     # rank is its own launch, two per namespace via a tiny shell launcher.
     port = free_port()
@@ -105,11 +105,14 @@ def test_rank_dying_on_another_host_fails_the_others_within_the_deadline():
                                       stderr=subprocess.STDOUT, text=True))
     outputs = _finish(procs, timeout=90)
     text = "\n".join(outputs)
-    found = re.findall(r"^RANK (\d) FAILED-AS-EXPECTED ([\d.]+) HINT (\[[\d, ]*\]) (.*)$", text, flags=re.M)
-    assert sorted(r for r, _, _, _ in found) == ["0", "1", "2"], text[-6000:]
-    for rank, seconds, hint, message in found:
-        # Every survivor, on either host, names the dead rank, and learns it
-        # long before the 8 s group timeout (from rank 2 giving up, not by
-        # waiting for it).
-        assert hint == "[0, 0, 0, 1]", (rank, hint, message)
-        assert float(seconds) < 4.0, (rank, seconds, message)
+    found = re.findall(r"^RANK (\d) SURVIVED ([\d.]+) HINT (\[[\d, ]*\]) VALUE ([\d.]+) LOCAL_SUCCESS (\w+)$", text,
+                       flags=re.M)
+    assert sorted(r for r, *_ in found) == ["0", "1", "2"], text[-6000:]
+    for rank, seconds, hint, value, local_success in found:
+        # Every survivor, on either host, completes over the survivors, names
+        # the dead rank, and does so long before the 8 s group timeout (from
+        # rank 2 giving up on the arena, not by waiting for it).
+        assert hint == "[0, 0, 0, 1]", (rank, hint)
+        assert float(value) == 3.0, (rank, value)
+        assert local_success == "False"
+        assert float(seconds) < 4.0, (rank, seconds)

@@ -9,13 +9,18 @@
 // heartbeat every heartbeat_interval. A closed connection (a killed process:
 // the kernel closes its sockets) marks the process offline at once; silence
 // for heartbeat_timeout (a stalled or partitioned process) marks it offline
-// at the deadline. Offline processes lose their Active seats in every group
-// that deactivates on failure, in one new view per group.
+// at the deadline. Offline processes lose their Active (and
+// AwaitingActivation) seats in every group that deactivates on failure, in
+// one new view per group. The Coordinator heartbeats every Agent too: an
+// Agent that hears nothing for heartbeat_timeout (while its listener is not
+// running) drops the connection, and its pending and later calls fail.
 //
 // Seats and views: a group has max_group_size seats, fixed at creation and
 // never renumbered. A view is the state of every seat plus an epoch that
-// only increases; every change of any seat's state or endpoint gives a new
-// epoch. Views are pushed to every online process that holds a seat of the
+// only increases; every change of any seat's state, endpoint, host or online
+// flag gives a new epoch. While founders register the epoch is 0 and nothing
+// is pushed; the founding view has epoch 1. Views are pushed to every online
+// process that holds an Active, Inactive or AwaitingActivation seat of the
 // group, and acknowledged after the listener returns.
 //
 // The data plane stays out of here: endpoints are opaque strings that the
@@ -108,17 +113,33 @@ class Agent {
 
   // Founders (is_extension false): returns the founding view once every seat
   // of rank_order has registered (all Active), or fails within
-  // request_timeout, and at once when a founder goes offline meanwhile.
+  // request_timeout, and at once when a founder goes offline meanwhile. A
+  // group that failed to form is remembered: later founders of the key fail
+  // at once. A founder registration of an already formed group with the
+  // same rank_order and max_group_size attaches like an extension.
   // Extension: returns the current view at once, this seat Inactive. Every
   // later view of the group goes to `on_view` (on the Agent's thread; the
   // acknowledgement is sent when it returns). Returns false with *error.
+  //
+  // The listener gets views in epoch order, never a stale one, and never
+  // while the Agent holds a lock. It may run before registerGroup returns
+  // (with a view newer than the founding one; *view is then that newer
+  // view). It must not wait on this Agent: registerGroup, syncAfterFailure,
+  // joinGroup and propose fail at once when called from it, and
+  // unregisterGroup does not wait there.
   virtual bool registerGroup(const GroupRegistration& registration, ViewListener on_view, GroupView* view,
                              std::string* error) = 0;
   // Leaves the seat (Left). If it was Active, the others get a view without it.
+  // On return the group's listener is not running and is not called again.
   virtual void unregisterGroup(const std::string& key) = 0;
 
   // Failure evidence from the data plane: these seats failed an operation
-  // with this process. Returns at once.
+  // with this process. Returns at once. The first evidence opens the group's
+  // reconciliation window (never extended); when it closes, in a group with
+  // auto_deactivate: Active seats whose process is offline, and reported
+  // seats with at least one reporter that is Active and not reported itself,
+  // become Inactive; if every reporter is also reported (mutual), only the
+  // highest such seat does. Without auto_deactivate nothing changes.
   virtual void reportFailure(const std::string& key, const std::vector<int>& ranks) = 0;
   // Reports `ranks` (may be empty) and waits for any open reconciliation of
   // the group; the resulting view has been given to the listener on return.
@@ -126,11 +147,16 @@ class Agent {
 
   // join_group: this seat becomes AwaitingActivation; returns once a view
   // with it Active has been given to the listener, or fails at the deadline.
+  // An already Active seat returns true at once.
   virtual bool joinGroup(const std::string& key, std::chrono::milliseconds deadline, std::string* error) = 0;
   // activate_ranks / deactivate_ranks. Activation waits (up to
   // request_timeout) until every target is AwaitingActivation and online.
   // Returns after the new view was acknowledged by the online processes of
-  // the old and new active sets (or they were dropped).
+  // the old and new active sets (or they were dropped: offline, and listed
+  // in dropped_ranks). new_epoch is the group's epoch when the answer is
+  // sent, and this Agent already has that view. Proposals of a group are
+  // served one at a time in arrival order; one not admitted within
+  // request_timeout is Rejected. Invalid seats are Rejected with a reason.
   virtual ProposeViewUpdateResponse propose(const std::string& key, bool activate, const std::vector<int>& ranks) = 0;
 
   // The latest view this Agent has of the group (no communication).

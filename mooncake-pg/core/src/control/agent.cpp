@@ -1,0 +1,533 @@
+// The Agent: one connection to the Coordinator, a reader thread that
+// delivers views to listeners (acknowledging each after its listener
+// returned) and completes calls, and a heartbeat thread that also watches
+// for a Coordinator that went silent. Calls are synchronous request/reply
+// with deadlines; a lost connection fails every pending call at once.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "control/protocol.h"
+#include "control/socket_io.h"
+#include "control/text.h"
+#include "mooncake/pg/control_plane.h"
+#include "mooncake/te/log.h"
+
+namespace mooncake::pg {
+
+namespace control {
+namespace {
+
+class AgentImpl final : public Agent {
+ public:
+  AgentImpl(const std::string& address, int global_rank, const ControlOptions& options)
+      : address_(address), global_rank_(global_rank), options_(options) {}
+
+  ~AgentImpl() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+      changed_.notify_all();
+    }
+    ::shutdown(fd_.get(), SHUT_RDWR);  // the Coordinator sees the end of stream at once; wakes the reader
+    if (heartbeat_.joinable()) heartbeat_.join();
+    if (reader_.joinable()) {
+      if (onReaderThread()) {
+        MC_LOG(Error) << "control plane agent destroyed from its own view listener; its reader thread is left behind";
+        reader_.detach();
+      } else {
+        reader_.join();
+      }
+    }
+  }
+
+  bool start(std::string* error);
+
+  bool registerGroup(const GroupRegistration& registration, ViewListener on_view, GroupView* view,
+                     std::string* error) override;
+  void unregisterGroup(const std::string& key) override;
+  void reportFailure(const std::string& key, const std::vector<int>& ranks) override;
+  SyncResult syncAfterFailure(const std::string& key, const std::vector<int>& ranks) override;
+  bool joinGroup(const std::string& key, std::chrono::milliseconds deadline, std::string* error) override;
+  ProposeViewUpdateResponse propose(const std::string& key, bool activate, const std::vector<int>& ranks) override;
+  GroupView view(const std::string& key) const override;
+
+ private:
+  struct GroupSlot {
+    int seat = -1;
+    ViewListener listener;
+    GroupView view;                 // the newest view (set before its listener runs)
+    bool delivered_active = false;  // the last view whose delivery completed shows the seat Active
+  };
+  struct PendingCall {
+    bool done = false;
+    Message reply;
+  };
+
+  // Time the Coordinator may take beyond its own deadlines before an answer
+  // is considered lost.
+  TimePoint answerDeadline(std::chrono::milliseconds coordinator_bound) const {
+    return Clock::now() + coordinator_bound + options_.heartbeat_timeout;
+  }
+
+  bool onReaderThread() const { return std::this_thread::get_id() == reader_id_.load(); }
+  bool send(const Message& message, std::string* error);
+  // Sends a request (its id is assigned here) and waits for the reply.
+  template <class Request>
+  bool call(Request request, TimePoint deadline, Message* reply, std::string* error);
+  void loseConnection(const std::string& why);
+
+  void readLoop();
+  void heartbeatLoop();
+  void handle(Message message);
+  void complete(RequestId id, Message reply);
+  // Makes `view` the group's current one if newer; with `notify`, gives it
+  // to the listener first. Returns the group's newest epoch.
+  uint64_t deliver(const GroupView& view, bool notify);
+
+  const std::string address_;
+  const int global_rank_;
+  const ControlOptions options_;
+  UniqueFd fd_;
+  FrameDecoder decoder_;   // used by start(), then only by the reader thread
+  std::mutex send_mutex_;  // one frame at a time on the socket; taken before mutex_, never after
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;  // any call completed, view delivered, connection lost, stopping
+  bool stopping_ = false;
+  bool lost_ = false;
+  std::string lost_reason_;
+  RequestId next_request_id_ = 1;
+  std::map<RequestId, PendingCall> calls_;
+  std::map<std::string, std::shared_ptr<GroupSlot>> groups_;
+  const GroupSlot* in_listener_ = nullptr;  // the slot whose listener runs now
+  TimePoint last_heard_;                    // from the Coordinator
+  std::atomic<std::thread::id> reader_id_{};
+  std::thread reader_;
+  std::thread heartbeat_;
+};
+
+bool AgentImpl::start(std::string* error) {
+  std::string host;
+  uint16_t port = 0;
+  if (!splitHostPort(address_, &host, &port)) {
+    *error = "invalid coordinator address '" + address_ + "' (expected host:port)";
+    return false;
+  }
+  std::string why;
+  fd_ = connectTo(host, port, Clock::now() + options_.request_timeout, &why);
+  if (!fd_.valid()) {
+    *error = "cannot connect to the coordinator at " + address_ + ": " + why;
+    return false;
+  }
+  std::vector<uint8_t> hello = encodeFrame(Hello{global_rank_, static_cast<int32_t>(::getpid())});
+  if (!sendAll(fd_.get(), hello.data(), hello.size(), Clock::now() + options_.request_timeout, &why)) {
+    *error = "cannot greet the coordinator at " + address_ + ": " + why;
+    return false;
+  }
+  // A replacement may wait up to heartbeat_timeout for its predecessor to be
+  // declared gone.
+  TimePoint deadline = answerDeadline(options_.heartbeat_timeout);
+  for (;;) {
+    Message message;
+    DecodeResult result = decoder_.next(&message, &why);
+    if (result == DecodeResult::kError) {
+      *error = "bad answer from the coordinator at " + address_ + ": " + why;
+      return false;
+    }
+    if (result == DecodeResult::kFrame) {
+      if (std::holds_alternative<Heartbeat>(message)) continue;
+      const Reply* reply = std::get_if<Reply>(&message);
+      if (reply == nullptr) {
+        *error = std::string("unexpected ") + messageName(message) + " from the coordinator at " + address_;
+        return false;
+      }
+      if (!reply->error.empty()) {
+        *error = "the coordinator at " + address_ + " refused global rank " + std::to_string(global_rank_) + ": " +
+                 reply->error;
+        return false;
+      }
+      break;
+    }
+    uint8_t buffer[4096];
+    ssize_t n = receiveSome(fd_.get(), buffer, sizeof(buffer), deadline, &why);
+    if (n <= 0) {
+      *error = "no answer from the coordinator at " + address_ + " to the connection of global rank " +
+               std::to_string(global_rank_) + ": " + (n == 0 ? "connection closed" : why);
+      return false;
+    }
+    decoder_.append(buffer, static_cast<size_t>(n));
+  }
+  last_heard_ = Clock::now();
+  reader_ = std::thread([this] { readLoop(); });
+  heartbeat_ = std::thread([this] { heartbeatLoop(); });
+  return true;
+}
+
+bool AgentImpl::send(const Message& message, std::string* error) {
+  std::vector<uint8_t> frame = encodeFrame(message);
+  std::lock_guard<std::mutex> serialize(send_mutex_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (lost_) {
+      *error = lost_reason_;
+      return false;
+    }
+  }
+  std::string why;
+  if (sendAll(fd_.get(), frame.data(), frame.size(), Clock::now() + options_.request_timeout, &why)) return true;
+  loseConnection("cannot send to the coordinator at " + address_ + ": " + why);
+  std::lock_guard<std::mutex> lock(mutex_);
+  *error = lost_reason_;
+  return false;
+}
+
+template <class Request>
+bool AgentImpl::call(Request request, TimePoint deadline, Message* reply, std::string* error) {
+  if (onReaderThread()) {
+    *error = "called from a view listener (the agent's reader thread), where waiting for an answer would deadlock";
+    return false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    request.request_id = next_request_id_++;
+    calls_[request.request_id];
+  }
+  RequestId id = request.request_id;
+  bool sent = send(request, error);
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (sent) changed_.wait_until(lock, deadline, [&] { return calls_[id].done || lost_ || stopping_; });
+  PendingCall outcome = std::move(calls_[id]);
+  calls_.erase(id);
+  if (outcome.done) {
+    *reply = std::move(outcome.reply);
+    return true;
+  }
+  if (sent) {
+    *error = lost_       ? lost_reason_
+             : stopping_ ? "the agent is shutting down"
+                         : "no answer from the coordinator at " + address_ + " in time";
+  }
+  return false;
+}
+
+void AgentImpl::loseConnection(const std::string& why) {
+  bool quiet;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (lost_) return;
+    lost_ = true;
+    lost_reason_ = why;
+    quiet = stopping_;
+    changed_.notify_all();
+  }
+  if (!quiet) {
+    MC_LOG(Warning) << "control plane agent (global rank " << global_rank_ << "): " << why;
+  }
+  ::shutdown(fd_.get(), SHUT_RDWR);  // wakes the reader
+}
+
+void AgentImpl::readLoop() {
+  reader_id_ = std::this_thread::get_id();
+  try {
+    uint8_t buffer[64 * 1024];
+    for (;;) {
+      Message message;
+      std::string why;
+      DecodeResult result = decoder_.next(&message, &why);
+      if (result == DecodeResult::kFrame) {
+        handle(std::move(message));
+        continue;
+      }
+      if (result == DecodeResult::kError) {
+        loseConnection("malformed message from the coordinator at " + address_ + ": " + why);
+        return;
+      }
+      ssize_t n = receiveSome(fd_.get(), buffer, sizeof(buffer), TimePoint::max(), &why);
+      if (n <= 0) {
+        loseConnection("lost the connection to the coordinator at " + address_ + ": " +
+                       (n == 0 ? std::string("closed by the coordinator") : why));
+        return;
+      }
+      decoder_.append(buffer, static_cast<size_t>(n));
+      std::lock_guard<std::mutex> lock(mutex_);
+      last_heard_ = Clock::now();
+    }
+  } catch (const std::exception& e) {
+    loseConnection(std::string("control plane agent reader failed: ") + e.what());
+  }
+}
+
+void AgentImpl::heartbeatLoop() {
+  try {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stopping_ && !lost_) {
+      changed_.wait_for(lock, options_.heartbeat_interval, [&] { return stopping_ || lost_; });
+      if (stopping_ || lost_) return;
+      // A listener that runs long keeps the reader from reading: only
+      // silence while the reader is free to hear counts against the
+      // Coordinator.
+      if (in_listener_ != nullptr) last_heard_ = Clock::now();
+      bool silent = Clock::now() - last_heard_ > options_.heartbeat_timeout;
+      lock.unlock();
+      if (silent) {
+        loseConnection("no sign of life from the coordinator at " + address_ + " for " +
+                       millisecondsText(options_.heartbeat_timeout));
+        return;
+      }
+      std::string ignored;  // a failed send loses the connection, which ends this loop
+      send(Heartbeat{}, &ignored);
+      lock.lock();
+    }
+  } catch (const std::exception& e) {
+    loseConnection(std::string("control plane agent heartbeat failed: ") + e.what());
+  }
+}
+
+void AgentImpl::handle(Message message) {
+  if (auto* push = std::get_if<ViewPush>(&message)) {
+    uint64_t epoch = deliver(push->view, /*notify=*/true);
+    std::string ignored;
+    send(ViewAck{push->view.key, std::max(epoch, push->view.epoch)}, &ignored);
+  } else if (auto* reply = std::get_if<Reply>(&message)) {
+    // A view in a plain reply answers a registration: it becomes the current
+    // view without going to the listener (registerGroup returns it).
+    if (reply->view) deliver(*reply->view, /*notify=*/false);
+    complete(reply->request_id, std::move(message));
+  } else if (auto* sync = std::get_if<SyncReply>(&message)) {
+    // The view after reconciliation reaches the listener before the caller
+    // of syncAfterFailure returns.
+    if (sync->view) deliver(*sync->view, /*notify=*/true);
+    complete(sync->request_id, std::move(message));
+  } else if (auto* proposal = std::get_if<ProposeReply>(&message)) {
+    complete(proposal->request_id, std::move(message));
+  } else if (!std::holds_alternative<Heartbeat>(message)) {
+    loseConnection(std::string("protocol violation: the coordinator sent a ") + messageName(message));
+  }
+}
+
+void AgentImpl::complete(RequestId id, Message reply) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = calls_.find(id);
+  if (it == calls_.end()) return;  // its caller gave up, or nobody waits (id 0)
+  it->second.done = true;
+  it->second.reply = std::move(reply);
+  changed_.notify_all();
+}
+
+uint64_t AgentImpl::deliver(const GroupView& view, bool notify) {
+  std::shared_ptr<GroupSlot> slot;
+  ViewListener listener;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = groups_.find(view.key);
+    if (it == groups_.end()) return view.epoch;  // unregistered meanwhile
+    slot = it->second;
+    if (view.epoch <= slot->view.epoch) return slot->view.epoch;  // stale
+    slot->view = view;
+    if (notify) {
+      listener = slot->listener;
+      in_listener_ = slot.get();
+    }
+  }
+  if (listener) {
+    try {
+      listener(view);
+    } catch (const std::exception& e) {
+      MC_LOG(Warning) << "control plane: view listener of group '" << view.key << "' threw: " << e.what();
+    } catch (...) {
+      MC_LOG(Warning) << "control plane: view listener of group '" << view.key << "' threw";
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  in_listener_ = nullptr;
+  if (slot->view.epoch == view.epoch) {
+    slot->delivered_active =
+        slot->seat >= 0 && slot->seat < static_cast<int>(view.members.size()) && view.isActive(slot->seat);
+  }
+  changed_.notify_all();
+  return slot->view.epoch;
+}
+
+bool AgentImpl::registerGroup(const GroupRegistration& registration, ViewListener on_view, GroupView* view,
+                              std::string* error) {
+  std::string ignored_error;
+  if (error == nullptr) error = &ignored_error;
+  const std::string& key = registration.key;
+  auto fail = [&](const std::string& why) {
+    *error = "registerGroup('" + key + "', seat " + std::to_string(registration.rank) + "): " + why;
+    return false;
+  };
+  auto slot = std::make_shared<GroupSlot>();
+  slot->seat = registration.rank;
+  slot->listener = std::move(on_view);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!groups_.emplace(key, slot).second) return fail("this process has already registered the group");
+  }
+  auto forget = [&] {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = groups_.find(key);
+    if (it != groups_.end() && it->second == slot) groups_.erase(it);
+  };
+  Message answer;
+  std::string why;
+  if (!call(RegisterGroupRequest{0, registration}, answerDeadline(options_.request_timeout), &answer, &why)) {
+    forget();
+    return fail(why);
+  }
+  const Reply* reply = std::get_if<Reply>(&answer);
+  if (reply == nullptr || !reply->error.empty() || !reply->view) {
+    forget();
+    return fail(reply == nullptr ? "unexpected answer from the coordinator" : reply->error);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (view != nullptr) *view = slot->view;  // the answer's view, or a newer one already given to the listener
+  return true;
+}
+
+void AgentImpl::unregisterGroup(const std::string& key) {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto it = groups_.find(key);
+    if (it == groups_.end()) return;
+    const GroupSlot* slot = it->second.get();
+    groups_.erase(it);
+    // After this returns the listener is not called again, and is not running.
+    if (!onReaderThread()) changed_.wait(lock, [&] { return in_listener_ != slot; });
+  }
+  std::string why;
+  if (onReaderThread()) {
+    if (!send(UnregisterGroupRequest{0, key}, &why)) {  // no waiting on the reader thread
+      MC_LOG(Warning) << "control plane: unregisterGroup('" << key << "'): " << why;
+    }
+    return;
+  }
+  Message answer;
+  if (!call(UnregisterGroupRequest{0, key}, answerDeadline(options_.request_timeout), &answer, &why)) {
+    MC_LOG(Warning) << "control plane: unregisterGroup('" << key << "'): " << why;
+    return;
+  }
+  const Reply* reply = std::get_if<Reply>(&answer);
+  if (reply != nullptr && !reply->error.empty()) {
+    MC_LOG(Warning) << "control plane: unregisterGroup('" << key << "'): " << reply->error;
+  }
+}
+
+void AgentImpl::reportFailure(const std::string& key, const std::vector<int>& ranks) {
+  std::string why;
+  if (!send(FailureReport{key, ranks}, &why)) {
+    MC_LOG(Warning) << "control plane: reportFailure('" << key << "') not delivered: " << why;
+  }
+}
+
+SyncResult AgentImpl::syncAfterFailure(const std::string& key, const std::vector<int>& ranks) {
+  SyncResult result;
+  Message answer;
+  std::string why;
+  TimePoint deadline = answerDeadline(options_.reconciliation_window + options_.request_timeout);
+  const SyncReply* reply = nullptr;
+  if (call(SyncRequest{0, key, ranks}, deadline, &answer, &why)) {
+    reply = std::get_if<SyncReply>(&answer);
+    if (reply == nullptr) why = "unexpected answer from the coordinator";
+  }
+  if (reply == nullptr) {
+    result.response.status = SyncAfterFailureStatus::Rejected;
+    result.response.reject_reason = "syncAfterFailure('" + key + "'): " + why;
+    result.view = view(key);
+    return result;
+  }
+  result.response = reply->response;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = groups_.find(key);
+  if (it != groups_.end()) {
+    result.view = it->second->view;  // already given to the listener, and at least as new as the answer's
+  } else if (reply->view) {
+    result.view = *reply->view;
+  }
+  return result;
+}
+
+bool AgentImpl::joinGroup(const std::string& key, std::chrono::milliseconds deadline, std::string* error) {
+  std::string ignored_error;
+  if (error == nullptr) error = &ignored_error;
+  TimePoint until = Clock::now() + deadline;
+  auto fail = [&](const std::string& why) {
+    *error = "joinGroup('" + key + "'): " + why;
+    return false;
+  };
+  std::shared_ptr<GroupSlot> slot;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = groups_.find(key);
+    if (it == groups_.end()) return fail("this process has not registered the group");
+    slot = it->second;
+  }
+  Message answer;
+  std::string why;
+  if (!call(JoinRequest{0, key}, until, &answer, &why)) return fail(why);
+  const Reply* reply = std::get_if<Reply>(&answer);
+  if (reply == nullptr || !reply->error.empty()) {
+    return fail(reply == nullptr ? "unexpected answer from the coordinator" : reply->error);
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto unregistered = [&] {
+    auto it = groups_.find(key);
+    return it == groups_.end() || it->second != slot;
+  };
+  changed_.wait_until(lock, until, [&] { return slot->delivered_active || lost_ || stopping_ || unregistered(); });
+  if (slot->delivered_active) return true;
+  if (lost_) return fail(lost_reason_);
+  if (stopping_) return fail("the agent is shutting down");
+  if (unregistered()) return fail("the group was unregistered while joining");
+  return fail("seat " + std::to_string(slot->seat) + " was not activated within " + millisecondsText(deadline) +
+              " (a member must propose its activation)");
+}
+
+ProposeViewUpdateResponse AgentImpl::propose(const std::string& key, bool activate, const std::vector<int>& ranks) {
+  Message answer;
+  std::string why;
+  TimePoint deadline = answerDeadline(options_.request_timeout + options_.ack_timeout);
+  if (call(ProposeRequest{0, key, activate, ranks}, deadline, &answer, &why)) {
+    if (auto* reply = std::get_if<ProposeReply>(&answer)) return reply->response;
+    why = "unexpected answer from the coordinator";
+  }
+  ProposeViewUpdateResponse rejected;
+  rejected.status = ProposalStatus::Rejected;
+  rejected.new_epoch = static_cast<int64_t>(view(key).epoch);
+  rejected.reject_reason =
+      std::string(activate ? "activate" : "deactivate") + " proposal for group '" + key + "': " + why;
+  MC_LOG(Warning) << "control plane: " << rejected.reject_reason;
+  return rejected;
+}
+
+GroupView AgentImpl::view(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = groups_.find(key);
+  if (it != groups_.end()) return it->second->view;
+  GroupView none;
+  none.key = key;
+  return none;
+}
+
+}  // namespace
+}  // namespace control
+
+std::unique_ptr<Agent> Agent::connect(const std::string& address, int global_rank, const ControlOptions& options,
+                                      std::string* error) {
+  std::string why;
+  try {
+    auto agent = std::make_unique<control::AgentImpl>(address, global_rank, options);
+    if (agent->start(&why)) return agent;
+  } catch (const std::exception& e) {  // e.g. no thread could be started
+    why = std::string("cannot start the agent: ") + e.what();
+  }
+  if (error != nullptr) *error = why;
+  return nullptr;
+}
+
+}  // namespace mooncake::pg

@@ -1,0 +1,255 @@
+// The Coordinator's network side: one thread polls the listening socket,
+// every Agent connection and a wake-up eventfd, feeds CoordinatorState, and
+// carries out its effects. It also heartbeats every connection, so Agents
+// notice a stalled Coordinator as the Coordinator notices stalled Agents.
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "control/coordinator_state.h"
+#include "control/protocol.h"
+#include "control/socket_io.h"
+#include "mooncake/pg/control_plane.h"
+#include "mooncake/te/log.h"
+
+namespace mooncake::pg {
+namespace control {
+namespace {
+
+// An Agent that does not read its messages must not make the Coordinator
+// buffer without bound.
+constexpr size_t kMaxQueuedBytes = 64u << 20;
+
+std::string randomIncarnation() {
+  std::random_device device;
+  char text[16];
+  std::snprintf(text, sizeof(text), "%08x", static_cast<unsigned>(device()));
+  return text;
+}
+
+class CoordinatorImpl final : public Coordinator {
+ public:
+  explicit CoordinatorImpl(const ControlOptions& options)
+      : options_(options), state_(options, "pg" + randomIncarnation()) {}
+
+  ~CoordinatorImpl() override {
+    stopping_ = true;
+    uint64_t one = 1;
+    if (::write(wake_.get(), &one, sizeof(one)) < 0) {
+      // Nothing else to do: the loop also wakes at its next deadline.
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  bool start(const std::string& host, std::string* error) {
+    uint16_t port = 0;
+    listener_ = listenOn(host, &port, error);
+    if (!listener_.valid()) return false;
+    wake_ = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!wake_.valid()) {
+      *error = std::string("eventfd: ") + std::strerror(errno);
+      return false;
+    }
+    address_ = joinHostPort(host, port);
+    thread_ = std::thread([this] { run(); });
+    return true;
+  }
+
+  std::string address() const override { return address_; }
+
+ private:
+  struct Connection {
+    UniqueFd fd;
+    FrameDecoder decoder;
+    std::vector<uint8_t> output;
+    size_t output_sent = 0;
+    bool closing = false;  // close after one more attempt to send `output`
+  };
+
+  void run() {
+    next_heartbeat_ = Clock::now();
+    while (!stopping_) {
+      try {
+        step();
+      } catch (const std::exception& e) {
+        MC_LOG(Warning) << "control plane coordinator: " << e.what();
+      }
+    }
+    for (auto& entry : connections_) ::shutdown(entry.second.fd.get(), SHUT_RDWR);
+    connections_.clear();
+  }
+
+  void step() {
+    std::vector<pollfd> polled = {{wake_.get(), POLLIN, 0}, {listener_.get(), POLLIN, 0}};
+    std::vector<SessionId> polled_sessions;
+    for (const auto& [id, connection] : connections_) {
+      short events = connection.output.size() > connection.output_sent ? POLLIN | POLLOUT : POLLIN;
+      polled.push_back({connection.fd.get(), events, 0});
+      polled_sessions.push_back(id);
+    }
+    TimePoint wake_at = std::min(state_.nextDeadline(), next_heartbeat_);
+    if (::poll(polled.data(), polled.size(), pollTimeoutMs(wake_at)) < 0 && errno != EINTR) {
+      MC_LOG(Warning) << "control plane coordinator: poll: " << std::strerror(errno);
+    }
+    if (stopping_) return;
+    TimePoint now = Clock::now();
+    Effects effects;
+    if (polled[1].revents != 0) acceptConnections(now);
+    for (size_t i = 0; i < polled_sessions.size(); ++i) {
+      short revents = polled[i + 2].revents;
+      if ((revents & (POLLIN | POLLHUP | POLLERR)) != 0) receive(now, polled_sessions[i], &effects);
+    }
+    state_.onTimer(now, &effects);
+    if (now >= next_heartbeat_) {
+      for (const auto& entry : connections_) effects.sends.push_back({entry.first, Heartbeat{}});
+      next_heartbeat_ = now + options_.heartbeat_interval;
+    }
+    apply(now, std::move(effects));
+  }
+
+  void acceptConnections(TimePoint now) {
+    for (;;) {
+      int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return;  // EAGAIN: all taken; anything else: retried at the next wake-up
+      }
+      setNoDelay(fd);
+      SessionId id = next_session_++;
+      connections_[id].fd = UniqueFd(fd);
+      state_.onConnected(now, id);
+    }
+  }
+
+  // Reads what is there and hands every complete message to the state.
+  void receive(TimePoint now, SessionId id, Effects* effects) {
+    auto it = connections_.find(id);
+    if (it == connections_.end()) return;
+    Connection& connection = it->second;
+    uint8_t buffer[64 * 1024];
+    for (;;) {
+      ssize_t n = ::recv(connection.fd.get(), buffer, sizeof(buffer), MSG_DONTWAIT);
+      if (n > 0) {
+        connection.decoder.append(buffer, static_cast<size_t>(n));
+        if (static_cast<size_t>(n) < sizeof(buffer)) break;
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      std::string why = n == 0 ? "connection closed" : std::string("connection error: ") + std::strerror(errno);
+      drop(now, id, why, effects);
+      return;
+    }
+    for (;;) {
+      Message message;
+      std::string error;
+      DecodeResult result = connection.decoder.next(&message, &error);
+      if (result == DecodeResult::kNeedMore) return;
+      if (result == DecodeResult::kError) {
+        drop(now, id, "malformed input: " + error, effects);
+        return;
+      }
+      state_.onMessage(now, id, std::move(message), effects);
+      if (connections_.count(id) == 0 || connection.closing) return;
+    }
+  }
+
+  void drop(TimePoint now, SessionId id, const std::string& why, Effects* effects) {
+    connections_.erase(id);
+    state_.onDisconnected(now, id, why, effects);
+  }
+
+  void apply(TimePoint now, Effects effects) {
+    for (Outgoing& outgoing : effects.sends) {
+      auto it = connections_.find(outgoing.to);
+      if (it == connections_.end() || it->second.closing) continue;
+      std::vector<uint8_t> frame = encodeFrame(outgoing.message);
+      it->second.output.insert(it->second.output.end(), frame.begin(), frame.end());
+    }
+    for (SessionId id : effects.disconnects) {
+      auto it = connections_.find(id);
+      if (it != connections_.end()) it->second.closing = true;
+    }
+    Effects more;
+    std::vector<SessionId> finished;
+    for (auto& [id, connection] : connections_) {
+      std::string error;
+      if (!flush(connection, &error)) {
+        finished.push_back(id);
+        if (!connection.closing) state_.onDisconnected(now, id, error, &more);
+      } else if (connection.closing) {
+        finished.push_back(id);  // after one attempt to send its last words, never waiting on a stalled peer
+      }
+    }
+    for (SessionId id : finished) {
+      auto it = connections_.find(id);
+      if (it == connections_.end()) continue;
+      ::shutdown(it->second.fd.get(), SHUT_RDWR);  // the peer sees the end at once
+      connections_.erase(it);
+    }
+    if (!more.sends.empty() || !more.disconnects.empty()) apply(now, std::move(more));
+  }
+
+  // Writes what the socket takes now; false when the connection is broken
+  // or the Agent has let too much pile up.
+  bool flush(Connection& connection, std::string* error) {
+    while (connection.output_sent < connection.output.size()) {
+      ssize_t n = ::send(connection.fd.get(), connection.output.data() + connection.output_sent,
+                         connection.output.size() - connection.output_sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        connection.output_sent += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      *error = std::string("connection error: ") + std::strerror(errno);
+      return false;
+    }
+    if (connection.output_sent == connection.output.size()) {
+      connection.output.clear();
+      connection.output_sent = 0;
+    } else if (connection.output.size() - connection.output_sent > kMaxQueuedBytes) {
+      *error = "does not read its messages (over " + std::to_string(kMaxQueuedBytes >> 20) + " MiB queued)";
+      return false;
+    }
+    return true;
+  }
+
+  const ControlOptions options_;
+  CoordinatorState state_;
+  UniqueFd listener_;
+  UniqueFd wake_;
+  std::string address_;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+  std::map<SessionId, Connection> connections_;
+  SessionId next_session_ = 1;
+  TimePoint next_heartbeat_;
+};
+
+}  // namespace
+}  // namespace control
+
+std::unique_ptr<Coordinator> Coordinator::start(const std::string& host, const ControlOptions& options,
+                                                std::string* error) {
+  std::string why;
+  try {
+    auto coordinator = std::make_unique<control::CoordinatorImpl>(options);
+    if (coordinator->start(host, &why)) return coordinator;
+  } catch (const std::exception& e) {  // e.g. no thread could be started
+    why = e.what();
+  }
+  if (error != nullptr) *error = "cannot start the control-plane coordinator on " + host + ": " + why;
+  return nullptr;
+}
+
+}  // namespace mooncake::pg

@@ -1,0 +1,139 @@
+"""Scaffolding for the elastic tests: ranks are plain spawned processes that
+each run one scenario function, so that a rank can die, and a replacement or
+a joiner can start later with its own options. Every wait is bounded.
+
+A scenario is a module-level function ``fn(ctx)``; ``ctx`` has ``rank``,
+``world`` (the size this process declares), ``pg`` (mooncake.pg), ``events``
+(named multiprocessing Events shared by every process of the test) and
+``say(value)``, which records a result for the parent. What fn returns is
+recorded too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import pickle
+import queue as queue_mod
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from _harness import CTX, HOST, free_port
+
+
+@dataclass
+class ElasticContext:
+    rank: int
+    world: int
+    pg: object
+    events: dict
+    results: object = None
+    said: list = field(default_factory=list)
+
+    def say(self, value):
+        self.said.append(value)
+
+    def wait_for(self, name, timeout=60.0):
+        if not self.events[name].wait(timeout):
+            raise TimeoutError(f"rank {self.rank}: event {name!r} not set within {timeout} s")
+
+    def signal(self, name):
+        self.events[name].set()
+
+
+def _options(pg, spec):
+    if spec is None:
+        return {}
+    return {"pg_options": pg.MooncakeBackendOptions(*spec)}
+
+
+def _rank_main(fn, rank, world, port, spec, events, results, env, init_timeout_s):
+    os.environ.update(env or {})
+    os.environ.update(MASTER_ADDR=HOST, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    ctx = None
+    try:
+        import torch.distributed as dist
+
+        from mooncake import pg
+
+        dist.init_process_group("mooncake-cpu", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=init_timeout_s), **_options(pg, spec))
+        ctx = ElasticContext(rank=rank, world=world, pg=pg, events=events)
+        value = fn(ctx)
+        payload = ("ok", ctx.said, value)
+        pickle.dumps(payload)
+    except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
+        payload = ("err", ctx.said if ctx else [], (type(e).__name__, str(e), traceback.format_exc()))
+    results.put((rank, os.getpid(), payload))
+    results.close()
+    results.join_thread()
+    os._exit(0)  # skip teardown: a broken group's destroy must not hold the test
+
+
+class Job:
+    """Processes of one elastic test. ``start(fn, rank, world, spec)`` starts a
+    rank (spec: the MooncakeBackendOptions arguments, or None)."""
+
+    def __init__(self, event_names=(), env=None, init_timeout_s=30):
+        self.port = free_port()
+        self.events = {name: CTX.Event() for name in event_names}
+        self.results = CTX.Queue()
+        self.env = env
+        self.init_timeout_s = init_timeout_s
+        self.procs = []
+
+    def start(self, fn, rank, world, spec=None):
+        p = CTX.Process(target=_rank_main, daemon=True, name=f"elastic-rank{rank}",
+                        args=(fn, rank, world, self.port, spec, self.events, self.results, self.env,
+                              self.init_timeout_s))
+        p.start()
+        self.procs.append(p)
+        return p
+
+    def collect(self, expected, timeout=90.0):
+        """Waits for `expected` results; returns {rank: (said, value)} and
+        raises AssertionError with every rank's error on failure."""
+        deadline = time.monotonic() + timeout
+        got, errors = {}, []
+        while len(got) + len(errors) < expected:
+            try:
+                rank, _pid, (status, said, value) = self.results.get(timeout=max(0.05, deadline - time.monotonic()))
+            except queue_mod.Empty:
+                break
+            if status == "ok":
+                got[rank] = (said, value)
+            else:
+                errors.append(f"rank {rank}: {value[0]}: {value[1]}\n{value[2]}\nsaid: {said}")
+        if errors or len(got) < expected:
+            self.kill()
+            raise AssertionError(f"{len(got)} of {expected} ranks answered; errors:\n" + "\n".join(errors)
+                                 + f"\nanswers: {got}")
+        return got
+
+    def kill(self):
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.kill()
+
+
+def die():
+    """Leave at once, as a crash would (no teardown, no goodbye)."""
+    os._exit(17)
+
+
+def poll(predicate, timeout=30.0, interval=0.02):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached in time")
+        time.sleep(interval)

@@ -1,0 +1,308 @@
+"""Elastic membership, proven by killing ranks (reference/pg.md §6.2
+test_pg_elastic and p2p_fault_detection, plus the bounds of issue 4).
+
+Semantics checked here (docs/process-group.md, "Elastic membership"):
+- A collective during which a rank dies completes over the survivors:
+  wait() returns, the dead rank contributes nothing, the failure hint names
+  it and get_local_success is False. Under the default failure mode the new
+  view (mask, epoch) is in place when the Work completes.
+- World size = highest active seat + 1; seats are never renumbered.
+- A replacement (is_extension=True) or a joiner runs local-only collectives
+  until join_group returns, which happens once a member activates it.
+"""
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from _elastic import Job, die, poll
+
+pytestmark = pytest.mark.timeout(150)
+
+USABLE_WITHIN = 3.0  # seconds from a death to the survivors' completed collective (issue 4)
+
+
+def _world():
+    return dist.group.WORLD
+
+
+def _observe(ctx, work, t, start):
+    return {
+        "value": t.tolist(),
+        "hint": ctx.pg.get_failed_ranks_hint(work).tolist(),
+        "local_success": ctx.pg.get_local_success(work),
+        "mask": ctx.pg.get_active_ranks(_world()).tolist(),
+        "world": dist.get_world_size(),
+        "took": time.monotonic() - start,
+    }
+
+
+# ---------------------------------------------------------------------------
+# A rank dies; the survivors carry on
+
+
+def _rank_dies(ctx, victim):
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)
+    ctx.say(("before", t.item(), ctx.pg.get_current_epoch(_world())))
+    if ctx.rank == victim:
+        die()
+    start = time.monotonic()
+    t = torch.tensor([float(ctx.rank + 1)])
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    ctx.say(_observe(ctx, work, t, start))
+    after = torch.ones(3)
+    work = dist.all_reduce(after, async_op=True)
+    work.wait()
+    ctx.say(("after", after.tolist(), ctx.pg.get_local_success(work), ctx.pg.get_current_epoch(_world())))
+    gathered = torch.zeros(dist.get_world_size()) - 1
+    dist.all_gather_into_tensor(gathered, torch.tensor([float(ctx.rank)]))
+    ctx.say(("gathered", gathered.tolist()))
+
+
+@pytest.mark.parametrize("victim", [1, 3])
+def test_survivors_complete_the_collective_without_the_dead_rank(victim):
+    world = 4
+    with Job() as job:
+        for r in range(world):
+            job.start(_run_rank_dies(victim), r, world)
+        got = job.collect(world - 1)
+    survivors = [r for r in range(world) if r != victim]
+    expected_sum = float(sum(r + 1 for r in survivors))
+    mask = [0 if r == victim else 1 for r in range(world)]
+    extent = max(survivors) + 1
+    for r in survivors:
+        said = got[r][0]
+        assert said[0][:2] == ("before", 10.0)
+        seen = said[1]
+        assert seen["value"] == [expected_sum], (r, seen)
+        assert seen["hint"] == [1 if q == victim else 0 for q in range(world)], (r, seen)
+        assert seen["local_success"] is False
+        # The reconciled view is in place when the Work completes.
+        assert seen["mask"] == mask, (r, seen)
+        assert seen["world"] == extent, (r, seen)
+        assert seen["took"] < USABLE_WITHIN, (r, seen)
+        tag, value, ok, epoch = said[2]
+        assert (tag, value, ok) == ("after", [float(len(survivors))] * 3, True)
+        assert epoch > said[0][2]
+        # The hole's block stays untouched (-1); the others are there.
+        assert said[3] == ("gathered", [float(q) if q != victim else -1.0 for q in range(extent)])
+
+
+def _run_rank_dies(victim):
+    return _VictimScenario(victim)
+
+
+class _VictimScenario:
+    """A picklable scenario with an argument."""
+
+    def __init__(self, victim):
+        self.victim = victim
+
+    def __call__(self, ctx):
+        return _rank_dies(ctx, self.victim)
+
+
+# ---------------------------------------------------------------------------
+# Recovery: a replacement takes the dead rank's seat
+
+
+def _recovery_survivor(ctx):
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)
+    if ctx.rank == 1:
+        die()
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)  # completes over the survivors
+    ctx.say(("degraded", t.item(), dist.get_world_size()))
+    ctx.signal("degraded")
+    poll(lambda: ctx.pg.get_peer_state(_world(), [1])[0], timeout=60)
+    response = ctx.pg.recover_ranks(_world(), [1])
+    ctx.say(("recover", str(response.status), response.reject_reason))
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)
+    ctx.say(("full", t.item(), ctx.pg.get_active_ranks(_world()).tolist()))
+
+
+def _recovery_replacement(ctx):
+    ctx.say(("before join", dist.get_world_size()))
+    ctx.pg.join_group(_world())
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)
+    ctx.say(("full", t.item(), ctx.pg.get_active_ranks(_world()).tolist()))
+
+
+def test_recovery_by_a_replacement_process():
+    world = 4
+    with Job(event_names=["degraded"]) as job:
+        procs = [job.start(_recovery_survivor, r, world) for r in range(world)]
+        procs[1].join(30)
+        assert not procs[1].is_alive()
+        assert job.events["degraded"].wait(30)
+        job.start(_recovery_replacement, 1, world, spec=(world, True))
+        got = job.collect(world)
+    for r in (0, 2, 3):
+        said = got[r][0]
+        assert said[0] == ("degraded", 8.0, 4)
+        assert said[1] == ("recover", "ProposalStatus.Applied", "")
+        assert said[2] == ("full", 10.0, [1, 1, 1, 1])
+    assert got[1][0] == [("before join", 4), ("full", 10.0, [1, 1, 1, 1])]
+
+
+# ---------------------------------------------------------------------------
+# Extension: a fourth seat joins a group of three
+
+
+def _founder(ctx):
+    ctx.say(("world", dist.get_world_size()))
+    poll(lambda: ctx.pg.get_peer_state(_world(), [3])[0], timeout=60)
+    response = ctx.pg.activate_ranks(_world(), [3])
+    ctx.say(("activate", str(response.status), dist.get_world_size()))
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)
+    ctx.say(("sum", t.item()))
+
+
+def _joiner(ctx):
+    ctx.say(("world", dist.get_world_size()))
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)  # local only before activation
+    ctx.say(("local", t.item()))
+    ctx.pg.join_group(_world())
+    ctx.say(("world after join", dist.get_world_size()))
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)
+    ctx.say(("sum", t.item()))
+
+
+def test_extension_from_three_to_four_seats():
+    with Job() as job:
+        for r in range(3):
+            job.start(_founder, r, 3, spec=(4,))
+        job.start(_joiner, 3, 4, spec=(4, True))
+        got = job.collect(4)
+    for r in range(3):
+        assert got[r][0] == [("world", 3), ("activate", "ProposalStatus.Applied", 4), ("sum", 10.0)]
+    assert got[3][0] == [("world", 4), ("local", 4.0), ("world after join", 4), ("sum", 10.0)]
+
+
+# ---------------------------------------------------------------------------
+# Graceful leave: deactivate oneself, destroy, go
+
+
+def _graceful(ctx):
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)
+    if ctx.rank == 1:
+        response = ctx.pg.deactivate_ranks(_world(), [1])
+        ctx.say(("deactivate", str(response.status)))
+        dist.destroy_process_group()
+        ctx.signal("left")
+        return "left"
+    ctx.wait_for("left")
+    t = torch.tensor([float(ctx.rank + 1)])
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    ctx.say(("sum", t.item(), ctx.pg.get_local_success(work), ctx.pg.get_active_ranks(_world()).tolist()))
+
+
+def test_graceful_leave_then_the_others_continue_without_failure():
+    with Job(event_names=["left"]) as job:
+        for r in range(4):
+            job.start(_graceful, r, 4)
+        got = job.collect(4)
+    assert got[1] == ([("deactivate", "ProposalStatus.Applied")], "left")
+    for r in (0, 2, 3):
+        assert got[r][0] == [("sum", 8.0, True, [1, 0, 1, 1])]
+
+
+# ---------------------------------------------------------------------------
+# Framework-managed mode (False, False): nothing changes by itself
+
+
+def _manual(ctx):
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)
+    if ctx.rank == 1:
+        die()
+    t = torch.tensor([float(ctx.rank + 1)])
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    ctx.say(_observe(ctx, work, t, time.monotonic()))
+    sync = ctx.pg.sync_after_failure(_world())
+    ctx.say(("sync", str(sync.status)))
+    poll(lambda: not ctx.pg.get_peer_state(_world(), [1])[0], timeout=10)
+    response = ctx.pg.deactivate_ranks(_world(), [1])
+    ctx.say(("deactivate", str(response.status), ctx.pg.get_active_ranks(_world()).tolist()))
+    t = torch.tensor([float(ctx.rank + 1)])
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    ctx.say(("sum", t.item(), ctx.pg.get_local_success(work)))
+
+
+def test_manual_evict_under_framework_managed_mode():
+    with Job() as job:
+        for r in range(4):
+            job.start(_manual, r, 4, spec=(4, False, False, False))
+        got = job.collect(3)
+    for r in (0, 2, 3):
+        said = got[r][0]
+        seen = said[0]
+        assert seen["value"] == [8.0] and seen["hint"] == [0, 1, 0, 0] and seen["local_success"] is False
+        assert seen["mask"] == [1, 1, 1, 1], seen  # unchanged: the framework decides
+        assert said[1][0] == "sync" and said[1][1] in ("SyncAfterFailureStatus.Reconciled",
+                                                       "SyncAfterFailureStatus.NoPending")
+        assert said[2][0] == "deactivate" and said[2][1] in ("ProposalStatus.Applied",
+                                                             "ProposalStatus.AppliedWithDroppedRanks")
+        assert said[2][2] == [1, 0, 1, 1]
+        assert said[3] == ("sum", 8.0, True)
+
+
+# ---------------------------------------------------------------------------
+# P2P fault detection (world 3)
+
+
+def _p2p_faults(ctx):
+    def ring():
+        out = torch.full((4,), float(ctx.rank))
+        got = torch.zeros(4)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, out, (ctx.rank + 1) % 3),
+                                        dist.P2POp(dist.irecv, got, (ctx.rank - 1) % 3)])
+        for w in works:
+            w.wait()
+        return [ctx.pg.get_failed_ranks_hint(w).tolist() for w in works], got.tolist()
+
+    ctx.say(("round1", ring()))
+    dist.barrier()
+    if ctx.rank == 1:
+        die()
+    if ctx.rank == 0:
+        work = dist.isend(torch.ones(4), 1)
+        try:
+            work.wait()
+            outcome = "ok"
+        except Exception as e:  # noqa: BLE001
+            outcome = type(e).__name__
+        ctx.say(("to dead", outcome, ctx.pg.get_failed_ranks_hint(work).tolist(), ctx.pg.get_local_success(work),
+                 ctx.pg.get_active_ranks(_world()).tolist()))
+    peer = 2 if ctx.rank == 0 else 0
+    got = torch.zeros(4)
+    ops = [dist.P2POp(dist.isend, torch.full((4,), float(ctx.rank)), peer), dist.P2POp(dist.irecv, got, peer)]
+    works = dist.batch_isend_irecv(ops)
+    for w in works:
+        w.wait()
+    ctx.say(("between survivors", got.tolist(), [ctx.pg.get_local_success(w) for w in works]))
+
+
+def test_p2p_fault_detection():
+    with Job() as job:
+        for r in range(3):
+            job.start(_p2p_faults, r, 3)
+        got = job.collect(2)
+    assert got[0][0][0] == ("round1", ([[0, 0, 0], [0, 0, 0]], [2.0] * 4))
+    assert got[0][0][1] == ("to dead", "DistBackendError", [0, 1, 0], False, [1, 0, 1])
+    assert got[0][0][2] == ("between survivors", [2.0] * 4, [True, True])
+    assert got[2][0][1] == ("between survivors", [0.0] * 4, [True, True])
