@@ -144,6 +144,7 @@ OpResult MooncakeCpuBackend::runCollective(const std::function<OpResult()>& body
 }
 
 void MooncakeCpuBackend::settleFailure(const OpResult& result) {
+  if (result.failed_ranks.empty()) return;  // nobody failed (lanes reopened by a view change): nothing to report
   // The failure reaches the control plane; with auto-sync, the reconciled
   // view is in place before the Work completes (a failed sync is reported,
   // never thrown: the Work already carries the operation's error).

@@ -15,6 +15,7 @@ GroupMembership::GroupMembership(const c10::intrusive_ptr<c10d::Store>& store, M
                                  std::shared_ptr<P2pChannel> user_p2p, std::shared_ptr<P2pChannel> collectives)
     : config_(std::move(config)), user_p2p_(std::move(user_p2p)), collectives_channel_(std::move(collectives)) {
   mirror_ = config_.mirror ? *config_.mirror : at::zeros({config_.max_group_size}, at::TensorOptions().dtype(at::kInt));
+  opened_endpoints_.resize(config_.max_group_size);
   world_size_.store(config_.declared_size);
   agent_ = &controlAgent(store, config_.global_rank, config_.timeout);
   GroupRegistration registration;
@@ -69,8 +70,8 @@ void GroupMembership::onView(const GroupView& view) {
 }
 
 void GroupMembership::applyView(const GroupView& view) {
-  std::vector<std::pair<int, P2pEndpoint>> reopen;
-  uint32_t reopen_epoch = 0;
+  std::vector<std::pair<int, P2pEndpoint>> peers;  // active peers, for the user P2P lanes
+  uint32_t lane_epoch = 0;
   std::shared_ptr<P2pChannel> channel;
   {
     std::lock_guard lock(mutex_);
@@ -85,19 +86,29 @@ void GroupMembership::applyView(const GroupView& view) {
     if (view.isActive(config_.seat)) isolated_.store(false);
     world_size_.store(isolated_.load() ? config_.declared_size : highest + 1, std::memory_order_release);
     epoch_.store(static_cast<int64_t>(view.epoch), std::memory_order_release);
-    // User P2P lanes follow the active configuration: reopened at its epoch
-    // with every active peer, as every peer does from the same view.
     if (!isolated_.load() && view.isActive(config_.seat) && view.active_epoch != p2p_epoch_ && user_p2p_) {
       p2p_epoch_ = view.active_epoch;
-      reopen_epoch = static_cast<uint32_t>(view.active_epoch);
+      lane_epoch = static_cast<uint32_t>(view.active_epoch);
       channel = user_p2p_;
       for (int s : view.activeRanks()) {
         P2pEndpoint user, collectives;
-        if (s != config_.seat && decodeEndpoints(view.endpoints[s], user, collectives)) reopen.emplace_back(s, user);
+        if (s != config_.seat && decodeEndpoints(view.endpoints[s], user, collectives)) peers.emplace_back(s, user);
       }
     }
   }
-  for (auto& [seat, endpoint] : reopen) channel->reopen(seat, endpoint, reopen_epoch);
+  // User P2P lanes follow the active configuration, but only where they
+  // must: lanes to a new process (another endpoint) and lanes closed by a
+  // failure reopen at the configuration's epoch; healthy lanes between
+  // surviving peers keep their messages flowing. (A peer that reopens tells
+  // us, and our side follows: see P2pChannel::isOpen.)
+  std::lock_guard lanes_lock(lanes_mutex_);
+  for (auto& [seat, endpoint] : peers) {
+    const std::string text = endpoint.encode();
+    if (opened_endpoints_[seat] != text || !channel->isOpen(seat)) {
+      channel->reopen(seat, endpoint, lane_epoch);
+      opened_endpoints_[seat] = text;
+    }
+  }
 }
 
 GroupView GroupMembership::latestView() const {

@@ -105,7 +105,9 @@ class GroupMembership {
 
   mutable std::mutex mutex_;  // guards view_ and p2p_epoch_
   GroupView view_;            // the latest view
-  uint64_t p2p_epoch_ = 0;    // active configuration the user P2P lanes are open for
+  uint64_t p2p_epoch_ = 0;    // active configuration the user P2P lanes were last checked for
+  std::mutex lanes_mutex_;  // guards opened_endpoints_ (views are applied on two threads)
+  std::vector<std::string> opened_endpoints_;  // per seat: the endpoint its user P2P lanes were opened with
   std::atomic<int> world_size_{0};
   std::atomic<int64_t> epoch_{0};
   std::atomic<bool> isolated_{false};

@@ -43,6 +43,7 @@ class P2pChannel::Impl {
   void post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done);
   void abort(const std::string& why, const std::vector<int>& failed_ranks, bool mismatch);
   void reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch);
+  bool isOpen(int peer);
 
  private:
   struct RecvOp {
@@ -97,6 +98,7 @@ class P2pChannel::Impl {
     std::string failure;  // non-empty once the peer is known gone (or closed)
     std::vector<int> failure_ranks;  // whom that failure names: the peer, unless closed for another rank's fault
     bool failure_mismatch = false;   // that failure was ranks disagreeing, not a rank failing
+    bool failure_blames_peer = true;  // false when the lanes were reopened: nobody is at fault
     Clock::time_point last_progress;
     Clock::time_point last_probe;
     // The membership epoch of the lane pair (both sides open it at the same
@@ -133,12 +135,15 @@ class P2pChannel::Impl {
   // Returns to the pool the quarantined chunks of peers that told us they
   // reopened at our epoch (OpenSlot).
   void releaseQuarantine();
+  void applyReopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch);
+  // Reopens, at the peer's epoch, lanes a peer reopened at a later epoch.
+  void followReopens();
   OpResult failure(int peer, const std::string& why) const {
     OpResult r;
     r.ok = false;
     r.error = why;
     r.failed_ranks = peers_[peer].failure_ranks;
-    if (r.failed_ranks.empty()) r.failed_ranks.push_back(peer);
+    if (r.failed_ranks.empty() && peers_[peer].failure_blames_peer) r.failed_ranks.push_back(peer);
     r.mismatch = peers_[peer].failure_mismatch;
     return r;
   }
@@ -248,8 +253,37 @@ void P2pChannel::Impl::abort(const std::string& why, const std::vector<int>& fai
 }
 
 void P2pChannel::Impl::reopen(int p, const P2pEndpoint& endpoint, uint32_t epoch) {
-  runOnProgressThread([&] {
+  runOnProgressThread([&] { applyReopen(p, endpoint, epoch); });
+}
+
+bool P2pChannel::Impl::isOpen(int p) {
+  bool open = false;
+  runOnProgressThread([&] { open = peers_[p].failure.empty() && peers_[p].handle != te::kInvalidSegment; });
+  return open;
+}
+
+void P2pChannel::Impl::followReopens() {
+  for (int p = 0; p < size_; ++p) {
+    // A peer that reopened our lanes at a later epoch than ours: follow it
+    // (what is pending on the lanes belongs to the earlier epoch).
+    auto* header = reinterpret_cast<const std::atomic<uint64_t>*>(&notices_[p].open.header);
+    const uint64_t token = header->load(std::memory_order_acquire);
+    if ((token >> 32) != (openToken(0) >> 32)) continue;
+    const uint32_t epoch = static_cast<uint32_t>(token ^ openToken(0));
+    OpenSlot notice;
+    if (epoch > peers_[p].epoch && tryLoad(&notices_[p].open, openToken(epoch), notice)) {
+      applyReopen(p, peers_[p].endpoint, epoch);
+    }
+  }
+}
+
+void P2pChannel::Impl::applyReopen(int p, const P2pEndpoint& endpoint, uint32_t epoch) {
+  {
     Peer& peer = peers_[p];
+    if (peer.failure.empty()) {
+      peer.failure_ranks.clear();
+      peer.failure_blames_peer = false;  // nobody failed: the configuration changed
+    }
     failPeer(p, "point-to-point lanes with rank " + std::to_string(p) + " were reopened at membership epoch " +
                     std::to_string(epoch) + "; messages pending before that fail");
     if (endpoint.segment != peer.endpoint.segment) {
@@ -264,6 +298,7 @@ void P2pChannel::Impl::reopen(int p, const P2pEndpoint& endpoint, uint32_t epoch
                                                       : std::string();
     peer.failure_ranks.clear();
     peer.failure_mismatch = false;
+    peer.failure_blames_peer = true;
     peer.last_progress = Clock::now();
     recv_lanes_[p] = RecvLane{};
     send_lanes_[p] = SendLane{};
@@ -272,7 +307,7 @@ void P2pChannel::Impl::reopen(int p, const P2pEndpoint& endpoint, uint32_t epoch
       seal(notice, openToken(epoch));
       writeSlot(p, &notice, endpoint.notice_region + rank_ * sizeof(PeerNotices) + offsetof(PeerNotices, open));
     }
-  });
+  }
 }
 
 void P2pChannel::Impl::applyAbort(const std::string& why, const std::vector<int>& failed_ranks, bool mismatch) {
@@ -596,6 +631,7 @@ void P2pChannel::Impl::loop() {
     }
     checkPeers();
     releaseQuarantine();
+    followReopens();
     // Nothing moved: back off from spinning to short sleeps, so that waiting
     // for a slow peer does not burn a core.
     idle_rounds = progressed ? 0 : idle_rounds + 1;
@@ -633,5 +669,6 @@ void P2pChannel::abort(const std::string& why, const std::vector<int>& failed_ra
   impl_->abort(why, failed_ranks, mismatch);
 }
 void P2pChannel::reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch) { impl_->reopen(peer, endpoint, epoch); }
+bool P2pChannel::isOpen(int peer) { return impl_->isOpen(peer); }
 
 }  // namespace mooncake::pg

@@ -246,6 +246,27 @@ TEST_P(P2pPair, TwentyAbortAndReopenCyclesKeepThePoolUsable) {
   }
 }
 
+TEST_P(P2pPair, APeerThatReopensIsFollowedWithoutBeingAsked) {
+  // Only rank 0 reopens (its lanes were closed one-sidedly); rank 1 follows
+  // on its own, failing what it had pending on the old lanes without
+  // blaming anyone, and the pair talks again.
+  std::vector<uint8_t> stale(100);
+  auto pending = recv(1, 0, 7, stale);
+  const P2pEndpoint ep1 = ranks_[1]->channel->localEndpoint();
+  ranks_[0]->channel->reopen(1, ep1, 5);
+  OpResult pr = get(pending);
+  EXPECT_FALSE(pr.ok);
+  EXPECT_TRUE(pr.failed_ranks.empty()) << "a reopen is nobody's failure";
+  EXPECT_TRUE(ranks_[1]->channel->isOpen(0));
+  const auto data = pattern(200 * 1024, 8);
+  std::vector<uint8_t> out(data.size());
+  auto s1 = send(1, 0, 2, data);
+  auto r0 = recv(0, 1, 2, out);
+  ASSERT_TRUE(get(s1).ok);
+  ASSERT_TRUE(get(r0).ok);
+  EXPECT_EQ(out, data);
+}
+
 TEST_P(P2pPair, ReopenTowardsAReplacementProcess) {
   // Rank 1 is replaced by a new engine and channel (a new endpoint); both
   // sides reopen at epoch 1 and talk as before.

@@ -83,6 +83,11 @@ class P2pChannel {
   // acknowledges under the new one (or was replaced). Blocks until applied;
   // not from a completion callback.
   void reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch);
+  // Whether the lanes with `peer` are usable (connected, not closed by a
+  // failure). A side that reopens tells the peer, which follows at once if
+  // its own lanes are at an earlier epoch (so one side's reopen is enough
+  // after a one-sided failure). Not from a completion callback.
+  bool isOpen(int peer);
 
  private:
   class Impl;
