@@ -898,6 +898,34 @@ TEST_F(ControlPlane, ExtensionJoinsInactiveAndIsActivatedByAFounder) {
   EXPECT_TRUE(members[3]->log.waitFor(seatIs(3, MemberState::kAwaitingActivation)).has_value());
 }
 
+TEST_F(ControlPlane, ExtensionThatArrivesBeforeTheFoundersWaitsForTheGroup) {
+  // A joiner started alongside the founders registers first: it waits for
+  // the group to be formed, then attaches Inactive; without founders it is
+  // refused at request_timeout.
+  start();
+  auto joiner = connect(2);
+  std::string error;
+  GroupView joiner_view;
+  auto registered = std::async(std::launch::async, [&] {
+    return joiner->agent->registerGroup(registration("early", 2, {0, 1, 2}, 3, /*is_extension=*/true), nullptr,
+                                        &joiner_view, &error);
+  });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(registered.wait_for(0ms), std::future_status::timeout) << "it must wait for the founders";
+  Members founders = found("early", 2, 3);
+  ASSERT_EQ(registered.wait_for(3s), std::future_status::ready);
+  ASSERT_TRUE(registered.get()) << error;
+  EXPECT_EQ(joiner_view.members[2], MemberState::kInactive);
+  EXPECT_EQ(joiner_view.activeRanks(), (std::vector<int>{0, 1}));
+
+  auto lonely = connect(5);
+  auto started = SteadyClock::now();
+  GroupView none;
+  EXPECT_FALSE(lonely->agent->registerGroup(registration("never", 1, {4, 5}, 2, true), nullptr, &none, &error));
+  EXPECT_GE(since(started), options_.request_timeout - 50ms);
+  EXPECT_NE(error.find("no group 'never' was formed"), std::string::npos) << error;
+}
+
 TEST_F(ControlPlane, JoinGroupFailsAtItsDeadlineWithoutActivation) {
   start();
   Members members = found("wait", 2, 3);

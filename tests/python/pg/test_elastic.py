@@ -158,6 +158,9 @@ def test_recovery_by_a_replacement_process():
 
 def _founder(ctx):
     ctx.say(("world", dist.get_world_size()))
+    ctx.signal(f"founder{ctx.rank}")  # nobody activates before every founder has looked
+    for r in range(3):
+        ctx.wait_for(f"founder{r}")
     poll(lambda: ctx.pg.get_peer_state(_world(), [3])[0], timeout=60)
     response = ctx.pg.activate_ranks(_world(), [3])
     ctx.say(("activate", str(response.status), dist.get_world_size()))
@@ -179,7 +182,7 @@ def _joiner(ctx):
 
 
 def test_extension_from_three_to_four_seats():
-    with Job() as job:
+    with Job(event_names=[f"founder{r}" for r in range(3)]) as job:
         for r in range(3):
             job.start(_founder, r, 3, spec=(4,))
         job.start(_joiner, 3, 4, spec=(4, True))

@@ -47,6 +47,13 @@ void CoordinatorState::handleRegister(TimePoint now, SessionId session, const Re
   const GroupRegistration& registration = request.registration;
   int global_rank = sessions_.at(session).global_rank;
   std::string error = validate(registration, global_rank);
+  if (error.empty() && registration.is_extension) {
+    const Group* group = findGroup(registration.key);
+    if ((group == nullptr || !group->ready) && failed_bootstraps_.count(registration.key) == 0) {
+      early_extensions_[registration.key].push_back({session, request, now + options_.request_timeout});
+      return;  // answered when the group is formed, or at the deadline
+    }
+  }
   if (error.empty()) {
     error = registration.is_extension ? attachSeat(session, request, effects)
                                       : registerFounder(now, session, request, effects);
@@ -120,8 +127,41 @@ std::string CoordinatorState::registerFounder(TimePoint now, SessionId session, 
     GroupView view = makeView(*group);
     for (const PendingCall& founder : group->waiting_founders) reply(effects, founder, "", view);
     group->waiting_founders.clear();
+    admitEarlyExtensions(key, effects);
   }
   return "";
+}
+
+void CoordinatorState::admitEarlyExtensions(const std::string& key, Effects* effects) {
+  auto waiting = early_extensions_.find(key);
+  if (waiting == early_extensions_.end()) return;
+  std::vector<EarlyExtension> extensions = std::move(waiting->second);
+  early_extensions_.erase(waiting);
+  for (const EarlyExtension& e : extensions) {
+    if (!isOnline(e.session)) continue;  // gone while waiting
+    std::string error = attachSeat(e.session, e.request, effects);
+    if (!error.empty()) reply(effects, {e.session, e.request.request_id}, error);
+  }
+}
+
+void CoordinatorState::expireEarlyExtensions(TimePoint now, Effects* effects) {
+  for (auto it = early_extensions_.begin(); it != early_extensions_.end();) {
+    auto& waiting = it->second;
+    auto failed = failed_bootstraps_.find(it->first);
+    for (auto e = waiting.begin(); e != waiting.end();) {
+      if (failed != failed_bootstraps_.end() || now >= e->deadline) {
+        reply(effects, {e->session, e->request.request_id},
+              failed != failed_bootstraps_.end()
+                  ? "group '" + it->first + "' cannot be formed: " + failed->second
+                  : "no group '" + it->first + "' was formed within " + millisecondsText(options_.request_timeout) +
+                        " for this extension to join");
+        e = waiting.erase(e);
+      } else {
+        ++e;
+      }
+    }
+    it = waiting.empty() ? early_extensions_.erase(it) : std::next(it);
+  }
 }
 
 std::string CoordinatorState::attachSeat(SessionId session, const RegisterGroupRequest& request, Effects* effects) {
@@ -177,6 +217,7 @@ void CoordinatorState::failBootstrap(const std::string& key, const std::string& 
   for (const PendingCall& founder : group->waiting_founders) reply(effects, founder, reason);
   failed_bootstraps_[key] = reason;
   groups_.erase(key);
+  expireEarlyExtensions(TimePoint::min(), effects);  // those of `key` are refused now
 }
 
 void CoordinatorState::handleUnregister(TimePoint now, SessionId session, const UnregisterGroupRequest& request,

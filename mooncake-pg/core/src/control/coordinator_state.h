@@ -153,6 +153,10 @@ class CoordinatorState {
   std::string registerFounder(TimePoint now, SessionId session, const RegisterGroupRequest& request, Effects* effects);
   std::string attachSeat(SessionId session, const RegisterGroupRequest& request, Effects* effects);
   void failBootstrap(const std::string& key, const std::string& reason, Effects* effects);
+  // Attaches the early extensions of `key` (its group just became ready).
+  void admitEarlyExtensions(const std::string& key, Effects* effects);
+  // Refuses early extensions past their deadline (or all of `key`'s, with `reason`).
+  void expireEarlyExtensions(TimePoint now, Effects* effects);
   void handleUnregister(TimePoint now, SessionId session, const UnregisterGroupRequest& request, Effects* effects);
   // Drops what `session` waits for in the group (syncs, queued proposals,
   // its place in a barrier; `dropped`: count it as a laggard).
@@ -180,6 +184,15 @@ class CoordinatorState {
   std::map<int, SessionId> online_by_global_rank_;  // accepted sessions
   std::map<std::string, Group> groups_;
   std::map<std::string, std::string> failed_bootstraps_;  // key -> why
+  // Extensions that arrived before their group was formed (a joiner started
+  // alongside the founders): they wait, up to request_timeout, and attach
+  // when the group becomes ready.
+  struct EarlyExtension {
+    SessionId session = 0;
+    RegisterGroupRequest request;
+    TimePoint deadline;
+  };
+  std::map<std::string, std::vector<EarlyExtension>> early_extensions_;  // key -> waiting
 };
 
 }  // namespace mooncake::pg::control
