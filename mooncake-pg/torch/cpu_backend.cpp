@@ -41,6 +41,10 @@ MooncakeCpuBackend::MooncakeCpuBackend(const c10::intrusive_ptr<c10d::Store>& st
       max_group_size_(options.max_group_size > 0 ? options.max_group_size : identity.size) {
   TORCH_CHECK_VALUE(max_group_size_ >= identity.size, "MooncakeBackendOptions: max_group_size (", max_group_size_,
                     ") must be at least the group size (", identity.size, ")");
+  TORCH_CHECK_VALUE(!options.active_ranks || options.active_ranks->numel() >= max_group_size_,
+                    "MooncakeBackendOptions: active_ranks has ", options.active_ranks ? options.active_ranks->numel() : 0,
+                    " elements but the group has ", max_group_size_,
+                    " seats (max_group_size); it needs one int32 per seat");
   // Channels have a lane per seat: seats that join later are reached the
   // same way as founders. The collectives' channel is separate, so user P2P
   // never pairs with the collectives' messages (it carries traffic only
@@ -566,7 +570,7 @@ bool MooncakeCpuBackend::peerIsActive(int peer, const c10::intrusive_ptr<Mooncak
 }
 
 void MooncakeCpuBackend::finishP2p(const c10::intrusive_ptr<MooncakeWork>& work, const OpResult& result) {
-  if (result.ok || result.mismatch) {
+  if (result.ok || result.mismatch || result.timed_out) {  // nothing for the membership to act on
     work->complete(result);
     return;
   }

@@ -184,6 +184,15 @@ Collectives& GroupMembership::plane() {
                                ": " + error);
     }
     plane_key_ = key;
+    std::vector<std::string> hosts;
+    for (int s : pc.active) hosts.push_back(view.hosts[s]);
+    std::sort(hosts.begin(), hosts.end());
+    const auto distinct = std::unique(hosts.begin(), hosts.end()) - hosts.begin();
+    if (distinct > 1) {
+      LOG(INFO) << "mooncake: group " << config_.key << " (epoch " << view.active_epoch << variant << "): its "
+                << pc.active.size() << " active ranks span " << distinct << " hosts: shared memory inside hosts, the "
+                << "transfer engine between them";
+    }
   }
   return *plane_;
 }

@@ -74,15 +74,16 @@ OpResult HostSpanningGroup::allreduce(const void* input, void* output, size_t co
   OpResult r;
   if (failedBefore(r)) return r;
   const ReduceOp part = partialOp(op);
-  if (!(r = fromLocal(local_->reduce(input, output, count, type, part, 0))).ok) return settle(r);
-  if (isLeader() && !(r = leadersAllreduce(output, count, type, part, tagOf(OpCode::kAllreduce))).ok) {
-    r.output_written = true;  // the leader's output holds its host's partial sum
-    return settle(r);
-  }
-  if (!(r = fromLocal(local_->broadcast(output, count * elementSize(type), 0))).ok) {
-    r.output_written = true;  // possibly part of the broadcast
-    return settle(r);
-  }
+  const size_t bytes = count * elementSize(type);
+  // In place, the leader sums into a scratch buffer, so that its input is
+  // intact until the result is complete: a failed all_reduce can then be
+  // run again over the survivors.
+  std::vector<char> scratch(isLeader() && input == output ? bytes : 0);
+  void* sum = scratch.empty() ? output : scratch.data();
+  if (!(r = fromLocal(local_->reduce(input, sum, count, type, part, 0))).ok) return settle(r);
+  if (isLeader() && !(r = leadersAllreduce(sum, count, type, part, tagOf(OpCode::kAllreduce))).ok) return settle(r);
+  if (!(r = fromLocal(local_->broadcast(sum, bytes, 0))).ok) return settle(r);  // says if it wrote part of it
+  if (!scratch.empty()) std::memcpy(output, scratch.data(), bytes);
   if (op == ReduceOp::kAvg) divideBy(output, count, type, size());
   return r;
 }
@@ -97,8 +98,11 @@ OpResult HostSpanningGroup::reduce(const void* input, void* output, size_t count
   // On the root's host the root itself collects (no extra hop); elsewhere
   // the leader does, and sends its host's partial result to the root.
   const int collector = host_ == root_host ? root : layout_.leaderOf(host_);
-  std::vector<char> partial(rank_ == collector && rank_ != root ? bytes : 0);
-  void* into = rank_ == root ? output : partial.data();
+  // The root collects in place only out of place: otherwise its input must
+  // stay intact until the result is complete (see allreduce).
+  const bool root_in_place = rank_ == root && input == output;
+  std::vector<char> partial(rank_ == collector && (rank_ != root || root_in_place) ? bytes : 0);
+  void* into = rank_ == root && !root_in_place ? output : partial.data();
   if (!(r = fromLocal(local_->reduce(input, into, count, type, part, layout_.localIndexOf(collector)))).ok) {
     return settle(r);
   }
@@ -108,18 +112,17 @@ OpResult HostSpanningGroup::reduce(const void* input, void* output, size_t count
     P2pExchange x(*channel_, tagOf(OpCode::kReduce), channel_rank_of_);
     for (int h = 0, slot = 0; h < layout_.hosts(); ++h) {
       if (h == host_) {
-        sources[h] = output;
+        sources[h] = into;
         continue;
       }
       char* from = theirs.data() + (slot++) * bytes;
       x.recv(layout_.leaderOf(h), from, bytes);
       sources[h] = from;
     }
-    if (!(r = x.wait()).ok) {
-      r.output_written = true;  // the root's output holds its host's partial result
-      return settle(r);
-    }
+    if (!(r = x.wait()).ok) return settle(r);
     reduceInto(output, sources.data(), layout_.hosts(), count, type, part);
+  } else if (root_in_place) {
+    std::memcpy(output, partial.data(), bytes);
   } else if (rank_ == collector && rank_ != root) {
     P2pExchange x(*channel_, tagOf(OpCode::kReduce), channel_rank_of_);
     x.send(root, partial.data(), bytes);

@@ -99,6 +99,7 @@ class P2pChannel::Impl {
     std::vector<int> failure_ranks;  // whom that failure names: the peer, unless closed for another rank's fault
     bool failure_mismatch = false;   // that failure was ranks disagreeing, not a rank failing
     bool failure_blames_peer = true;  // false when the lanes were reopened: nobody is at fault
+    bool failure_timed_out = false;   // the lanes were closed for lack of progress (OpResult::timed_out)
     Clock::time_point last_progress;
     Clock::time_point last_probe;
     // The membership epoch of the lane pair (both sides open it at the same
@@ -145,6 +146,7 @@ class P2pChannel::Impl {
     r.failed_ranks = peers_[peer].failure_ranks;
     if (r.failed_ranks.empty() && peers_[peer].failure_blames_peer) r.failed_ranks.push_back(peer);
     r.mismatch = peers_[peer].failure_mismatch;
+    r.timed_out = peers_[peer].failure_timed_out;
     return r;
   }
 
@@ -299,6 +301,7 @@ void P2pChannel::Impl::applyReopen(int p, const P2pEndpoint& endpoint, uint32_t 
     peer.failure_ranks.clear();
     peer.failure_mismatch = false;
     peer.failure_blames_peer = true;
+    peer.failure_timed_out = false;
     peer.last_progress = Clock::now();
     recv_lanes_[p] = RecvLane{};
     send_lanes_[p] = SendLane{};
@@ -569,6 +572,7 @@ void P2pChannel::Impl::checkPeers() {
     if (now - peer.last_progress > options_.timeout) {
       // Credits already granted may still be used by a late sender: the only
       // safe way on is to close the lanes to this peer (as a failure does).
+      if (peer.failure.empty()) peer.failure_timed_out = true;
       failPeer(p, "no progress with rank " + std::to_string(p) + " for " + std::to_string(options_.timeout.count()) +
                       " ms (P2P timeout); point-to-point with this rank is closed");
       continue;

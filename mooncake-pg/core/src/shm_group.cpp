@@ -45,9 +45,16 @@ OpResult ShmGroup::broadcast(void* data, size_t bytes, int root) {
   const size_t chunk = a.slotBytes();
   for (size_t off = 0; off < bytes || off == 0; off += chunk) {
     size_t n = std::min(chunk, bytes - off);
-    if (!(r = a.begin(opSignature(OpCode::kBroadcast, bytes, root))).ok) break;
+    // A receiver whose earlier chunks landed has lost part of what it held.
+    if (!(r = a.begin(opSignature(OpCode::kBroadcast, bytes, root))).ok) {
+      r.output_written = rank_ != root && off > 0;
+      break;
+    }
     if (rank_ == root) std::memcpy(a.slot(root), static_cast<char*>(data) + off, n);
-    if (!(r = a.step()).ok) break;
+    if (!(r = a.step()).ok) {
+      r.output_written = rank_ != root && off > 0;
+      break;
+    }
     if (rank_ != root) std::memcpy(static_cast<char*>(data) + off, a.slot(root), n);
     a.finish();
     if (bytes == 0) break;

@@ -926,6 +926,34 @@ TEST_F(ControlPlane, ExtensionThatArrivesBeforeTheFoundersWaitsForTheGroup) {
   EXPECT_NE(error.find("no group 'never' was formed"), std::string::npos) << error;
 }
 
+TEST_F(ControlPlane, RefoundingAfterEveryoneLeftMakesANewIncarnation) {
+  // destroy_process_group then init_process_group in the same processes:
+  // the first to come back waits until the old incarnation is deserted,
+  // then everyone founds a new one (another uid), instead of attaching to
+  // the old one as a replacement would.
+  start();
+  Members members = found("again", 2, 2);
+  const std::string old_uid = members[0]->view.uid;
+  members[0]->agent->unregisterGroup("again");
+  std::string error0;
+  GroupView view0;
+  auto first = std::async(std::launch::async, [&] {
+    return members[0]->agent->registerGroup(registration("again", 0, {0, 1}, 2), nullptr, &view0, &error0);
+  });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(first.wait_for(0ms), std::future_status::timeout) << "seat 1 still holds the old incarnation";
+  members[1]->agent->unregisterGroup("again");
+  std::string error1;
+  GroupView view1;
+  ASSERT_TRUE(members[1]->agent->registerGroup(registration("again", 1, {0, 1}, 2), nullptr, &view1, &error1))
+      << error1;
+  ASSERT_EQ(first.wait_for(3s), std::future_status::ready);
+  ASSERT_TRUE(first.get()) << error0;
+  EXPECT_NE(view0.uid, old_uid);
+  EXPECT_EQ(view0.uid, view1.uid);
+  EXPECT_EQ(view0.activeRanks(), (std::vector<int>{0, 1}));
+}
+
 TEST_F(ControlPlane, JoinGroupFailsAtItsDeadlineWithoutActivation) {
   start();
   Members members = found("wait", 2, 3);

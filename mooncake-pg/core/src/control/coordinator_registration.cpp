@@ -42,17 +42,24 @@ std::string validate(const GroupRegistration& r, int global_rank) {
 
 }  // namespace
 
+bool CoordinatorState::mustWait(SessionId session, const GroupRegistration& registration) {
+  if (failed_bootstraps_.count(registration.key) != 0) return false;  // refused at once below
+  const Group* group = findGroup(registration.key);
+  if (registration.is_extension) return group == nullptr || !group->ready;
+  if (group == nullptr || !group->ready || registration.rank >= static_cast<int>(group->seats.size())) return false;
+  const Seat& seat = group->seats[registration.rank];
+  return seat.state == MemberState::kLeft && seat.left_by == session;
+}
+
 void CoordinatorState::handleRegister(TimePoint now, SessionId session, const RegisterGroupRequest& request,
-                                      Effects* effects) {
+                                      Effects* effects, std::optional<TimePoint> deadline) {
   const GroupRegistration& registration = request.registration;
   int global_rank = sessions_.at(session).global_rank;
   std::string error = validate(registration, global_rank);
-  if (error.empty() && registration.is_extension) {
-    const Group* group = findGroup(registration.key);
-    if ((group == nullptr || !group->ready) && failed_bootstraps_.count(registration.key) == 0) {
-      early_extensions_[registration.key].push_back({session, request, now + options_.request_timeout});
-      return;  // answered when the group is formed, or at the deadline
-    }
+  if (error.empty() && mustWait(session, registration)) {
+    waiting_registrations_[registration.key].push_back(
+        {session, request, deadline.value_or(now + options_.request_timeout)});
+    return;  // answered when the group forms or is erased, or at the deadline
   }
   if (error.empty()) {
     error = registration.is_extension ? attachSeat(session, request, effects)
@@ -127,40 +134,45 @@ std::string CoordinatorState::registerFounder(TimePoint now, SessionId session, 
     GroupView view = makeView(*group);
     for (const PendingCall& founder : group->waiting_founders) reply(effects, founder, "", view);
     group->waiting_founders.clear();
-    admitEarlyExtensions(key, effects);
+    retryWaitingRegistrations(now, key, effects);
   }
   return "";
 }
 
-void CoordinatorState::admitEarlyExtensions(const std::string& key, Effects* effects) {
-  auto waiting = early_extensions_.find(key);
-  if (waiting == early_extensions_.end()) return;
-  std::vector<EarlyExtension> extensions = std::move(waiting->second);
-  early_extensions_.erase(waiting);
-  for (const EarlyExtension& e : extensions) {
-    if (!isOnline(e.session)) continue;  // gone while waiting
-    std::string error = attachSeat(e.session, e.request, effects);
-    if (!error.empty()) reply(effects, {e.session, e.request.request_id}, error);
+void CoordinatorState::retryWaitingRegistrations(TimePoint now, const std::string& key, Effects* effects) {
+  auto waiting = waiting_registrations_.find(key);
+  if (waiting == waiting_registrations_.end()) return;
+  std::vector<WaitingRegistration> registrations = std::move(waiting->second);
+  waiting_registrations_.erase(waiting);
+  for (const WaitingRegistration& w : registrations) {
+    if (isOnline(w.session)) handleRegister(now, w.session, w.request, effects, w.deadline);
   }
 }
 
-void CoordinatorState::expireEarlyExtensions(TimePoint now, Effects* effects) {
-  for (auto it = early_extensions_.begin(); it != early_extensions_.end();) {
+void CoordinatorState::expireWaitingRegistrations(TimePoint now, Effects* effects) {
+  for (auto it = waiting_registrations_.begin(); it != waiting_registrations_.end();) {
     auto& waiting = it->second;
     auto failed = failed_bootstraps_.find(it->first);
-    for (auto e = waiting.begin(); e != waiting.end();) {
-      if (failed != failed_bootstraps_.end() || now >= e->deadline) {
-        reply(effects, {e->session, e->request.request_id},
-              failed != failed_bootstraps_.end()
-                  ? "group '" + it->first + "' cannot be formed: " + failed->second
-                  : "no group '" + it->first + "' was formed within " + millisecondsText(options_.request_timeout) +
-                        " for this extension to join");
-        e = waiting.erase(e);
-      } else {
-        ++e;
+    for (auto w = waiting.begin(); w != waiting.end();) {
+      if (failed == failed_bootstraps_.end() && now < w->deadline) {
+        ++w;
+        continue;
       }
+      std::string why;
+      if (failed != failed_bootstraps_.end()) {
+        why = "group '" + it->first + "' cannot be formed: " + failed->second;
+      } else if (w->request.registration.is_extension) {
+        why = "no group '" + it->first + "' was formed within " + millisecondsText(options_.request_timeout) +
+              " for this extension to join";
+      } else {
+        why = "group '" + it->first + "', which this process left, still has members after " +
+              millisecondsText(options_.request_timeout) +
+              ": a new incarnation is founded only once every member has left the old one";
+      }
+      reply(effects, {w->session, w->request.request_id}, why);
+      w = waiting.erase(w);
     }
-    it = waiting.empty() ? early_extensions_.erase(it) : std::next(it);
+    it = waiting.empty() ? waiting_registrations_.erase(it) : std::next(it);
   }
 }
 
@@ -217,7 +229,7 @@ void CoordinatorState::failBootstrap(const std::string& key, const std::string& 
   for (const PendingCall& founder : group->waiting_founders) reply(effects, founder, reason);
   failed_bootstraps_[key] = reason;
   groups_.erase(key);
-  expireEarlyExtensions(TimePoint::min(), effects);  // those of `key` are refused now
+  expireWaitingRegistrations(TimePoint::min(), effects);  // those of `key` are refused now
 }
 
 void CoordinatorState::handleUnregister(TimePoint now, SessionId session, const UnregisterGroupRequest& request,
@@ -239,6 +251,7 @@ void CoordinatorState::handleUnregister(TimePoint now, SessionId session, const 
   forgetCalls(*group, session, /*dropped=*/false);
   Seat& leaving = group->seats[seat];
   leaving.state = MemberState::kLeft;
+  leaving.left_by = session;
   leaving.holder = 0;
   leaving.endpoint.clear();
   leaving.host.clear();
@@ -249,6 +262,7 @@ void CoordinatorState::handleUnregister(TimePoint now, SessionId session, const 
   });
   if (deserted) {
     groups_.erase(request.key);
+    retryWaitingRegistrations(now, request.key, effects);  // founders of the next incarnation
     return;
   }
   publish(*group, effects);  // the others learn at once (the reference tells nobody)

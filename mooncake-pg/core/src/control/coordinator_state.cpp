@@ -240,7 +240,7 @@ void CoordinatorState::reply(Effects* effects, const PendingCall& call, std::str
 }
 
 void CoordinatorState::onTimer(TimePoint now, Effects* effects) {
-  expireEarlyExtensions(now, effects);
+  expireWaitingRegistrations(now, effects);
   std::vector<SessionId> silent;
   std::vector<SessionId> expired;
   for (const auto& [id, s] : sessions_) {
@@ -296,8 +296,8 @@ TimePoint CoordinatorState::nextDeadline() const {
   for (const auto& [id, s] : sessions_) {
     next = std::min(next, s.accepted ? s.last_seen + options_.heartbeat_timeout : s.deadline);
   }
-  for (const auto& [key, waiting] : early_extensions_) {
-    for (const EarlyExtension& e : waiting) next = std::min(next, e.deadline);
+  for (const auto& [key, waiting] : waiting_registrations_) {
+    for (const WaitingRegistration& w : waiting) next = std::min(next, w.deadline);
   }
   for (const auto& [key, group] : groups_) {
     if (!group.ready) {

@@ -76,6 +76,7 @@ class CoordinatorState {
     SessionId holder = 0;  // the process that registered it (0: none)
     std::string endpoint;
     std::string host;
+    SessionId left_by = 0;  // the process that left it (Left): its founder registration is a re-init
   };
 
   struct PendingCall {
@@ -149,14 +150,17 @@ class CoordinatorState {
                     std::optional<GroupView> view = std::nullopt);
 
   // Registration (coordinator_registration.cpp)
-  void handleRegister(TimePoint now, SessionId session, const RegisterGroupRequest& request, Effects* effects);
+  void handleRegister(TimePoint now, SessionId session, const RegisterGroupRequest& request, Effects* effects,
+                      std::optional<TimePoint> waiting_since_deadline = std::nullopt);
+  // Whether the registration must wait (see WaitingRegistration).
+  bool mustWait(SessionId session, const GroupRegistration& registration);
   std::string registerFounder(TimePoint now, SessionId session, const RegisterGroupRequest& request, Effects* effects);
   std::string attachSeat(SessionId session, const RegisterGroupRequest& request, Effects* effects);
   void failBootstrap(const std::string& key, const std::string& reason, Effects* effects);
-  // Attaches the early extensions of `key` (its group just became ready).
-  void admitEarlyExtensions(const std::string& key, Effects* effects);
-  // Refuses early extensions past their deadline (or all of `key`'s, with `reason`).
-  void expireEarlyExtensions(TimePoint now, Effects* effects);
+  // Tries the waiting registrations of `key` again (its group formed or was erased).
+  void retryWaitingRegistrations(TimePoint now, const std::string& key, Effects* effects);
+  // Refuses waiting registrations past their deadline, and those of failed bootstraps.
+  void expireWaitingRegistrations(TimePoint now, Effects* effects);
   void handleUnregister(TimePoint now, SessionId session, const UnregisterGroupRequest& request, Effects* effects);
   // Drops what `session` waits for in the group (syncs, queued proposals,
   // its place in a barrier; `dropped`: count it as a laggard).
@@ -184,15 +188,18 @@ class CoordinatorState {
   std::map<int, SessionId> online_by_global_rank_;  // accepted sessions
   std::map<std::string, Group> groups_;
   std::map<std::string, std::string> failed_bootstraps_;  // key -> why
-  // Extensions that arrived before their group was formed (a joiner started
-  // alongside the founders): they wait, up to request_timeout, and attach
-  // when the group becomes ready.
-  struct EarlyExtension {
+  // Registrations that must wait, up to request_timeout: an extension that
+  // arrived before its group was formed (a joiner started alongside the
+  // founders), and a founder of a group it left that the others have not
+  // left yet (destroy_process_group then init again: a new incarnation is
+  // founded once the old one is deserted). Tried again when the group forms
+  // or is erased.
+  struct WaitingRegistration {
     SessionId session = 0;
     RegisterGroupRequest request;
     TimePoint deadline;
   };
-  std::map<std::string, std::vector<EarlyExtension>> early_extensions_;  // key -> waiting
+  std::map<std::string, std::vector<WaitingRegistration>> waiting_registrations_;  // key -> waiting
 };
 
 }  // namespace mooncake::pg::control

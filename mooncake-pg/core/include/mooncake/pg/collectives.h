@@ -25,6 +25,10 @@ struct OpResult {
   // splits): a program error, not a failure of any rank, so membership is
   // left alone and the operation is not run again.
   bool mismatch = false;
+  // A point-to-point message made no progress before its deadline: its peer
+  // may well be alive and simply not sending (application logic), so this
+  // is the caller's to judge, not failure evidence for the membership.
+  bool timed_out = false;
 };
 
 class Collectives {
