@@ -1,0 +1,232 @@
+#include "control_block.h"
+
+#include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+#include <thread>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+namespace mooncake::pg::cuda {
+namespace {
+
+constexpr uint64_t kMagic = 0x4d43504743554431ull;  // "MCPGCUD1"
+constexpr uint32_t kVersion = 1;
+
+size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
+
+}  // namespace
+
+std::unique_ptr<ControlBlock> ControlBlock::open(const std::string& name, int rank, int size,
+                                                 std::chrono::milliseconds attach_timeout,
+                                                 std::vector<int> rank_names, const Identity& mine,
+                                                 std::string* error) {
+  auto fail = [&](const std::string& why) -> std::unique_ptr<ControlBlock> {
+    if (error) *error = "CUDA IPC group '" + name + "': " + why;
+    return nullptr;
+  };
+  if (size < 1 || size > kMaxLocalRanks || rank < 0 || rank >= size) {
+    return fail("invalid rank/size (at most " + std::to_string(kMaxLocalRanks) + " ranks per host)");
+  }
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t blocks_offset = roundUp(sizeof(ControlHeader), 64);
+  const size_t total = roundUp(blocks_offset + sizeof(RankControl) * size, page);
+  const auto deadline = std::chrono::steady_clock::now() + attach_timeout;
+
+  int fd = -1;
+  if (rank == 0) {
+    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) return fail(std::string("shm_open(create): ") + std::strerror(errno));
+    if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      return fail(std::string("ftruncate: ") + std::strerror(errno));
+    }
+  } else {
+    for (;;) {  // the creator may not have made it yet
+      fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+      if (fd >= 0) {
+        struct stat st {};
+        if (::fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == total) break;
+        ::close(fd);
+        fd = -1;
+      }
+      if (std::chrono::steady_clock::now() > deadline) return fail("rank 0 did not create the control block in time");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    if (rank == 0) ::shm_unlink(name.c_str());
+    return fail(std::string("mmap: ") + std::strerror(errno));
+  }
+  std::unique_ptr<ControlBlock> block(new ControlBlock);
+  block->rank_ = rank;
+  block->size_ = size;
+  block->rank_names_ = std::move(rank_names);
+  block->base_ = base;
+  block->mapped_bytes_ = total;
+  block->header_ = static_cast<ControlHeader*>(base);
+  block->blocks_ = reinterpret_cast<RankControl*>(static_cast<char*>(base) + blocks_offset);
+  ControlHeader* h = block->header_;
+  if (rank == 0) {
+    // A fresh ftruncate'd object is zero: only non-zero fields need writing.
+    h->magic = kMagic;
+    h->version = kVersion;
+    h->size = static_cast<uint32_t>(size);
+    h->staging_bytes = mine.staging_bytes;
+    h->one_shot_bytes = mine.one_shot_bytes;
+    h->breaker.store(-1, std::memory_order_relaxed);
+    h->broken_by.store(-1, std::memory_order_relaxed);
+    h->ready.store(1, std::memory_order_release);
+  } else {
+    while (h->ready.load(std::memory_order_acquire) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) return fail("the control block never became ready");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (h->magic != kMagic || h->version != kVersion || h->size != static_cast<uint32_t>(size) ||
+        h->staging_bytes != mine.staging_bytes || h->one_shot_bytes != mine.one_shot_bytes) {
+      return fail("layout differs (world size, staging bytes or one-shot bytes differ across ranks)");
+    }
+  }
+  RankControl& me = block->mine();
+  me.pid = static_cast<int32_t>(::getpid());
+  me.device = mine.device;
+  me.staging_bytes = mine.staging_bytes;
+  std::memcpy(me.staging_handle, mine.staging_handle, kIpcHandleBytes);
+  me.attached.store(1, std::memory_order_release);  // release: publishes pid and handle
+  for (int r = 0; r < size; ++r) {
+    while (block->block(r).attached.load(std::memory_order_acquire) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        if (rank == 0) ::shm_unlink(name.c_str());
+        return fail(block->rankName(r) + " did not attach in time");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  if (rank == 0) ::shm_unlink(name.c_str());  // everyone has it mapped: no name left behind
+  block->pidfds_.assign(size, -1);
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) block->pidfds_[r] = static_cast<int>(::syscall(SYS_pidfd_open, block->block(r).pid, 0));
+  }
+  return block;
+}
+
+ControlBlock::~ControlBlock() {
+  for (int fd : pidfds_) {
+    if (fd >= 0) ::close(fd);
+  }
+  if (registered_) cudaHostUnregister(base_);
+  if (base_ != nullptr) ::munmap(base_, mapped_bytes_);
+}
+
+std::string ControlBlock::registerWithCuda() {
+  cudaError_t err = cudaHostRegister(base_, mapped_bytes_, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  if (err != cudaSuccess) return std::string("cudaHostRegister of the control block: ") + cudaGetErrorString(err);
+  registered_ = true;
+  void* device_base = nullptr;
+  err = cudaHostGetDevicePointer(&device_base, base_, 0);
+  if (err != cudaSuccess) return std::string("cudaHostGetDevicePointer: ") + cudaGetErrorString(err);
+  device_base_ = static_cast<char*>(device_base);
+  return {};
+}
+
+std::string ControlBlock::rankName(int r) const {
+  return "rank " + std::to_string(r >= 0 && r < static_cast<int>(rank_names_.size()) ? rank_names_[r] : r);
+}
+
+void ControlBlock::breakGroup(const std::string& reason, const std::vector<int>& failed_ranks) {
+  for (int q : failed_ranks) {
+    if (q >= 0 && q < size_) header_->failed_mask.fetch_or(1ull << q, std::memory_order_relaxed);
+  }
+  int32_t nobody = -1;
+  if (header_->breaker.compare_exchange_strong(nobody, rank_, std::memory_order_acq_rel)) {
+    std::strncpy(header_->broken_reason, reason.c_str(), sizeof(header_->broken_reason) - 1);
+    // release: the reason and the named ranks are visible to whoever sees broken_by.
+    header_->broken_by.store(rank_, std::memory_order_release);
+  }
+}
+
+OpResult ControlBlock::failure() const {
+  OpResult r;
+  const int32_t by = header_->broken_by.load(std::memory_order_acquire);
+  if (by < 0) return r;
+  r.ok = false;
+  const uint64_t mask = header_->failed_mask.load(std::memory_order_relaxed);
+  for (int q = 0; q < size_; ++q) {
+    if ((mask >> q & 1) && q != rank_) r.failed_ranks.push_back(q);
+  }
+  r.error = "the CUDA IPC group is broken (declared by " + rankName(by) + "): " + std::string(header_->broken_reason);
+  return r;
+}
+
+bool ControlBlock::peerAlive(int peer) const {
+  const int fd = pidfds_[peer];
+  if (fd >= 0) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 0;  // readable once the process has exited
+  }
+  return ::kill(block(peer).pid, 0) == 0 || errno == EPERM;
+}
+
+std::vector<int> ControlBlock::deadPeers() const {
+  std::vector<int> dead;
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_ && !peerAlive(q)) dead.push_back(q);
+  }
+  return dead;
+}
+
+OpResult ControlBlock::exchangeSendTable(uint32_t round, const std::vector<size_t>& send_bytes,
+                                         std::vector<std::vector<uint64_t>>& table, std::chrono::milliseconds timeout) {
+  // Double-buffered by round parity: a rank can publish round+1 while others
+  // still read round, but not round+2, which needs everyone's round+1.
+  const int buffer = static_cast<int>(round % 2);
+  RankControl& me = mine();
+  for (int d = 0; d < size_; ++d) me.send_table[buffer][d] = send_bytes[d];
+  me.table_round.store(round, std::memory_order_release);  // release: the row before the round number
+  OpResult result;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::microseconds(5);
+  for (int s = 0; s < size_; ++s) {
+    while (!reached(block(s).table_round.load(std::memory_order_acquire), round)) {
+      if (broken()) return failure();
+      if (!peerAlive(s)) {
+        result.ok = false;
+        result.failed_ranks = {s};
+        result.error = rankName(s) + " (pid " + std::to_string(block(s).pid) + ") exited";
+      } else if (std::chrono::steady_clock::now() > deadline) {
+        result.ok = false;
+        result.failed_ranks = {s};
+        result.error = "all_to_all: timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
+                       rankName(s) + " to call it";
+      }
+      if (!result.ok) {
+        breakGroup(result.error, result.failed_ranks);
+        return result;
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+  }
+  table.assign(size_, std::vector<uint64_t>(size_));
+  for (int s = 0; s < size_; ++s) {
+    for (int d = 0; d < size_; ++d) table[s][d] = block(s).send_table[buffer][d];
+  }
+  return result;
+}
+
+}  // namespace mooncake::pg::cuda

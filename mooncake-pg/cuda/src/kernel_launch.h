@@ -1,0 +1,18 @@
+// Host entry points of the kernels (defined in the .cu files), so that the
+// group's schedules stay plain C++.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "kernel_args.h"
+
+namespace mooncake::pg::cuda {
+
+// Grid sizes are chosen from the job and the device's multiprocessor count.
+cudaError_t launchCopy(const CopyJob& job, const OpGuard& guard, int sm_count, cudaStream_t stream);
+cudaError_t launchReduce(const ReduceJob& job, const OpGuard& guard, int sm_count, cudaStream_t stream);
+cudaError_t launchBarrierKernel(const BarrierKernelArgs& args, cudaStream_t stream);
+// *word = value after all prior work of the stream (release, system scope).
+cudaError_t launchMarkKernel(uint32_t* word, uint32_t value, cudaStream_t stream);
+
+}  // namespace mooncake::pg::cuda

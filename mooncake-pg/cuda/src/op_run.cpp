@@ -1,0 +1,155 @@
+#include <string>
+
+#include "group_state.h"
+#include "kernel_launch.h"
+
+namespace mooncake::pg::cuda {
+
+DeviceScope::DeviceScope(int device) {
+  if (cudaGetDevice(&saved_) != cudaSuccess || saved_ == device) {
+    saved_ = -1;
+    return;
+  }
+  cudaSetDevice(device);
+}
+
+DeviceScope::~DeviceScope() {
+  if (saved_ >= 0) cudaSetDevice(saved_);
+}
+
+std::string checkRoot(const CudaIpcGroup::State& g, int root) {
+  if (root >= 0 && root < g.size) return {};
+  return "root " + std::to_string(root) + " is not a rank of this group (size " + std::to_string(g.size) + ")";
+}
+
+std::string checkReduction(DataType type, ReduceOp op) { return reductionUnsupportedReason(type, op); }
+
+CudaOp rejected(const std::string& why) {
+  CudaOp op;
+  op.result.ok = false;
+  op.result.error = why;
+  return op;
+}
+
+OpRun::OpRun(CudaIpcGroup::State& group, cudaStream_t stream, uint32_t signature)
+    : g_(group), stream_(stream), signature_(signature) {
+  if (g_.control->broken()) {
+    result_ = g_.control->failure();
+    return;
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
+  capturing_ = capture == cudaStreamCaptureStatusActive;
+  must_break_ = false;  // nothing enqueued yet
+  if (failed() || capturing_) return;
+  id_ = ++g_.next_id;
+  if (static_cast<uint32_t>(id_) == 0) id_ = ++g_.next_id;  // 0 means "inside a graph" on the stream
+  // Operations run one at a time whatever their streams: a new stream first
+  // waits for the previous operation.
+  if (g_.have_last_stream && g_.last_stream != stream_) {
+    check(cudaStreamWaitEvent(stream_, g_.last_op_done, 0), "cudaStreamWaitEvent");
+  }
+}
+
+void OpRun::check(cudaError_t err, const char* what) {
+  if (err == cudaSuccess || failed()) return;
+  cudaGetLastError();
+  result_.ok = false;
+  result_.error = std::string(what) + ": " + cudaGetErrorString(err);
+  must_break_ = true;
+}
+
+void OpRun::fail(const OpResult& why) {
+  if (failed()) return;
+  result_ = why;
+  result_.ok = false;
+  must_break_ = true;
+}
+
+OpGuard OpRun::guard() {
+  ControlBlock& control = *g_.control;
+  OpGuard guard;
+  guard.broken_by = control.device(reinterpret_cast<int32_t*>(&control.header().broken_by));
+  guard.report = control.device(&control.mine().report);
+  guard.op_id = static_cast<uint32_t>(id_);
+  guard.signature = signature_;
+  guard.size = g_.size;
+  // The kernel right after the first barrier compares signatures: every
+  // peer wrote its own with that barrier's signal, and none can write its
+  // next one before this rank signals the second barrier.
+  if (barriers_ == 1 && !signature_checked_ && g_.size > 1) {
+    signature_checked_ = true;
+    guard.check_signature = 1;
+    for (int q = 0; q < g_.size; ++q) {
+      if (q != g_.rank) guard.peer_signature[q] = g_.signatureWord(q);
+    }
+  }
+  return guard;
+}
+
+void OpRun::barrier() {
+  if (failed()) return;
+  flushBarrier();
+  const bool first = barriers_ == 0;
+  ++barriers_;
+  if (g_.size == 1) return;
+  pending_extras_ = StreamSync::BarrierExtras{};
+  pending_extras_.op_id = static_cast<uint32_t>(id_);
+  if (first) {
+    if (!capturing_) {
+      pending_extras_.started = &g_.control->mine().started;
+      pending_extras_.started_value = static_cast<uint32_t>(id_);
+    }
+    pending_extras_.signature_word = g_.signatureWord(g_.rank);
+    pending_extras_.signature = signature_;
+  }
+  barrier_pending_ = true;
+}
+
+void OpRun::flushBarrier(bool finished) {
+  if (!barrier_pending_ || failed()) return;
+  barrier_pending_ = false;
+  if (finished) {
+    pending_extras_.finished = &g_.control->mine().finished;
+    pending_extras_.finished_value = static_cast<uint32_t>(id_);
+  }
+  const int set = (barriers_ - 1) % kBarrierSets;  // the held-back barrier is the last one counted
+  check(g_.sync->barrier(stream_, capturing_, set, pending_extras_), "enqueueing a barrier");
+}
+
+void OpRun::copy(const CopyJob& job) {
+  if (failed() || job.count == 0) return;
+  flushBarrier();
+  check(launchCopy(job, guard(), g_.sm_count, stream_), "launching a copy kernel");
+}
+
+void OpRun::reduce(const ReduceJob& job) {
+  if (failed() || job.count == 0 || job.ndst == 0) return;
+  flushBarrier();
+  check(launchReduce(job, guard(), g_.sm_count, stream_), "launching a reduction kernel");
+}
+
+CudaOp OpRun::finish() {
+  if (!failed() && barriers_ % 2 != 0) {
+    fail(OpResult{false, "internal error: an operation ran an odd number of barriers", {}});
+  }
+  if (barrier_pending_) {
+    flushBarrier(/*finished=*/!capturing_);
+  } else if (!failed() && !capturing_) {
+    check(g_.sync->mark(stream_, false, &g_.control->mine().finished, static_cast<uint32_t>(id_)),
+          "marking the end of an operation");
+  }
+  if (!failed() && !capturing_) {
+    check(cudaEventRecord(g_.last_op_done, stream_), "cudaEventRecord");
+    g_.last_stream = stream_;
+    g_.have_last_stream = true;
+  }
+  if (failed()) {
+    // The peers would wait for steps this rank never enqueued.
+    if (must_break_) g_.control->breakGroup(g_.control->rankName(g_.rank) + ": " + result_.error, result_.failed_ranks);
+    return CudaOp{result_, 0};
+  }
+  return CudaOp{result_, capturing_ ? 0 : id_};
+}
+
+}  // namespace mooncake::pg::cuda

@@ -1,0 +1,94 @@
+// The arithmetic of the CUDA schedules (no GPU needed): rounds cover the
+// payload exactly, start 16-byte aligned, fit the staging half, and come out
+// in the parity that lets operations follow each other and graph replays.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "schedule.h"
+
+namespace mooncake::pg::cuda {
+namespace {
+
+void expectCovers(const RoundPlan& plan, size_t total, size_t capacity, size_t unit_bytes) {
+  size_t covered = 0;
+  for (size_t i = 0; i < plan.rounds; ++i) {
+    EXPECT_EQ(plan.begin(i), std::min(total, covered));
+    EXPECT_LE(plan.length(i), capacity) << "round " << i;
+    if (plan.length(i) > 0) {  // trailing rounds may be empty (kept for the parity)
+      EXPECT_EQ(plan.begin(i) * unit_bytes % kRoundAlignBytes, 0u) << "round " << i << " of " << total;
+    }
+    covered += plan.length(i);
+  }
+  EXPECT_EQ(covered, total);
+}
+
+TEST(CudaSchedule, OneRoundWithAClosingBarrierOrAnEvenNumberOfRounds) {
+  for (size_t unit : {1, 2, 4, 8}) {
+    const size_t capacity = (1u << 20) / unit;
+    for (size_t total : {size_t{1}, size_t{7}, capacity - 1, capacity, capacity + 1, 3 * capacity + 5, 10 * capacity}) {
+      const RoundPlan plan = planRounds(total, capacity, unit);
+      expectCovers(plan, total, capacity, unit);
+      if (total <= capacity) {
+        EXPECT_EQ(plan.rounds, 1u);
+        EXPECT_TRUE(plan.closing_barrier);
+      } else {
+        EXPECT_EQ(plan.rounds % 2, 0u) << total;
+        EXPECT_FALSE(plan.closing_barrier);
+      }
+    }
+  }
+}
+
+TEST(CudaSchedule, EvenRoundsAreForcedWhenAsked) {
+  for (size_t total : {size_t{1}, size_t{5}, size_t{100}, size_t{1} << 20}) {
+    const RoundPlan plan = planRounds(total, 1u << 18, 4, /*even_rounds=*/true);
+    EXPECT_EQ(plan.rounds % 2, 0u);
+    EXPECT_GE(plan.rounds, 2u);
+    EXPECT_FALSE(plan.closing_barrier);
+    expectCovers(plan, total, 1u << 18, 4);
+  }
+}
+
+TEST(CudaSchedule, NothingToMoveTakesNoRound) {
+  const RoundPlan plan = planRounds(0, 1024, 4);
+  EXPECT_EQ(plan.rounds, 0u);
+  EXPECT_FALSE(plan.closing_barrier);
+}
+
+TEST(CudaSchedule, SegmentsTileTheRoundAligned) {
+  for (size_t unit : {1, 2, 4, 8}) {
+    for (size_t count : {size_t{1}, size_t{3}, size_t{1027}, size_t{300007}}) {
+      for (int parts : {1, 2, 3, 4, 7}) {
+        size_t next = 0;
+        for (int s = 0; s < parts; ++s) {
+          size_t begin = 0, length = 0;
+          alignedSegment(count, parts, s, unit, begin, length);
+          EXPECT_EQ(begin, std::min(next, count));
+          if (length > 0) {
+            EXPECT_EQ(begin * unit % kRoundAlignBytes, 0u);
+          }
+          next = begin + length;
+        }
+        EXPECT_EQ(next, count);
+      }
+    }
+  }
+}
+
+TEST(CudaSchedule, SignaturesTellOperationsApart) {
+  std::set<uint32_t> seen;
+  for (int op = 1; op <= 9; ++op) {
+    for (uint64_t a : {0, 1, 1000, 1001}) {
+      for (uint64_t root : {0, 1, 2}) {
+        const uint32_t s = opSignature(static_cast<OpCode>(op), a, root);
+        EXPECT_NE(s, 0u);
+        seen.insert(s);
+      }
+    }
+  }
+  EXPECT_EQ(seen.size(), 9u * 4 * 3);
+}
+
+}  // namespace
+}  // namespace mooncake::pg::cuda
