@@ -534,7 +534,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::barrier(const c10d::BarrierOp
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   const at::Tensor& t = checkSingle(tensors, "send", "tensor");
   wireTypeOf(t, "send", "tensor");
-  checkRank(dst_rank, worldSize(), "send", "dst");
+  checkRank(dst_rank, max_group_size_, "send", "dst");  // any seat: an inactive one fails the Work, not the call
   P2pChannel& channel = p2p("send");
   at::Tensor src = t.contiguous();  // kept alive by the callback until the bytes are out
   auto work = c10::make_intrusive<MooncakeWork>(getRank(), c10d::OpType::SEND, max_group_size_, std::vector<at::Tensor>{t});
@@ -546,7 +546,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::send(std::vector<at::Tensor>&
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   const at::Tensor& t = checkSingle(tensors, "recv", "tensor");
   wireTypeOf(t, "recv", "tensor");
-  checkRank(src_rank, worldSize(), "recv", "src");
+  checkRank(src_rank, max_group_size_, "recv", "src");
   P2pChannel& channel = p2p("recv");
   at::Tensor dst = contiguousOf(t);
   auto work = c10::make_intrusive<MooncakeWork>(getRank(), c10d::OpType::RECV, max_group_size_, std::vector<at::Tensor>{t});

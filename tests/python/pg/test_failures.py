@@ -59,8 +59,8 @@ def assert_all_work(later, where):
 def _die_before_collective(ctx, victim):
     dist.barrier()
     if ctx.rank == victim:
+        time.sleep(0.3)  # the survivor is waiting in the collective by now
         os._exit(17)
-    time.sleep(0.3)  # the victim is gone by now
     t = torch.full((1000,), float(ctx.rank + 1))
     work = dist.all_reduce(t, async_op=True)
     res = {"wait": outcome(work.wait)}
@@ -97,12 +97,13 @@ def test_dead_rank_the_collective_completes_over_the_survivors():
 
 
 def _die_with_a_late_survivor(ctx):
-    # World of 3: rank 1 dies; rank 0 calls the collective at once; rank 2
-    # calls it 1 s later, after rank 0 has already seen the death.
+    # World of 3: rank 1 dies while rank 0 waits in the collective; rank 2
+    # calls it 1 s later, after the view without rank 1 is in place.
     dist.barrier()
     if ctx.rank == 1:
+        time.sleep(0.3)  # rank 0 is waiting in the collective by now
         os._exit(17)
-    time.sleep(0.3 if ctx.rank == 0 else 1.3)
+    time.sleep(0.0 if ctx.rank == 0 else 1.3)
     t = torch.full((10,), float(ctx.rank + 1))
     work = dist.all_reduce(t, async_op=True)
     res = {"wait": outcome(work.wait), "value": t[0].item()}

@@ -295,7 +295,7 @@ def test_module_helpers(world4):
     for rank, out in enumerate(world4.run(_helpers)):
         assert out["active"] == ("torch.int32", [1, 1, 1, 1])
         assert out["synced"] == 4
-        assert out["epoch"] == 0
+        assert out["epoch"] >= 1  # the founding view; epochs only increase
         assert out["hint"] == ("torch.int32", [0, 0, 0, 0])
         assert out["local_success"] is True
         if rank < 2:
