@@ -289,9 +289,13 @@ void P2pChannel::Impl::applyReopen(int p, const P2pEndpoint& endpoint, uint32_t 
     failPeer(p, "point-to-point lanes with rank " + std::to_string(p) + " were reopened at membership epoch " +
                     std::to_string(epoch) + "; messages pending before that fail");
     if (endpoint.segment != peer.endpoint.segment) {
-      // Another process now holds the seat; the old one wrote its last.
+      // Another process now holds the seat; the old one wrote its last. Its
+      // segment is closed (one engine serves the whole process: channels of
+      // other groups still naming it fail as they would on a gone peer), so
+      // replacing a rank again and again leaks nothing.
       for (int c : peer.quarantined) free_chunks_.push_back(c);
       peer.quarantined.clear();
+      if (peer.handle != te::kInvalidSegment) engine_.closeSegment(peer.handle);
       peer.handle = engine_.openSegment(endpoint.segment);
     }
     peer.endpoint = endpoint;

@@ -309,3 +309,21 @@ def test_p2p_fault_detection():
     assert got[0][0][1] == ("to dead", "DistBackendError", [0, 1, 0], False, [1, 0, 1])
     assert got[0][0][2] == ("between survivors", [2.0] * 4, [True, True])
     assert got[2][0][1] == ("between survivors", [0.0] * 4, [True, True])
+
+
+# ---------------------------------------------------------------------------
+# Ten kill-and-replace cycles in one job: results checked every cycle (the
+# benchmark asserts every collective's value), no file descriptor leaks.
+
+
+@pytest.mark.timeout(180)
+def test_ten_kill_and_replace_cycles_leak_no_file_descriptors():
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).resolve().parents[3] / "benchmarks" / "elastic_bench.py"
+    proc = subprocess.run([sys.executable, str(script), "--world", "4", "--cycles", "10", "--check-leaks"],
+                          capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.stdout.count("file descriptors per cycle") == 3, proc.stdout
