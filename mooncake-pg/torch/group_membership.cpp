@@ -171,6 +171,7 @@ Collectives& GroupMembership::plane() {
     pc.active = active;
     pc.host_of_seat = view.hosts;
     pc.shm = config_.shm;
+    pc.shm.deactivated = [this](int seat) { return !isActive(seat); };
     pc.channel = collectives_channel_;
     pc.channel_endpoints.resize(config_.max_group_size);
     for (int s : pc.active) {

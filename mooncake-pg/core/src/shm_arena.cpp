@@ -236,6 +236,15 @@ bool ShmArena::waitFor(int peer, uint32_t target, std::chrono::steady_clock::tim
       result.error = rankName(dead) + " (pid " + std::to_string(block(dead).pid) + ") exited";
       return false;
     }
+    if (options_.deactivated) {
+      const int name = peer < static_cast<int>(options_.rank_names.size()) ? options_.rank_names[peer] : peer;
+      if (options_.deactivated(name)) {
+        result.ok = false;
+        result.failed_ranks.push_back(peer);
+        result.error = rankName(peer) + " was deactivated by the membership while this rank waited for it";
+        return false;
+      }
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       result.ok = false;
       result.failed_ranks.push_back(peer);

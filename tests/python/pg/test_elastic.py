@@ -11,6 +11,7 @@ Semantics checked here (docs/process-group.md, "Elastic membership"):
   until join_group returns, which happens once a member activates it.
 """
 
+import os
 import time
 
 import pytest
@@ -327,3 +328,139 @@ def test_ten_kill_and_replace_cycles_leak_no_file_descriptors():
                           capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.stdout.count("file descriptors per cycle") == 3, proc.stdout
+
+
+# ---------------------------------------------------------------------------
+# Two ranks at once; a stalled (SIGSTOP) rank; a joiner killed while joining;
+# a kill in the middle of a large all_reduce.
+
+
+def _two_die(ctx):
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    if ctx.rank in (2, 3):
+        time.sleep(0.2)
+        die()
+    t = torch.full((8,), float(ctx.rank + 1))
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    ctx.say(_observe(ctx, work, t, time.monotonic()))
+
+
+def test_two_ranks_killed_at_once():
+    with Job() as job:
+        for r in range(4):
+            job.start(_two_die, r, 4)
+        got = job.collect(2)
+    for r in (0, 1):
+        seen = got[r][0][0]
+        assert seen["value"] == [3.0] * 8, seen
+        assert seen["hint"] == [0, 0, 1, 1] and seen["mask"] == [1, 1, 0, 0] and seen["world"] == 2, seen
+
+
+def _stalled(ctx):
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    if ctx.rank == 2:
+        ctx.signal("warm")
+        time.sleep(120)  # stopped with SIGSTOP meanwhile; killed at the end
+        return None
+    ctx.wait_for("stopped")
+    start = time.monotonic()
+    t = torch.full((8,), float(ctx.rank + 1))
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    ctx.say(_observe(ctx, work, t, start))
+
+
+def test_stalled_rank_is_given_up_at_the_heartbeat_deadline_not_the_collective_timeout():
+    # The group's timeout is 30 s; the stalled process stops heartbeating
+    # too, so the control plane deactivates it after 1 s and the survivors'
+    # wait ends there.
+    import signal
+
+    with Job(event_names=["warm", "stopped"]) as job:
+        procs = [job.start(_stalled, r, 3) for r in range(3)]
+        assert job.events["warm"].wait(60)
+        os.kill(procs[2].pid, signal.SIGSTOP)
+        job.events["stopped"].set()
+        got = job.collect(2)
+        os.kill(procs[2].pid, signal.SIGKILL)
+    for r in (0, 1):
+        seen = got[r][0][0]
+        assert seen["value"] == [3.0] * 8 and seen["hint"] == [0, 0, 1] and seen["mask"] == [1, 1, 0], seen
+        assert seen["took"] < USABLE_WITHIN, seen
+
+
+def _founder_of_three(ctx):
+    ctx.wait_for("joiner_killed")
+    poll(lambda: not ctx.pg.get_peer_state(_world(), [3])[0], timeout=30)
+    t = torch.full((4,), float(ctx.rank + 1))
+    dist.all_reduce(t)
+    ctx.say((t.tolist(), dist.get_world_size(), ctx.pg.get_active_ranks(_world()).tolist()))
+
+
+def _doomed_joiner(ctx):
+    ctx.signal("joining")
+    ctx.pg.join_group(_world())  # killed while waiting here
+    return "activated?"
+
+
+def test_joiner_killed_while_joining_leaves_the_group_intact():
+    import signal
+
+    with Job(event_names=["joining", "joiner_killed"]) as job:
+        for r in range(3):
+            job.start(_founder_of_three, r, 3, spec=(4,))
+        joiner = job.start(_doomed_joiner, 3, 4, spec=(4, True))
+        assert job.events["joining"].wait(60)
+        time.sleep(0.3)  # inside join_group by now
+        os.kill(joiner.pid, signal.SIGKILL)
+        job.events["joiner_killed"].set()
+        got = job.collect(3)
+    for r in range(3):
+        assert got[r][0] == [([6.0] * 4, 3, [1, 1, 1, 0])], got[r]
+
+
+BIG = 32 << 20  # float32 elements: 128 MiB, many chunks
+
+
+def _big_allreduce(ctx):
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    big = torch.full((BIG,), float(ctx.rank + 1))
+    ctx.signal(f"big{ctx.rank}")
+    work = dist.all_reduce(big, async_op=True)
+    try:
+        work.wait()
+        outcome = ("ok", big[0].item(), big[-1].item(), ctx.pg.get_failed_ranks_hint(work).tolist())
+    except Exception as e:  # noqa: BLE001
+        outcome = (type(e).__name__, None, None, ctx.pg.get_failed_ranks_hint(work).tolist())
+    ctx.say(outcome)
+    t = torch.full((8,), float(ctx.rank + 1))
+    dist.all_reduce(t)
+    ctx.say((t.tolist(), ctx.pg.get_active_ranks(_world()).tolist()))
+
+
+def test_kill_during_a_large_all_reduce():
+    import signal
+
+    with Job(event_names=[f"big{r}" for r in range(4)]) as job:
+        procs = [job.start(_big_allreduce, r, 4) for r in range(4)]
+        for r in range(4):
+            assert job.events[f"big{r}"].wait(60)
+        time.sleep(0.05)  # in flight
+        os.kill(procs[3].pid, signal.SIGKILL)
+        got = job.collect(3)
+    for r in range(3):
+        (kind, first, last, hint), after = got[r][0]
+        # Finished before the kill (full sum), completed over the survivors,
+        # or raised because part of the output was already written: never a
+        # hang and never a mix of the two sums.
+        if kind == "ok" and hint == [0, 0, 0, 0]:
+            assert first == last == 10.0
+        elif kind == "ok":
+            assert first == last == 6.0 and hint == [0, 0, 0, 1]
+        else:
+            assert kind == "DistBackendError" and hint == [0, 0, 0, 1], (kind, hint)
+        assert after == ([6.0] * 8, [1, 1, 1, 0]), after

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,11 @@ struct ShmGroupOptions {
   // How error messages name rank r: rank_names[r] (the group rank, when this
   // arena is one host's part of a larger group); empty: r itself.
   std::vector<int> rank_names;
+  // Asked (with a rank's name) while waiting for that rank: true when the
+  // membership has given up on it (deactivated: e.g. its process went
+  // silent), so that nothing waits for the collective timeout on a rank
+  // that is alive but stalled or cut off. Empty: never.
+  std::function<bool(int rank_name)> deactivated;
 };
 
 class ShmArena;
