@@ -464,3 +464,202 @@ def test_kill_during_a_large_all_reduce():
         else:
             assert kind == "DistBackendError" and hint == [0, 0, 0, 1], (kind, hint)
         assert after == ([6.0] * 8, [1, 1, 1, 0]), after
+
+
+# ---------------------------------------------------------------------------
+# P2P recovery; in-place rejoin; deferred sync (True, False); holes in
+# all_gather / reduce_scatter after the last seat died.
+
+
+def _pingpong(ctx, peer):
+    if ctx.rank == 0:
+        dist.send(torch.full((16,), 7.0), peer)
+        got = torch.zeros(16)
+        dist.recv(got, peer)
+    else:
+        got = torch.zeros(16)
+        dist.recv(got, 0)
+        dist.send(got + 1, 0)
+    return got[0].item()
+
+
+def _p2p_recovery(ctx):
+    if ctx.rank == 1:
+        ctx.say(("pong", _pingpong(ctx, 0)))
+        die()
+    ctx.say(("ping", _pingpong(ctx, 1)))
+    work = dist.isend(torch.ones(4), 1)
+    try:
+        work.wait()
+        kind = "ok"
+    except Exception as e:  # noqa: BLE001
+        kind = type(e).__name__
+    ctx.say(("to dead", kind, ctx.pg.get_active_ranks(_world()).tolist()))
+    poll(lambda: ctx.pg.get_peer_state(_world(), [1])[0], timeout=60)
+    ctx.say(("recover", str(ctx.pg.recover_ranks(_world(), [1]).status)))
+    ctx.say(("ping", _pingpong(ctx, 1)))
+
+
+def _p2p_replacement(ctx):
+    ctx.pg.join_group(_world())
+    ctx.say(("pong", _pingpong(ctx, 0)))
+
+
+def test_p2p_recovery_with_a_replacement():
+    with Job() as job:
+        procs = [job.start(_p2p_recovery, r, 2) for r in range(2)]
+        procs[1].join(60)
+        job.start(_p2p_replacement, 1, 2, spec=(2, True))
+        got = job.collect(2)
+    assert got[0][0] == [("ping", 8.0), ("to dead", "DistBackendError", [1, 0]),
+                         ("recover", "ProposalStatus.Applied"), ("ping", 8.0)]
+    assert got[1][0] == [("pong", 7.0)]
+
+
+def _inplace_rejoin(ctx):
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if ctx.rank == 0:
+        response = ctx.pg.deactivate_ranks(_world(), [1])
+        ctx.say(("deactivate", str(response.status)))
+        ctx.signal("deactivated")
+        t = torch.ones(4)
+        dist.all_reduce(t)  # alone now
+        ctx.say(("alone", t[0].item(), dist.get_world_size()))
+        poll(lambda: ctx.pg.get_peer_state(_world(), [1])[0], timeout=60)
+        ctx.say(("activate", str(ctx.pg.activate_ranks(_world(), [1]).status)))
+    else:
+        ctx.wait_for("deactivated")
+        failed = "no error"
+        try:
+            dist.all_reduce(torch.ones(4))
+        except Exception as e:  # noqa: BLE001
+            failed = "not active" in str(e)
+        ctx.say(("inactive call fails", failed))
+        ctx.pg.join_group(_world())  # the same process comes back
+    t = torch.full((4,), float(ctx.rank + 1))
+    dist.all_reduce(t)
+    ctx.say(("together", t[0].item(), ctx.pg.get_active_ranks(_world()).tolist()))
+
+
+def test_in_place_rejoin_of_a_deactivated_process():
+    with Job(event_names=["deactivated"]) as job:
+        for r in range(2):
+            job.start(_inplace_rejoin, r, 2)
+        got = job.collect(2)
+    assert got[0][0] == [("deactivate", "ProposalStatus.Applied"), ("alone", 1.0, 1),
+                         ("activate", "ProposalStatus.Applied"), ("together", 3.0, [1, 1])]
+    assert got[1][0] == [("inactive call fails", True), ("together", 3.0, [1, 1])]
+
+
+def _deferred(ctx):
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if ctx.rank == 1:
+        time.sleep(0.2)
+        die()
+    t = torch.full((4,), float(ctx.rank + 1))
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    ctx.say((t[0].item(), ctx.pg.get_failed_ranks_hint(work).tolist(), ctx.pg.get_local_success(work)))
+    sync = ctx.pg.sync_after_failure(_world())
+    ctx.say((str(sync.status), ctx.pg.get_active_ranks(_world()).tolist()))
+
+
+def test_deferred_sync_mode():
+    with Job() as job:
+        for r in range(3):
+            job.start(_deferred, r, 3, spec=(3, False, True, False))
+        got = job.collect(2)
+    for r in (0, 2):
+        value, hint, ok = got[r][0][0]
+        assert (value, hint, ok) == (4.0, [0, 1, 0], False)
+        status, mask = got[r][0][1]
+        assert status in ("SyncAfterFailureStatus.Reconciled", "SyncAfterFailureStatus.NoPending")
+        assert mask == [1, 0, 1]  # the Coordinator deactivated it: the view is there after the sync
+
+
+def _holes(ctx):
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if ctx.rank == 3:
+        die()
+    dist.all_reduce(torch.ones(4))  # meets the death; completes over the survivors
+    w = dist.get_world_size()
+    gathered = torch.zeros(2 * w)
+    dist.all_gather_into_tensor(gathered, torch.full((2,), float(ctx.rank)))
+    scattered = torch.zeros(2)
+    dist.reduce_scatter_tensor(scattered, torch.arange(2.0 * w) + 10 * ctx.rank)
+    ctx.say((w, gathered.tolist(), scattered.tolist()))
+
+
+def test_all_gather_and_reduce_scatter_after_the_last_seat_died():
+    with Job() as job:
+        for r in range(4):
+            job.start(_holes, r, 4)
+        got = job.collect(3)
+    for r in range(3):
+        w, gathered, scattered = got[r][0][0]
+        assert w == 3
+        assert gathered == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]
+        # sum over ranks 0..2 of (arange(6) + 10 r), block r
+        expected = [3 * (2 * r + i) + 30 for i in range(2)]
+        assert scattered == expected, (r, scattered)
+
+
+# ---------------------------------------------------------------------------
+# Sub-groups grow with the world (reference: extension_with_subgroups).
+# Founders 0, 1 (world 2); joiners 2, 3 (world 4). Created in the same order
+# everywhere: WORLD, a = [0] -> [0, 2], b = [1] -> [1, 3], c = [0, 1] -> [0..3].
+
+
+def _sum(group, rank):
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t, group=group)
+    return t[0].item()
+
+
+def _subgroup_founder(ctx):
+    from mooncake import pg
+
+    a = dist.new_group([0], pg_options=pg.MooncakeBackendOptions(2))
+    b = dist.new_group([1], pg_options=pg.MooncakeBackendOptions(2))
+    c = dist.new_group([0, 1], pg_options=pg.MooncakeBackendOptions(4))
+    mine = a if ctx.rank == 0 else b
+    ctx.say(("before", _sum(None, ctx.rank), _sum(mine, ctx.rank), _sum(c, ctx.rank)))
+    ctx.signal(f"founder{ctx.rank}")
+    for r in range(2):
+        ctx.wait_for(f"founder{r}")
+    # Activate in the order the joiners join: WORLD, then their own group, then c.
+    poll(lambda: all(ctx.pg.get_peer_state(_world(), [2, 3])), timeout=60)
+    assert str(ctx.pg.activate_ranks(_world(), [2, 3]).status) == "ProposalStatus.Applied"
+    poll(lambda: ctx.pg.get_peer_state(mine, [1])[0], timeout=60)
+    assert str(ctx.pg.activate_ranks(mine, [1]).status) == "ProposalStatus.Applied"
+    poll(lambda: all(ctx.pg.get_peer_state(c, [2, 3])), timeout=60)
+    assert str(ctx.pg.activate_ranks(c, [2, 3]).status) == "ProposalStatus.Applied"
+    ctx.say(("after", _sum(None, ctx.rank), _sum(mine, ctx.rank), _sum(c, ctx.rank)))
+
+
+def _subgroup_joiner(ctx):
+    from mooncake import pg
+
+    a = dist.new_group([0, 2], pg_options=pg.MooncakeBackendOptions(2, True))
+    b = dist.new_group([1, 3], pg_options=pg.MooncakeBackendOptions(2, True))
+    c = dist.new_group([0, 1, 2, 3], pg_options=pg.MooncakeBackendOptions(4, True))
+    mine = a if ctx.rank == 2 else b
+    for group in (_world(), mine, c):
+        ctx.pg.join_group(group)
+    ctx.say(("after", _sum(None, ctx.rank), _sum(mine, ctx.rank), _sum(c, ctx.rank)))
+
+
+def test_extension_with_subgroups():
+    with Job(event_names=["founder0", "founder1"]) as job:
+        for r in range(2):
+            job.start(_subgroup_founder, r, 2, spec=(4,))
+        for r in (2, 3):
+            job.start(_subgroup_joiner, r, 4, spec=(4, True))
+        got = job.collect(4)
+    assert got[0][0] == [("before", 3.0, 1.0, 3.0), ("after", 10.0, 4.0, 10.0)]
+    assert got[1][0] == [("before", 3.0, 2.0, 3.0), ("after", 10.0, 6.0, 10.0)]
+    assert got[2][0] == [("after", 10.0, 4.0, 10.0)]
+    assert got[3][0] == [("after", 10.0, 6.0, 10.0)]
