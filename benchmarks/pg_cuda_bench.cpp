@@ -15,6 +15,7 @@
 //
 //   build/benchmarks/pg_cuda_bench [--worlds 1,2,4] [--min-kib 4] [--max-mib 256] [--sync auto|kernels]
 //                                  [--staging-mib 64] [--one-shot-kib 256] [--csv FILE]
+//                                  [--ops all_reduce,all_gather,broadcast]
 #include <cuda_runtime_api.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -55,6 +56,7 @@ struct Args {
   size_t one_shot_bytes = CudaIpcGroupOptions{}.one_shot_bytes;
   std::string sync = "auto";
   std::string csv;
+  std::string ops = "all_reduce,all_gather,broadcast";
   // set for a rank
   int rank = -1, world = 0;
   std::string name;
@@ -185,6 +187,7 @@ int runRank(const Args& args) {
         {"broadcast", 1.0, [&] { return g.broadcast(output, bytes, 0, stream); }},
     };
     for (const Case& c : cases) {
+      if (("," + args.ops + ",").find("," + std::string(c.op) + ",") == std::string::npos) continue;
       for (int warm = 0; warm < 3; ++warm) check(c.run().result, c.op);
       complete(g, g.barrier(stream), "barrier");
       const double us = timer.meanUs(iterations, [&] { check(c.run().result, c.op); });
@@ -228,7 +231,7 @@ int runWorld(const Args& args, int world) {
                                        "--min-kib", std::to_string(args.min_bytes >> 10),
                                        "--staging-mib", std::to_string(args.staging_bytes >> 20),
                                        "--one-shot-kib", std::to_string(args.one_shot_bytes >> 10),
-                                       "--sync", args.sync, "--worlds", worlds};
+                                       "--sync", args.sync, "--worlds", worlds, "--ops", args.ops};
     if (!args.csv.empty()) argv_s.insert(argv_s.end(), {"--csv", args.csv});
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
@@ -266,6 +269,8 @@ int main(int argc, char** argv) {
       args.one_shot_bytes = std::stoull(value) << 10;
     } else if (key == "--sync") {
       args.sync = value;
+    } else if (key == "--ops") {
+      args.ops = value;
     } else if (key == "--csv") {
       args.csv = value;
     } else if (key == "--rank") {

@@ -1,5 +1,6 @@
 // Byte copies between device buffers (local, or a peer's through its IPC
-// mapping), several pieces per launch: piece blockIdx.y, grid-stride along x.
+// mapping), several pieces per launch, each copied grid-stride by its own
+// range of blocks (CopyJob::first_block).
 // A piece is copied in the widest word both ends can share: after peeling a
 // head up to that word's alignment, 16-byte words when the source and the
 // destination agree modulo 16, four words in flight per thread.
@@ -40,11 +41,14 @@ __device__ __forceinline__ void copyAligned(const char* src, char* dst, size_t b
 
 __global__ void __launch_bounds__(kThreads) copyKernel(CopyJob job, OpGuard guard) {
   if (!guardAllows(guard)) return;
-  const CopyPiece piece = job.piece[blockIdx.y];
+  int p = 0;  // the piece of this block: first_block is increasing, at most kMaxCopyPieces long
+  while (p + 1 < job.count && blockIdx.x >= job.first_block[p + 1]) ++p;
+  const CopyPiece piece = job.piece[p];
   const char* src = static_cast<const char*>(piece.src);
   char* dst = static_cast<char*>(piece.dst);
-  const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const unsigned blocks = job.first_block[p + 1] - job.first_block[p];
+  const size_t first = static_cast<size_t>(blockIdx.x - job.first_block[p]) * blockDim.x + threadIdx.x;
+  const size_t stride = static_cast<size_t>(blocks) * blockDim.x;
   const uintptr_t shared_alignment = (reinterpret_cast<uintptr_t>(src) ^ reinterpret_cast<uintptr_t>(dst)) | 16;
   switch (shared_alignment & (~shared_alignment + 1)) {  // lowest set bit
     case 16: return copyAligned<uint4>(src, dst, piece.bytes, first, stride);
@@ -55,20 +59,50 @@ __global__ void __launch_bounds__(kThreads) copyKernel(CopyJob job, OpGuard guar
   }
 }
 
+// Blocks of copyKernel one multiprocessor keeps resident (asked once).
+int residentBlocksPerSm() {
+  static const int blocks = [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, copyKernel, kThreads, 0) != cudaSuccess || n < 1) {
+      cudaGetLastError();
+      n = 1;
+    }
+    return n;
+  }();
+  return blocks;
+}
+
 }  // namespace
 
-cudaError_t launchCopy(const CopyJob& job, const OpGuard& guard, int sm_count, cudaStream_t stream) {
-  if (job.count <= 0) return cudaSuccess;
-  if (job.count > kMaxCopyPieces) return cudaErrorInvalidValue;
-  size_t largest = 0;
-  for (int i = 0; i < job.count; ++i) largest = std::max(largest, job.piece[i].bytes);
-  if (largest == 0) return cudaSuccess;
-  // Enough 16-byte words per thread to cover the largest piece, and no more
-  // blocks in all than the device keeps resident (4 of 512 threads per SM).
-  const size_t wanted = (largest / 16 + kThreads) / kThreads;
-  const size_t room = std::max<size_t>(1, static_cast<size_t>(sm_count) * 4 / job.count);
-  const unsigned blocks_per_piece = static_cast<unsigned>(std::max<size_t>(1, std::min(wanted, room)));
-  copyKernel<<<dim3(blocks_per_piece, job.count), kThreads, 0, stream>>>(job, guard);
+cudaError_t launchCopy(const CopyJob& job_in, const OpGuard& guard, int sm_count, cudaStream_t stream) {
+  if (job_in.count <= 0) return cudaSuccess;
+  if (job_in.count > kMaxCopyPieces) return cudaErrorInvalidValue;
+  // Empty pieces take no block.
+  CopyJob job;
+  size_t total = 0;
+  for (int i = 0; i < job_in.count; ++i) {
+    if (job_in.piece[i].bytes == 0) continue;
+    job.piece[job.count++] = job_in.piece[i];
+    total += job_in.piece[i].bytes;
+  }
+  if (total == 0) return cudaSuccess;
+  // A piece wants one block per kThreads 16-byte words; all the pieces
+  // together get no more blocks than the device keeps resident, shared in
+  // proportion to their sizes (at least one each), so that the pieces of one
+  // launch finish together.
+  auto wanted = [](size_t bytes) { return std::max<size_t>(1, (bytes / 16 + kThreads - 1) / kThreads); };
+  size_t wanted_total = 0;
+  for (int i = 0; i < job.count; ++i) wanted_total += wanted(job.piece[i].bytes);
+  const size_t room = std::max<size_t>(job.count, static_cast<size_t>(sm_count) * residentBlocksPerSm());
+  size_t next = 0;
+  for (int i = 0; i < job.count; ++i) {
+    job.first_block[i] = static_cast<unsigned>(next);
+    const size_t bytes = job.piece[i].bytes;
+    const size_t share = static_cast<size_t>(static_cast<double>(room) * static_cast<double>(bytes) / total);
+    next += wanted_total <= room ? wanted(bytes) : std::max<size_t>(1, std::min(wanted(bytes), share));
+  }
+  job.first_block[job.count] = static_cast<unsigned>(next);
+  copyKernel<<<static_cast<unsigned>(next), kThreads, 0, stream>>>(job, guard);
   return cudaGetLastError();
 }
 

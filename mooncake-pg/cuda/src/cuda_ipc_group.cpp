@@ -70,7 +70,11 @@ std::unique_ptr<CudaIpcGroup> CudaIpcGroup::open(const std::string& name, int ra
   if ((err = cudaMalloc(reinterpret_cast<void**>(&state->staging), staging_bytes)) != cudaSuccess) {
     return fail(cudaWhat("cudaMalloc", err));
   }
-  if ((err = cudaMemset(state->staging, 0, kStagingHeaderBytes)) != cudaSuccess) {
+  // The header must read 0 (no signature, abort word clear) before any
+  // kernel of the group runs, whatever stream it runs on: a device memset is
+  // asynchronous, so wait for it.
+  if ((err = cudaMemsetAsync(state->staging, 0, kStagingHeaderBytes, nullptr)) != cudaSuccess ||
+      (err = cudaStreamSynchronize(nullptr)) != cudaSuccess) {
     return fail(cudaWhat("cudaMemset", err));
   }
 
@@ -110,7 +114,7 @@ std::unique_ptr<CudaIpcGroup> CudaIpcGroup::open(const std::string& name, int ra
     state->peer_staging[q] = static_cast<char*>(mapped);
   }
 
-  state->sync = std::make_unique<StreamSync>(*state->control, options.sync, options.timeout);
+  state->sync = std::make_unique<StreamSync>(*state->control, options.sync, options.timeout, state->abortWord());
   if (!(why = state->sync->init()).empty()) return fail(why);
   if ((err = cudaEventCreateWithFlags(&state->last_op_done, cudaEventDisableTiming)) != cudaSuccess) {
     return fail(cudaWhat("cudaEventCreate", err));

@@ -6,8 +6,9 @@
 // barrier. Larger ones go in an even number of rounds of two steps: rank r
 // folds segment r of the round from every rank's half into segment r of its
 // own half and of its output (reduce-scatter), a barrier, then copies the
-// other segments from their owners' halves (all-gather). Each rank then
-// reads about 2x and writes about 2x its input, whatever the world size.
+// other segments from their owners' halves (all-gather, launched together
+// with the next round's staging). A rank stages all but its own segment, so
+// it reads (3 - 2/W)x and writes 2x its input in all (5x at first).
 // The sources are folded in rank order in both schedules, so the bits of the
 // result do not depend on the path or on who reduced which segment.
 #include "group_state.h"
@@ -59,33 +60,44 @@ static CudaOp reduceCommon(CudaIpcGroup::State& g, OpCode code, const void* inpu
       return;
     }
     const RoundPlan plan = planRounds(count, g.half_bytes / esize, esize, /*even_rounds=*/true);
+    // The previous round's all-gather goes in one launch with this round's
+    // staging: it reads the peers' other half and writes another part of the
+    // output, while the staging reads this round's input and writes this
+    // rank's other half (no peer reads that half any more: they passed the
+    // last barrier after their own previous all-gather, which read it).
+    CopyJob gather;
     for (size_t i = 0; i < plan.rounds && !run.failed(); ++i) {
       const int h = static_cast<int>(i % 2);
       const size_t begin = plan.begin(i), n = plan.length(i);
-      CopyJob stage;
-      addCopy(stage, at(input, begin * esize), g.half(g.rank, h), n * esize);
-      run.copy(stage);
+      size_t own_begin = 0, own_length = 0;
+      alignedSegment(n, g.size, g.rank, esize, own_begin, own_length);
+      // The peers read every segment of this rank's half but its own, which
+      // the fold below fills from the input directly: it is not staged.
+      CopyJob step = gather;
+      const size_t own_end = own_begin + own_length;
+      addCopy(step, at(input, begin * esize), g.half(g.rank, h), own_begin * esize);
+      addCopy(step, at(input, (begin + own_end) * esize), g.half(g.rank, h) + own_end * esize, (n - own_end) * esize);
+      run.copy(step);
       run.barrier();
-      size_t seg_begin = 0, seg_length = 0;
-      alignedSegment(n, g.size, g.rank, esize, seg_begin, seg_length);
-      ReduceJob fold = reduceJob(seg_length, type, op);
+      ReduceJob fold = reduceJob(own_length, type, op);
       for (int q = 0; q < g.size; ++q) {
         fold.srcs[fold.nsrc++] =
-            q == g.rank ? at(input, (begin + seg_begin) * esize) : g.half(q, h) + seg_begin * esize;
+            q == g.rank ? at(input, (begin + own_begin) * esize) : g.half(q, h) + own_begin * esize;
       }
       // Only this rank touches segment `rank` of the halves in this step.
-      addDestination(fold, g.half(g.rank, h) + seg_begin * esize);
-      if (receives) addDestination(fold, at(output, (begin + seg_begin) * esize));
+      addDestination(fold, g.half(g.rank, h) + own_begin * esize);
+      if (receives) addDestination(fold, at(output, (begin + own_begin) * esize));
       run.reduce(fold);
       run.barrier();
-      CopyJob gather;
+      gather = CopyJob{};
       for (int s = 0; s < g.size && receives; ++s) {
         if (s == g.rank) continue;
+        size_t seg_begin = 0, seg_length = 0;
         alignedSegment(n, g.size, s, esize, seg_begin, seg_length);
         addCopy(gather, g.half(s, h) + seg_begin * esize, at(output, (begin + seg_begin) * esize), seg_length * esize);
       }
-      run.copy(gather);
     }
+    run.copy(gather);
   });
 }
 

@@ -18,9 +18,11 @@
 
 namespace mooncake::pg::cuda {
 
-// Layout of a staging allocation: a header (the operation signature, read by
-// peers), then two halves that alternate between rounds.
+// Layout of a staging allocation: a header (the operation signature at 0,
+// read by peers; the rank's abort word at kAbortWordOffset, read by its own
+// kernels), then two halves that alternate between rounds.
 constexpr size_t kStagingHeaderBytes = 4096;
+constexpr size_t kAbortWordOffset = 128;  // a cache line of its own
 
 struct CudaIpcGroup::State {
   int rank = 0;
@@ -45,6 +47,7 @@ struct CudaIpcGroup::State {
 
   char* half(int r, int h) const { return peer_staging[r] + kStagingHeaderBytes + static_cast<size_t>(h) * half_bytes; }
   uint32_t* signatureWord(int r) const { return reinterpret_cast<uint32_t*>(peer_staging[r]); }
+  uint32_t* abortWord() const { return reinterpret_cast<uint32_t*>(staging + kAbortWordOffset); }
   // Bytes of one rank's slot when a half is shared by `size` slots.
   size_t slotBytes() const { return half_bytes / size / kRoundAlignBytes * kRoundAlignBytes; }
 
@@ -91,8 +94,9 @@ class OpRun {
  private:
   OpGuard guard();
   void check(cudaError_t err, const char* what);
-  // Enqueues the held-back barrier, if any, with `finished` as its last write.
-  void flushBarrier(bool finished = false);
+  // Enqueues the held-back barrier, if any, with `finished` as its last
+  // write, and gated (StreamSync::barrier) when a kernel follows it.
+  void flushBarrier(bool finished = false, bool gate = false);
 
   CudaIpcGroup::State& g_;
   cudaStream_t stream_;

@@ -26,10 +26,18 @@ struct DeviceReport {
   uint32_t pad;
 };
 
-// What every group kernel checks before it touches a peer's memory.
+// What every group kernel checks before it touches a peer's memory. The
+// check costs each block one read of device memory: the host-mapped words
+// (the group's broken_by, the report) are touched only once the group has
+// failed, because a host-memory read per block serialized the blocks (about
+// 1 us each on an H200).
 struct OpGuard {
-  const int32_t* broken_by = nullptr;  // host-mapped, group-wide: >= 0 once the group is broken; null: no check
-  DeviceReport* report = nullptr;      // host-mapped, this rank's
+  // This rank's abort word, in its own staging header (device memory): not 0
+  // once the group is broken. Set on the stream by the gate that ends every
+  // barrier followed by a kernel (StreamSync::barrier), which reads broken_by
+  // once, and by a barrier kernel that passes its deadline. Null: no check.
+  const uint32_t* abort_word = nullptr;
+  DeviceReport* report = nullptr;      // host-mapped, this rank's: written by block 0 only, on failure
   uint32_t op_id = 0;
   uint32_t signature = 0;  // this rank's operation signature
   // Block 0 compares signature with every peer's (staged in the peer's
@@ -40,8 +48,11 @@ struct OpGuard {
   const uint32_t* peer_signature[kMaxLocalRanks] = {};  // by rank; null for this rank
 };
 
-// Several independent copies in one launch (gridDim.y = count).
-constexpr int kMaxCopyPieces = kMaxLocalRanks;
+// Several independent copies in one launch: up to one
+// per rank, plus two (all_reduce launches a round's all-gather, W - 1
+// pieces, with the next round's staging, the two parts around its own
+// segment).
+constexpr int kMaxCopyPieces = kMaxLocalRanks + 2;
 struct CopyPiece {
   const void* src;
   void* dst;
@@ -50,6 +61,9 @@ struct CopyPiece {
 struct CopyJob {
   CopyPiece piece[kMaxCopyPieces];
   int count = 0;
+  // Set by launchCopy: piece i is copied by blocks [first_block[i],
+  // first_block[i + 1]) of a one-dimensional grid, in proportion to its size.
+  unsigned first_block[kMaxCopyPieces + 1] = {};
 };
 
 // dst[d][i] = op over k of srcs[k][i] for every destination d.
@@ -72,7 +86,8 @@ struct BarrierKernelArgs {
   uint32_t started_value;
   uint32_t* signature_word;           // this rank's staging header (null: none)
   uint32_t signature;
-  const int32_t* broken_by;
+  const int32_t* broken_by;           // host-mapped: this waiting warp polls it
+  uint32_t* abort_word;               // this rank's (device): set by the gate or on timeout; later kernels skip
   DeviceReport* report;
   uint32_t op_id;
   int size;

@@ -14,5 +14,9 @@ cudaError_t launchReduce(const ReduceJob& job, const OpGuard& guard, int sm_coun
 cudaError_t launchBarrierKernel(const BarrierKernelArgs& args, cudaStream_t stream);
 // *word = value after all prior work of the stream (release, system scope).
 cudaError_t launchMarkKernel(uint32_t* word, uint32_t value, cudaStream_t stream);
+// If the group is broken (*broken_by >= 0, host-mapped): reports kDeviceAborted
+// and sets *abort_word (device memory), for the kernels after it to skip.
+cudaError_t launchGateKernel(const int32_t* broken_by, uint32_t* abort_word, DeviceReport* report, uint32_t op_id,
+                             cudaStream_t stream);
 
 }  // namespace mooncake::pg::cuda

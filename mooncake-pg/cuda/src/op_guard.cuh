@@ -2,6 +2,10 @@
 // the group is broken (a peer died, or did not arrive in time) the kernel
 // skips its work and says so, so that the operation completes on the stream
 // as failed instead of reading memory a dead process may no longer back.
+// The signal is the rank's abort word in device memory (kernel_args.h), set
+// on the stream by the gate that ends each barrier (sync_kernels.cu): a
+// kernel that reads the peers' memory always follows a barrier, and a wait
+// released because the group broke passes through that gate first.
 #pragma once
 
 #include "device_ordering.cuh"
@@ -18,15 +22,18 @@ __device__ __forceinline__ void reportOnce(DeviceReport* report, uint32_t error,
 }
 
 // Called by every thread of the block; true when the block may do its work.
+// Each block reads the rank's abort word in device memory (L2), never host
+// memory: the host-mapped report is written only when the kernel skips, and
+// by block 0 alone (one report per kernel is all the watchdog needs).
 __device__ __forceinline__ bool guardAllows(const OpGuard& guard) {
   __shared__ int proceed;
   if (threadIdx.x == 0) {
     proceed = 1;
-    // acquire: pairs with the host's release of broken_by.
-    if (guard.broken_by != nullptr && ld_acquire_sys(guard.broken_by) >= 0) {
+    const bool first_block = blockIdx.x == 0 && blockIdx.y == 0;
+    if (guard.abort_word != nullptr && ld_relaxed_gpu(guard.abort_word) != 0) {
       proceed = 0;
-      reportOnce(guard.report, kDeviceAborted, guard.op_id, -1);
-    } else if (guard.check_signature && blockIdx.x == 0 && blockIdx.y == 0) {
+      if (first_block) reportOnce(guard.report, kDeviceAborted, guard.op_id, -1);
+    } else if (guard.check_signature && first_block) {
       // Each peer staged its signature before its first barrier signal
       // (release), and this kernel runs after that barrier's wait.
       for (int q = 0; q < guard.size; ++q) {

@@ -69,7 +69,7 @@ void OpRun::fail(const OpResult& why) {
 OpGuard OpRun::guard() {
   ControlBlock& control = *g_.control;
   OpGuard guard;
-  guard.broken_by = control.device(reinterpret_cast<int32_t*>(&control.header().broken_by));
+  guard.abort_word = g_.abortWord();
   guard.report = control.device(&control.mine().report);
   guard.op_id = static_cast<uint32_t>(id_);
   guard.signature = signature_;
@@ -106,7 +106,7 @@ void OpRun::barrier() {
   barrier_pending_ = true;
 }
 
-void OpRun::flushBarrier(bool finished) {
+void OpRun::flushBarrier(bool finished, bool gate) {
   if (!barrier_pending_ || failed()) return;
   barrier_pending_ = false;
   if (finished) {
@@ -114,18 +114,18 @@ void OpRun::flushBarrier(bool finished) {
     pending_extras_.finished_value = static_cast<uint32_t>(id_);
   }
   const int set = (barriers_ - 1) % kBarrierSets;  // the held-back barrier is the last one counted
-  check(g_.sync->barrier(stream_, capturing_, set, pending_extras_), "enqueueing a barrier");
+  check(g_.sync->barrier(stream_, capturing_, set, pending_extras_, gate), "enqueueing a barrier");
 }
 
 void OpRun::copy(const CopyJob& job) {
   if (failed() || job.count == 0) return;
-  flushBarrier();
+  flushBarrier(/*finished=*/false, /*gate=*/true);
   check(launchCopy(job, guard(), g_.sm_count, stream_), "launching a copy kernel");
 }
 
 void OpRun::reduce(const ReduceJob& job) {
   if (failed() || job.count == 0 || job.ndst == 0) return;
-  flushBarrier();
+  flushBarrier(/*finished=*/false, /*gate=*/true);
   check(launchReduce(job, guard(), g_.sm_count, stream_), "launching a reduction kernel");
 }
 

@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "kernel_launch.h"
@@ -143,8 +144,20 @@ cudaError_t launchTypedOp(const ReduceJob& job, const OpGuard& guard, int sm_cou
   for (int k = 0; k < job.nsrc; ++k) vectorized = vectorized && aligned16(job.srcs[k]);
   for (int d = 0; d < job.ndst; ++d) vectorized = vectorized && aligned16(job.dsts[d]);
   const size_t items = vectorized ? (job.count + Pack<T>::kCount - 1) / Pack<T>::kCount : job.count;
+  // No more blocks than the device keeps resident: the kernels of the small
+  // types need more than 32 registers, so fewer than 4 blocks fit per SM,
+  // and a second partial wave would only add a tail.
+  static const int per_sm = [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reduceKernel<T, Op>, kThreads, 0) != cudaSuccess || n < 1) {
+      cudaGetLastError();
+      n = 1;
+    }
+    return n;
+  }();
   const size_t wanted = (items + kThreads - 1) / kThreads;
-  const unsigned blocks = static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(wanted, sm_count * 4)));
+  const size_t room = static_cast<size_t>(std::max(1, sm_count)) * per_sm;
+  const unsigned blocks = static_cast<unsigned>(std::max<size_t>(1, std::min(wanted, room)));
   reduceKernel<T, Op><<<blocks, kThreads, 0, stream>>>(job, guard, vectorized);
   return cudaGetLastError();
 }

@@ -73,8 +73,9 @@ class MemOpBatch {
 
 }  // namespace
 
-StreamSync::StreamSync(ControlBlock& control, SyncMode requested, std::chrono::milliseconds timeout)
-    : control_(control), requested_(requested), timeout_(timeout) {}
+StreamSync::StreamSync(ControlBlock& control, SyncMode requested, std::chrono::milliseconds timeout,
+                       uint32_t* abort_word)
+    : control_(control), requested_(requested), timeout_(timeout), abort_word_(abort_word) {}
 
 std::string StreamSync::init() {
   if (requested_ == SyncMode::kKernels) return {};
@@ -125,12 +126,13 @@ bool StreamSync::useMemOps(bool capturing) const {
   return !capturing || memops_capturable_;
 }
 
-cudaError_t StreamSync::barrier(cudaStream_t stream, bool capturing, int set, const BarrierExtras& extras) {
-  if (useMemOps(capturing)) return barrierWithMemOps(stream, set, extras);
+cudaError_t StreamSync::barrier(cudaStream_t stream, bool capturing, int set, const BarrierExtras& extras,
+                                bool gate) {
+  if (useMemOps(capturing)) return barrierWithMemOps(stream, set, extras, gate);
   return barrierWithKernel(stream, set, extras);
 }
 
-cudaError_t StreamSync::barrierWithMemOps(cudaStream_t stream, int set, const BarrierExtras& extras) {
+cudaError_t StreamSync::barrierWithMemOps(cudaStream_t stream, int set, const BarrierExtras& extras, bool gate) {
   const int me = control_.rank();
   RankControl& mine = control_.mine();
   MemOpBatch batch;
@@ -146,7 +148,12 @@ cudaError_t StreamSync::barrierWithMemOps(cudaStream_t stream, int set, const Ba
     if (q != me) batch.writeRelease(control_.deviceWord(&mine.arrival[set][q]), 0);
   }
   if (extras.finished != nullptr) batch.writeRelease(control_.deviceWord(extras.finished), extras.finished_value);
-  return batch.enqueue(stream);
+  cudaError_t err = batch.enqueue(stream);
+  if (err == cudaSuccess && gate) {
+    err = launchGateKernel(control_.device(reinterpret_cast<int32_t*>(&control_.header().broken_by)), abort_word_,
+                           control_.device(&control_.mine().report), extras.op_id, stream);
+  }
+  return err;
 }
 
 cudaError_t StreamSync::barrierWithKernel(cudaStream_t stream, int set, const BarrierExtras& extras) {
@@ -162,6 +169,7 @@ cudaError_t StreamSync::barrierWithKernel(cudaStream_t stream, int set, const Ba
   args.signature_word = extras.signature_word;
   args.signature = extras.signature;
   args.broken_by = control_.device(reinterpret_cast<int32_t*>(&control_.header().broken_by));
+  args.abort_word = abort_word_;
   args.report = control_.device(&control_.mine().report);
   args.op_id = extras.op_id;
   args.size = control_.size();

@@ -48,7 +48,9 @@ class StreamSync {
     uint32_t finished_value = 0;
   };
 
-  StreamSync(ControlBlock& control, SyncMode requested, std::chrono::milliseconds timeout);
+  // abort_word: this rank's device abort word (kernel_args.h), which the
+  // gate after a barrier sets when the group is broken.
+  StreamSync(ControlBlock& control, SyncMode requested, std::chrono::milliseconds timeout, uint32_t* abort_word);
   // Finds the driver's stream memory operations and tries them (eagerly and
   // under capture) on the current device; empty on success.
   std::string init();
@@ -56,18 +58,24 @@ class StreamSync {
   bool memOpsAvailable() const { return memops_available_; }
   bool memOpsCapturable() const { return memops_capturable_; }
 
-  cudaError_t barrier(cudaStream_t stream, bool capturing, int set, const BarrierExtras& extras);
+  // gate: a kernel that reads the peers' memory follows, so the barrier
+  // ends with the gate (sync_kernels.cu): one read of the group's broken
+  // state, which sets the device abort word that the kernels check. A
+  // barrier kernel always does it; after memory operations it is a
+  // one-thread kernel.
+  cudaError_t barrier(cudaStream_t stream, bool capturing, int set, const BarrierExtras& extras, bool gate);
   // *word = value once everything before on the stream has completed.
   cudaError_t mark(cudaStream_t stream, bool capturing, std::atomic<uint32_t>* word, uint32_t value);
 
  private:
   bool useMemOps(bool capturing) const;
-  cudaError_t barrierWithMemOps(cudaStream_t stream, int set, const BarrierExtras& extras);
+  cudaError_t barrierWithMemOps(cudaStream_t stream, int set, const BarrierExtras& extras, bool gate);
   cudaError_t barrierWithKernel(cudaStream_t stream, int set, const BarrierExtras& extras);
 
   ControlBlock& control_;
   SyncMode requested_;
   std::chrono::milliseconds timeout_;
+  uint32_t* abort_word_;
   bool memops_available_ = false;
   bool memops_capturable_ = false;
 };

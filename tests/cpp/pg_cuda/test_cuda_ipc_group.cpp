@@ -144,6 +144,18 @@ TEST(CudaIpcGroup, StalledRankTimesOutTheOthersNamingIt) {
   expectAllPassed(runRanks("stall", 3, {"timeout_ms=2000"}, std::chrono::seconds(60)));
 }
 
+// The same failures when the barriers are spinning kernels: a barrier kernel
+// that gives up (the group broke, or its own deadline passed) sets the abort
+// word that the kernels after it check.
+TEST(CudaIpcGroup, FailuresWithBarrierKernels) {
+  REQUIRE_GPU();
+  const std::vector<int> status =
+      runRanks("dead", 4, {"timeout_ms=30000", "sync=kernels"}, std::chrono::seconds(60));
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(status[r], 0) << "survivor rank " << r;
+  EXPECT_EQ(status[3], 200 + SIGKILL) << "the victim should have been killed";
+  expectAllPassed(runRanks("stall", 3, {"timeout_ms=2000", "sync=kernels"}, std::chrono::seconds(60)));
+}
+
 TEST(CudaIpcGroup, MismatchedCollectivesAreReported) {
   REQUIRE_GPU();
   expectAllPassed(runRanks("mismatch", 2, {"timeout_ms=10000"}, std::chrono::seconds(60)));
