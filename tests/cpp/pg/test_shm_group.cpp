@@ -46,8 +46,7 @@ std::vector<int> runRanks(int world, const ShmGroupOptions& options,
     }
     pids.push_back(pid);
   }
-  std::vector<int> status = waitForChildren(pids, limit);
-  return status;
+  return waitForChildren(pids, limit);
 }
 
 class ShmGroupWorld : public ::testing::TestWithParam<int> {};
