@@ -131,6 +131,7 @@ OpResult MooncakeCpuBackend::runCollective(const std::function<OpResult()>& body
   };
   OpResult result = attempt();
   std::vector<int> seen = result.failed_ranks;
+  const std::vector<int> seats_first = membership_->planeSeats();
   // A collective that failed because ranks failed is run again over the
   // survivors (the reconciled view, or this plane without the failed seats),
   // unless it had already written part of its output. It then completes:
@@ -141,6 +142,17 @@ OpResult MooncakeCpuBackend::runCollective(const std::function<OpResult()>& body
     result = attempt();
     for (int q : result.failed_ranks) {
       if (std::find(seen.begin(), seen.end(), q) == seen.end()) seen.push_back(q);
+    }
+  }
+  if (result.ok && !seen.empty()) {
+    // The hint names every rank whose contribution the result lacks: also
+    // those that failed at the same time as the one this rank saw.
+    const std::vector<int> seats_now = membership_->planeSeats();
+    for (int q : seats_first) {
+      if (!std::binary_search(seats_now.begin(), seats_now.end(), q) &&
+          std::find(seen.begin(), seen.end(), q) == seen.end()) {
+        seen.push_back(q);
+      }
     }
   }
   result.failed_ranks = seen;

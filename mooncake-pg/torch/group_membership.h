@@ -73,6 +73,8 @@ class GroupMembership {
   // collective can be run again over the survivors even when the view does
   // not change (auto-deactivation off). False when this seat is left out.
   bool leaveOut(const std::vector<int>& seats);
+  // The seats of the current plane (operation thread; empty before the first).
+  std::vector<int> planeSeats() const { return plane_ ? plane_->active() : std::vector<int>{}; }
   // On the operation thread, after an operation failed: reports the ranks it
   // saw fail; with auto-sync, waits for the reconciled view and applies it,
   // so that the Work completes with the new mask in place.

@@ -16,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "child_processes.h"
 #include "collective_checks.h"
 #include "mooncake/pg/host_spanning_group.h"
 #include "mooncake/te/transfer_engine.h"
@@ -96,20 +97,7 @@ std::vector<int> runSpanning(const std::vector<std::string>& hosts, const SpanOp
     }
     pids.push_back(pid);
   }
-  std::vector<int> status(world, -1);
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  for (int r = 0; r < world; ++r) {
-    int st = 0;
-    while (waitpid(pids[r], &st, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pids[r], SIGKILL);
-        waitpid(pids[r], &st, 0);
-        break;
-      }
-      std::this_thread::sleep_for(5ms);
-    }
-    status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 200 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-  }
+  std::vector<int> status = waitForChildren(pids, limit);
   fs::remove_all(dir);
   return status;
 }

@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "child_processes.h"
 #include "mooncake/pg/member_collectives.h"
 #include "mooncake/pg/shm_group.h"
 
@@ -39,21 +40,7 @@ std::vector<int> runSeats(const std::vector<int>& active, const std::function<in
     }
     pids.push_back(pid);
   }
-  std::vector<int> status;
-  auto deadline = std::chrono::steady_clock::now() + 60s;
-  for (pid_t pid : pids) {
-    int st = 0;
-    while (waitpid(pid, &st, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &st, 0);
-        break;
-      }
-      std::this_thread::sleep_for(5ms);
-    }
-    status.push_back(WIFEXITED(st) ? WEXITSTATUS(st) : 200);
-  }
-  return status;
+  return waitForChildren(pids, 60s);
 }
 
 #define EXPECT_OR_EXIT(cond)                                                                      \

@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "child_processes.h"
 #include "collective_checks.h"
 #include "mooncake/pg/shm_group.h"
 
@@ -45,21 +46,7 @@ std::vector<int> runRanks(int world, const ShmGroupOptions& options,
     }
     pids.push_back(pid);
   }
-  std::vector<int> status(world, -1);
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  for (int r = 0; r < world; ++r) {
-    int st = 0;
-    while (waitpid(pids[r], &st, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pids[r], SIGKILL);
-        waitpid(pids[r], &st, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 200 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-  }
-  return status;
+  return waitForChildren(pids, limit);
 }
 
 class ShmGroupWorld : public ::testing::TestWithParam<int> {};

@@ -663,3 +663,76 @@ def test_extension_with_subgroups():
     assert got[1][0] == [("before", 3.0, 2.0, 3.0), ("after", 10.0, 6.0, 10.0)]
     assert got[2][0] == [("after", 10.0, 4.0, 10.0)]
     assert got[3][0] == [("after", 10.0, 6.0, 10.0)]
+
+
+# ---------------------------------------------------------------------------
+# A kill in the middle of a large P2P message; recovery after a graceful
+# destroy.
+
+
+def _p2p_in_flight(ctx):
+    dist.barrier()
+    if ctx.rank == 1:
+        ctx.signal("sending")
+        dist.send(torch.ones(64 << 20), 0)  # killed while this is on its way
+        return "sent?"
+    got = torch.zeros(64 << 20)
+    work = dist.irecv(got, 1)
+    start = time.monotonic()
+    try:
+        work.wait()
+        kind = "ok"
+    except Exception as e:  # noqa: BLE001
+        kind = type(e).__name__
+    ctx.say((kind, ctx.pg.get_failed_ranks_hint(work).tolist(), time.monotonic() - start,
+             ctx.pg.get_active_ranks(_world()).tolist()))
+
+
+def test_kill_during_an_in_flight_p2p_message():
+    import signal
+
+    with Job(event_names=["sending"]) as job:
+        procs = [job.start(_p2p_in_flight, r, 2) for r in range(2)]
+        assert job.events["sending"].wait(60)
+        time.sleep(0.1)
+        os.kill(procs[1].pid, signal.SIGKILL)
+        got = job.collect(1)
+    kind, hint, took, mask = got[0][0][0]
+    assert kind == "DistBackendError" and hint == [0, 1], (kind, hint)
+    assert took < USABLE_WITHIN + 1.0, took
+    assert mask == [1, 0]  # the failed Work completed with the view in place
+
+
+def _graceful_then_recovered(ctx):
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if ctx.rank == 1:
+        assert str(ctx.pg.deactivate_ranks(_world(), [1]).status) == "ProposalStatus.Applied"
+        dist.destroy_process_group()
+        os._exit(0)  # gone without a result: its successor answers for seat 1
+    t = torch.full((4,), float(ctx.rank + 1))
+    dist.all_reduce(t)
+    ctx.say(("without", t[0].item()))
+    poll(lambda: ctx.pg.get_peer_state(_world(), [1])[0], timeout=60)
+    ctx.say(("recover", str(ctx.pg.recover_ranks(_world(), [1]).status)))
+    t = torch.full((4,), float(ctx.rank + 1))
+    dist.all_reduce(t)
+    ctx.say(("full", t[0].item()))
+
+
+def _successor(ctx):
+    ctx.pg.join_group(_world())
+    t = torch.full((4,), float(ctx.rank + 1))
+    dist.all_reduce(t)
+    ctx.say(("full", t[0].item()))
+
+
+def test_recovery_after_a_graceful_destroy():
+    with Job() as job:
+        procs = [job.start(_graceful_then_recovered, r, 3) for r in range(3)]
+        procs[1].join(60)  # gone for good before its successor starts
+        job.start(_successor, 1, 3, spec=(3, True))
+        got = job.collect(3)
+    for r in (0, 2):
+        assert got[r][0] == [("without", 4.0), ("recover", "ProposalStatus.Applied"), ("full", 6.0)]
+    assert got[1][0] == [("full", 6.0)]
