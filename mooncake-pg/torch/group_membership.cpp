@@ -17,6 +17,9 @@ GroupMembership::GroupMembership(const c10::intrusive_ptr<c10d::Store>& store, M
   mirror_ = config_.mirror ? *config_.mirror : at::zeros({config_.max_group_size}, at::TensorOptions().dtype(at::kInt));
   opened_endpoints_.resize(config_.max_group_size);
   world_size_.store(config_.declared_size);
+  // A joiner is isolated until a view shows its seat Active. Set before
+  // registering: views may reach the listener before registerGroup returns.
+  isolated_.store(config_.is_extension);
   agent_ = &controlAgent(store, config_.global_rank, config_.timeout);
   GroupRegistration registration;
   registration.key = config_.key;
@@ -31,8 +34,7 @@ GroupMembership::GroupMembership(const c10::intrusive_ptr<c10d::Store>& store, M
   std::string error;
   bool ok = agent_->registerGroup(registration, [this](const GroupView& v) { onView(v); }, &view, &error);
   TORCH_CHECK(ok, "mooncake: rank ", config_.seat, " could not register group ", config_.key, ": ", error);
-  isolated_.store(!view.isActive(config_.seat));
-  applyView(view);
+  applyView(view);  // (a founder's seat is Active in it; a joiner's only after join_group)
   if (!isolated_.load()) plane();  // founders meet in the first plane now: errors surface at creation
 }
 
