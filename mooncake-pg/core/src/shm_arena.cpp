@@ -1,11 +1,9 @@
 #include "shm_arena.h"
 
-#include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -14,6 +12,8 @@
 #include <csignal>
 #include <cstring>
 #include <thread>
+
+#include "mooncake/pg/shared_region.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
@@ -59,36 +59,10 @@ std::unique_ptr<ShmArena> ShmArena::open(const std::string& name, int rank, int 
   const size_t slots_offset = roundUp(blocks_offset + sizeof(RankBlock) * size, page);
   const size_t total = slots_offset + slot_bytes * size;
 
-  int fd = -1;
   auto deadline = std::chrono::steady_clock::now() + options.attach_timeout;
-  if (rank == 0) {
-    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) return fail(std::string("shm_open(create): ") + std::strerror(errno));
-    if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
-      ::close(fd);
-      ::shm_unlink(name.c_str());
-      return fail(std::string("ftruncate: ") + std::strerror(errno));
-    }
-  } else {
-    // The creator may not have made it yet: retry until the attach deadline.
-    for (;;) {
-      fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-      if (fd >= 0) {
-        struct stat st {};
-        if (::fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == total) break;
-        ::close(fd);
-        fd = -1;
-      }
-      if (std::chrono::steady_clock::now() > deadline) return fail("rank 0 did not create the arena in time");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
-  void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (base == MAP_FAILED) {
-    if (rank == 0) ::shm_unlink(name.c_str());
-    return fail(std::string("mmap: ") + std::strerror(errno));
-  }
+  std::string why;
+  void* base = mapSharedRegion(name, rank == 0, total, deadline, "the arena", &why);
+  if (base == nullptr) return fail(why);
   std::unique_ptr<ShmArena> arena(new ShmArena);
   arena->rank_ = rank;
   arena->size_ = size;

@@ -1,10 +1,8 @@
 #include "control_block.h"
 
 #include <cuda_runtime_api.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -12,6 +10,8 @@
 #include <csignal>
 #include <cstring>
 #include <thread>
+
+#include "mooncake/pg/shared_region.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
@@ -45,34 +45,9 @@ std::unique_ptr<ControlBlock> ControlBlock::open(const std::string& name, int ra
   const size_t total = roundUp(blocks_offset + sizeof(RankControl) * size, page);
   const auto deadline = std::chrono::steady_clock::now() + attach_timeout;
 
-  int fd = -1;
-  if (rank == 0) {
-    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) return fail(std::string("shm_open(create): ") + std::strerror(errno));
-    if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
-      ::close(fd);
-      ::shm_unlink(name.c_str());
-      return fail(std::string("ftruncate: ") + std::strerror(errno));
-    }
-  } else {
-    for (;;) {  // the creator may not have made it yet
-      fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-      if (fd >= 0) {
-        struct stat st {};
-        if (::fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == total) break;
-        ::close(fd);
-        fd = -1;
-      }
-      if (std::chrono::steady_clock::now() > deadline) return fail("rank 0 did not create the control block in time");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
-  void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (base == MAP_FAILED) {
-    if (rank == 0) ::shm_unlink(name.c_str());
-    return fail(std::string("mmap: ") + std::strerror(errno));
-  }
+  std::string why;
+  void* base = mapSharedRegion(name, rank == 0, total, deadline, "the control block", &why);
+  if (base == nullptr) return fail(why);
   std::unique_ptr<ControlBlock> block(new ControlBlock);
   block->rank_ = rank;
   block->size_ = size;
