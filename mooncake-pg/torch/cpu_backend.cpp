@@ -130,6 +130,7 @@ OpResult MooncakeCpuBackend::runCollective(const std::function<OpResult()>& body
     }
   };
   OpResult result = attempt();
+  if (result.ok) return result;
   std::vector<int> seen = result.failed_ranks;
   const std::vector<int> seats_first = membership_->planeSeats();
   // A collective that failed because ranks failed is run again over the

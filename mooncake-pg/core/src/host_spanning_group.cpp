@@ -133,12 +133,12 @@ OpResult HostSpanningGroup::allgather(const void* input, void* output, size_t by
   }
   // The leader collects its host's blocks, trades them for every other
   // host's, and hands the whole result to its local ranks.
-  std::vector<char> packed(bytes * mine.size());
+  Scratch packed(bytes * mine.size());
   if (!(r = fromLocal(local_->gather(input, packed.data(), bytes, 0))).ok) return settle(r);
   scatterBlocks(packed.data(), mine, bytes, out);
   if (layout_.hosts() > 1) {
     P2pExchange x(*channel_, tagOf(OpCode::kAllgather), channel_rank_of_);
-    std::vector<std::vector<char>> theirs(layout_.hosts());
+    std::vector<Scratch> theirs(layout_.hosts());
     for (int h = 0; h < layout_.hosts(); ++h) {
       if (h == host_) continue;
       const std::vector<int>& ranks = layout_.ranksOn(h);

@@ -26,7 +26,7 @@ OpResult HostSpanningGroup::leadersAllreduce(void* buf, size_t count, DataType t
   if (hosts == 2 || count * esize <= kLeadersOneExchangeBytes || count < static_cast<size_t>(hosts)) {
     // Every leader gets every other leader's buffer and folds them in host
     // order, so all leaders compute bit-identical results.
-    std::vector<char> theirs((hosts - 1) * count * esize);
+    Scratch theirs((hosts - 1) * count * esize);
     std::vector<const void*> sources(hosts);
     P2pExchange x(*channel_, tag, channel_rank_of_);
     for (int h = 0, slot = 0; h < hosts; ++h) {
@@ -48,7 +48,7 @@ OpResult HostSpanningGroup::leadersAllreduce(void* buf, size_t count, DataType t
   auto length = [&](int i) { return begin(i + 1) - begin(i); };
   const int next = layout_.leaderOf((host_ + 1) % hosts);
   const int prev = layout_.leaderOf((host_ + hosts - 1) % hosts);
-  std::vector<char> incoming((count / hosts + 1) * esize);
+  Scratch incoming((count / hosts + 1) * esize);
   for (int s = 0; s < hosts - 1; ++s) {  // reduce-scatter
     const int out = (host_ - s + hosts) % hosts, in = (host_ - s - 1 + 2 * hosts) % hosts;
     P2pExchange x(*channel_, tag, channel_rank_of_);
@@ -78,7 +78,7 @@ OpResult HostSpanningGroup::allreduce(const void* input, void* output, size_t co
   // In place, the leader sums into a scratch buffer, so that its input is
   // intact until the result is complete: a failed all_reduce can then be
   // run again over the survivors.
-  std::vector<char> scratch(isLeader() && input == output ? bytes : 0);
+  Scratch scratch(isLeader() && input == output ? bytes : 0);
   void* sum = scratch.empty() ? output : scratch.data();
   if (!(r = fromLocal(local_->reduce(input, sum, count, type, part, 0))).ok) return settle(r);
   if (isLeader() && !(r = leadersAllreduce(sum, count, type, part, tagOf(OpCode::kAllreduce))).ok) return settle(r);
@@ -101,13 +101,13 @@ OpResult HostSpanningGroup::reduce(const void* input, void* output, size_t count
   // The root collects in place only out of place: otherwise its input must
   // stay intact until the result is complete (see allreduce).
   const bool root_in_place = rank_ == root && input == output;
-  std::vector<char> partial(rank_ == collector && (rank_ != root || root_in_place) ? bytes : 0);
+  Scratch partial(rank_ == collector && (rank_ != root || root_in_place) ? bytes : 0);
   void* into = rank_ == root && !root_in_place ? output : partial.data();
   if (!(r = fromLocal(local_->reduce(input, into, count, type, part, layout_.localIndexOf(collector)))).ok) {
     return settle(r);
   }
   if (rank_ == root && layout_.hosts() > 1) {
-    std::vector<char> theirs((layout_.hosts() - 1) * bytes);
+    Scratch theirs((layout_.hosts() - 1) * bytes);
     std::vector<const void*> sources(layout_.hosts());
     P2pExchange x(*channel_, tagOf(OpCode::kReduce), channel_rank_of_);
     for (int h = 0, slot = 0; h < layout_.hosts(); ++h) {
@@ -138,14 +138,14 @@ OpResult HostSpanningGroup::reduceScatter(const void* input, void* output, size_
   const ReduceOp part = partialOp(op);
   const size_t block = count * elementSize(type);
   const std::vector<int>& mine = layout_.ranksOn(host_);
-  std::vector<char> host_sum(isLeader() ? block * size() : 0);
-  std::vector<char> for_mine(isLeader() ? block * mine.size() : 0);
+  Scratch host_sum(isLeader() ? block * size() : 0);
+  Scratch for_mine(isLeader() ? block * mine.size() : 0);
   if (!(r = fromLocal(local_->reduce(input, host_sum.data(), count * size(), type, part, 0))).ok) return settle(r);
   if (isLeader()) {
     // Each leader receives, from every other leader, only the blocks of its
     // own host's ranks, and folds them in host order.
     gatherBlocks(host_sum.data(), mine, block, for_mine.data());
-    std::vector<std::vector<char>> outgoing(layout_.hosts()), incoming(layout_.hosts());
+    std::vector<Scratch> outgoing(layout_.hosts()), incoming(layout_.hosts());
     std::vector<const void*> sources(layout_.hosts());
     P2pExchange x(*channel_, tagOf(OpCode::kReduceScatter), channel_rank_of_);
     for (int h = 0; h < layout_.hosts(); ++h) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "p2p_exchange.h"
+#include "scratch.h"
 #include "shm_group_internal.h"
 
 namespace mooncake::pg {

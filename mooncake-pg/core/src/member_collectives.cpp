@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "scratch.h"
+
 namespace mooncake::pg {
 
 MemberCollectives::MemberCollectives(std::vector<int> active, int my_seat, std::unique_ptr<Collectives> inner)
@@ -57,7 +59,7 @@ OpResult MemberCollectives::reduce(const void* input, void* output, size_t count
 
 OpResult MemberCollectives::allgather(const void* input, void* output, size_t bytes) {
   if (dense()) return toSeats(inner_->allgather(input, output, bytes));
-  std::vector<char> packed(bytes * active_.size());
+  Scratch packed(bytes * active_.size());
   OpResult r = toSeats(inner_->allgather(input, packed.data(), bytes));
   if (!r.ok) return r;
   auto* out = static_cast<char*>(output);
@@ -68,7 +70,7 @@ OpResult MemberCollectives::allgather(const void* input, void* output, size_t by
 OpResult MemberCollectives::reduceScatter(const void* input, void* output, size_t count, DataType type, ReduceOp op) {
   if (dense()) return toSeats(inner_->reduceScatter(input, output, count, type, op));
   const size_t block = count * elementSize(type);
-  std::vector<char> packed(block * active_.size());
+  Scratch packed(block * active_.size());
   const auto* in = static_cast<const char*>(input);
   for (size_t i = 0; i < active_.size(); ++i) std::memcpy(packed.data() + i * block, in + active_[i] * block, block);
   return toSeats(inner_->reduceScatter(packed.data(), output, count, type, op));
@@ -93,7 +95,7 @@ OpResult MemberCollectives::gather(const void* input, void* output, size_t bytes
   if (inner_root < 0) return r;
   if (dense()) return toSeats(inner_->gather(input, output, bytes, inner_root));
   const bool at_root = my_seat_ == root;
-  std::vector<char> packed(at_root ? bytes * active_.size() : 0);
+  Scratch packed(at_root ? bytes * active_.size() : 0);
   r = toSeats(inner_->gather(input, packed.data(), bytes, inner_root));
   if (!r.ok || !at_root) return r;
   auto* out = static_cast<char*>(output);
@@ -106,7 +108,7 @@ OpResult MemberCollectives::scatter(const void* input, void* output, size_t byte
   int inner_root = innerRoot(root, "scatter", &r);
   if (inner_root < 0) return r;
   if (dense()) return toSeats(inner_->scatter(input, output, bytes, inner_root));
-  std::vector<char> packed;
+  Scratch packed;
   if (my_seat_ == root) {
     packed.resize(bytes * active_.size());
     const auto* in = static_cast<const char*>(input);
