@@ -9,6 +9,13 @@ runs: time(us), algbw(GB/s) = bytes / 1e9 / time, busbw(GB/s) = algbw times
 the nccl-tests factor (2(n-1)/n all_reduce; (n-1)/n all_gather,
 reduce_scatter, alltoall; 1 broadcast, sendrecv), and #wrong (elements that
 differ from the expected result, summed over ranks; -c 0 skips the check).
+
+With --bound (CUDA), each size also gets the time of one device-to-device
+copy and of one copy into another process's buffer through CUDA IPC, measured
+in the same run, and ipc/time: the fraction of the cross-process copy bound
+the collective reaches (docs/benchmarks/pg_cuda.md):
+
+    python3 benchmarks/pgbench.py --collective all_reduce --backend mooncake -g 2 -b 4K -e 256M -f 4 --bound
 """
 
 from __future__ import annotations
@@ -141,6 +148,42 @@ class Case:
         return int((got != exp).sum())
 
 
+def copy_bounds(nbytes: int, rank: int, world: int, device, iters: int) -> tuple[float, float]:
+    """Seconds for one copy of `nbytes` (the bound beside a collective of that
+    size): a device-to-device copy inside one process, and a copy into another
+    process's buffer through CUDA IPC (rank 1 writes into rank 0's; nan with one
+    rank). Only one process copies at a time, as a bound should."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    src = torch.empty(max(1, nbytes), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+
+    def timed(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / iters
+
+    local = timed(lambda: dst.copy_(src)) if rank == 0 else 0.0
+    ipc = float("nan")
+    if world > 1:
+        handle = [reduce_tensor(dst) if rank == 0 else None]
+        dist.broadcast_object_list(handle, src=0)
+        dist.barrier()
+        if rank == 1:
+            rebuild, rebuild_args = handle[0]
+            peer = rebuild(*rebuild_args)
+            ipc = timed(lambda: peer.copy_(src))
+            del peer
+        dist.barrier()
+    t = torch.tensor([local if rank == 0 else 0.0, ipc if rank == 1 else 0.0], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t[0]), float(t[1]) if world > 1 else float("nan")
+
+
 def bench(args, rank: int, world: int) -> None:
     device = torch.device("cuda", rank % max(1, torch.cuda.device_count())) if args.device == "cuda" else torch.device("cpu")
     if args.device == "cuda":
@@ -150,10 +193,12 @@ def bench(args, rank: int, world: int) -> None:
               f"op={args.op} iters={args.iters} warmup={args.warmup_iters}")
         print(f"#{'':>10} {'':>12} {'':>8} {'':>6} {'':>5}   {'out-of-place':^34}   {'in-place':^34}")
         print(f"#{'size(B)':>10} {'count':>12} {'type':>8} {'redop':>6} {'root':>5}   "
-              f"{'time(us)':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>7}   {'time(us)':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>7}")
+              f"{'time(us)':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>7}   {'time(us)':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>7}"
+              + (f"   {'d2d(us)':>9} {'ipc(us)':>9} {'ipc/time':>8}" if args.bound else ""))
     stat = {0: None, 1: torch.sum, 2: torch.min, 3: torch.max}[args.average]
     for nbytes in sizes(args):
         cols = []
+        secs_out = float("nan")
         for inplace in (False, True):
             if inplace and args.collective in ("alltoall", "sendrecv"):
                 cols.append(f"{'N/A':>9} {'N/A':>7} {'N/A':>7} {'N/A':>7}")
@@ -189,15 +234,21 @@ def bench(args, rank: int, world: int) -> None:
             elif stat is torch.max:
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
             secs = float(t)
+            if not inplace:
+                secs_out = secs
             moved = case.count * case.send.element_size() * (world if args.collective == "all_gather" else 1)
             algbw = moved / 1e9 / secs
             cols.append(f"{secs * 1e6:>9.1f} {algbw:>7.2f} {algbw * bus_factor(args.collective, world):>7.2f} "
                         f"{int(w) if args.check else 'N/A':>7}")
+        bound = ""
+        if args.bound:
+            d2d, ipc = copy_bounds(nbytes, rank, world, device, args.iters)
+            bound = f"   {d2d * 1e6:>9.1f} {ipc * 1e6:>9.1f} {ipc / secs_out:>8.3f}"
         if rank == 0:
             case = Case(args, nbytes, rank, world, torch.device("cpu"), False)
             stamp = time.strftime("%H:%M:%S ") if args.timestamps else ""
             print(f" {stamp}{case.count * case.send.element_size():>10} {case.count:>12} {args.datatype:>8} {args.op:>6} "
-                  f"{args.root:>5}   {cols[0]}   {cols[1]}", flush=True)
+                  f"{args.root:>5}   {cols[0]}   {cols[1]}{bound}", flush=True)
 
 
 def worker(rank: int, world: int, args) -> None:
@@ -236,6 +287,9 @@ def main() -> int:
     p.add_argument("-t", "--nthreads", type=int, default=1)
     p.add_argument("-J", "--report_json", action="store_true")
     p.add_argument("--port", type=int, default=29500)
+    p.add_argument("--bound", action="store_true",
+                   help="CUDA: also time one device copy and one cross-process CUDA IPC copy of each size "
+                        "(the bounds), and print ipc/time")
     args = p.parse_args()
     if args.nthreads != 1:
         p.error("-t must be 1: one rank per process")
@@ -244,6 +298,8 @@ def main() -> int:
     args.device = args.device or ("cpu" if args.backend in ("mooncake-cpu", "gloo") else "cuda")
     if (args.backend in ("mooncake-cpu", "gloo")) != (args.device == "cpu"):
         p.error(f"backend {args.backend} does not run on device {args.device}")
+    if args.bound and args.device != "cuda":
+        p.error("--bound measures device copies: it needs --device cuda")
     if args.op == "avg":
         print("# note: avg is measured as SUM (divide by world size afterwards), as nccl-tests does", file=sys.stderr)
     if "RANK" in os.environ:

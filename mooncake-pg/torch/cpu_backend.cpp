@@ -33,7 +33,17 @@ at::Tensor contiguousOf(const at::Tensor& t) { return t.is_contiguous() ? t : t.
 
 size_t bytesOf(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
 
+thread_local std::function<std::string()> current_gate;
+
 }  // namespace
+
+OpGate::OpGate(std::function<std::string()> wait) : previous_(std::move(current_gate)) {
+  current_gate = std::move(wait);
+}
+
+OpGate::~OpGate() { current_gate = std::move(previous_); }
+
+std::function<std::string()> OpGate::current() { return current_gate; }
 
 MooncakeCpuBackend::MooncakeCpuBackend(const c10::intrusive_ptr<c10d::Store>& store, const GroupIdentity& identity,
                                        std::chrono::milliseconds timeout, const MooncakeBackendOptions& options)
@@ -52,6 +62,7 @@ MooncakeCpuBackend::MooncakeCpuBackend(const c10::intrusive_ptr<c10d::Store>& st
   std::shared_ptr<P2pChannel> collectives;
   const int64_t override_us = settings().collective_timeout_us.load();
   const auto collective_timeout = override_us >= 0 ? std::chrono::milliseconds(override_us / 1000) : timeout;
+  collective_timeout_ = collective_timeout;
   try {
     if (te::TransferEngine* engine = pgTransferEngine(&p2p_error_)) {
       P2pOptions o = p2pOptionsFromEnv();
@@ -67,7 +78,7 @@ MooncakeCpuBackend::MooncakeCpuBackend(const c10::intrusive_ptr<c10d::Store>& st
     p2p_error_ = e.what();
   }
   MembershipConfig m;
-  m.key = "cpu:" + identity.group_name;
+  m.key = identity.key_prefix + identity.group_name;
   m.seat = identity.rank;
   m.declared_size = identity.size;
   m.max_group_size = max_group_size_;
@@ -175,7 +186,21 @@ void MooncakeCpuBackend::settleFailure(const OpResult& result) {
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
                                                            std::function<OpResult()> body, bool may_run_inline) {
   auto work = c10::make_intrusive<MooncakeWork>(getRank(), type, max_group_size_, std::move(outputs));
-  auto run = [this, work, body = std::move(body)] { work->complete(runCollective(body)); };
+  std::function<std::string()> gate = OpGate::current();
+  if (gate) may_run_inline = false;
+  auto run = [this, work, gate = std::move(gate), body = std::move(body)] {
+    if (gate) {
+      std::string why = gate();
+      if (!why.empty()) {
+        OpResult r;
+        r.ok = false;
+        r.error = why;
+        work->complete(r);
+        return;
+      }
+    }
+    work->complete(runCollective(body));
+  };
   if ((!may_run_inline || !queue_.runInlineIfIdle(run)) && !queue_.push(run)) {
     OpResult r;
     r.ok = false;
@@ -407,36 +432,9 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::alltoall_base(at::Tensor& out
   checkSameKind(input, output, op, "input", "output");
   wireTypeOf(input, op, "input");
   const int W = worldSize();
-  auto layout = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* arg,
-                    std::vector<size_t>& offsets, std::vector<size_t>& bytes) {
-    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
-    const size_t row_bytes = rows == 0 ? 0 : bytesOf(t) / rows;
-    std::vector<int64_t> s = splits;
-    if (s.empty()) {
-      TORCH_CHECK_VALUE(rows % W == 0, op, ": without split sizes, ", arg, ".size(0) (", rows,
-                        ") must be divisible by world_size (", W, ")");
-      s.assign(W, rows / W);
-    }
-    TORCH_CHECK_VALUE(static_cast<int>(s.size()) == W, op, ": ", arg, "_split_sizes must have world_size (", W,
-                      ") entries, got ", s.size());
-    int64_t total = 0;
-    for (int64_t v : s) {
-      TORCH_CHECK_VALUE(v >= 0, op, ": ", arg, "_split_sizes must not be negative");
-      total += v;
-    }
-    TORCH_CHECK_VALUE(total == rows, op, ": ", arg, "_split_sizes sum to ", total, " but ", arg, ".size(0) is ", rows);
-    offsets.resize(W);
-    bytes.resize(W);
-    size_t off = 0;
-    for (int p = 0; p < W; ++p) {
-      offsets[p] = off;
-      bytes[p] = static_cast<size_t>(s[p]) * row_bytes;
-      off += bytes[p];
-    }
-  };
   std::vector<size_t> so, sb, ro, rb;
-  layout(input, input_split_sizes, "input", so, sb);
-  layout(output, output_split_sizes, "output", ro, rb);
+  splitLayout(input, input_split_sizes, W, op, "input", so, sb);
+  splitLayout(output, output_split_sizes, W, op, "output", ro, rb);
   at::Tensor in = contiguousOf(input), out = contiguousOf(output);
   return enqueue(c10d::OpType::ALLTOALL_BASE, {output}, [this, output, in, out, so, sb, ro, rb] {
     OpResult r = plane().alltoall(in.data_ptr(), so, sb, out.data_ptr(), ro, rb);
@@ -588,13 +586,18 @@ void MooncakeCpuBackend::finishP2p(const c10::intrusive_ptr<MooncakeWork>& work,
     return;
   }
   // Runs on the channel's progress thread, which must not wait for the
-  // control plane: the failure is settled on the operation thread (or not
-  // at all when the group is going away).
-  bool queued = queue_.push([this, work, result] {
+  // control plane.
+  settleThen(result, [work, result] { work->complete(result); });
+}
+
+void MooncakeCpuBackend::settleThen(const OpResult& result, std::function<void()> done) {
+  // The failure is settled on the operation thread, or not at all when the
+  // group is going away.
+  auto settle_then_done = [this, result, done] {
     settleFailure(result);
-    work->complete(result);
-  });
-  if (!queued) work->complete(result);
+    done();
+  };
+  if (!queue_.push(settle_then_done)) done();
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::recvAnysource(std::vector<at::Tensor>&, int) {

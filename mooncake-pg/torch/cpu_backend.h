@@ -24,6 +24,24 @@ struct GroupIdentity {
   int size = 0;                      // the declared group size
   std::string group_name;            // torch's name: equal on every process for the same group
   std::vector<int> global_ranks;     // global rank of each seat torch knows of
+  std::string key_prefix = "cpu:";   // the control-plane key is key_prefix + group_name
+};
+
+// While alive on a thread, every operation that thread queues on a
+// MooncakeCpuBackend first runs `wait` on the operation thread (the CUDA
+// backend's wait for the host copies of device tensors); it returns "" or why
+// the data never became ready, which fails the operation. Such operations
+// never run inline on the caller's thread, which must not block on `wait`.
+class OpGate {
+ public:
+  explicit OpGate(std::function<std::string()> wait);
+  ~OpGate();
+  OpGate(const OpGate&) = delete;
+  OpGate& operator=(const OpGate&) = delete;
+  static std::function<std::string()> current();
+
+ private:
+  std::function<std::string()> previous_;
 };
 
 class MooncakeCpuBackend : public c10d::Backend {
@@ -37,6 +55,12 @@ class MooncakeCpuBackend : public c10d::Backend {
   // The world size torch reports: follows membership (see GroupMembership).
   int worldSize() const { return membership_->worldSize(); }
   GroupMembership& membership() { return *membership_; }
+  std::chrono::milliseconds collectiveTimeout() const { return collective_timeout_; }
+  // Reports a failed operation's ranks to the control plane on the operation
+  // thread (with auto-sync, the reconciled view is applied there), then runs
+  // `done`: how operations that end on another thread (P2P, the CUDA
+  // plane's) settle before their Work completes.
+  void settleThen(const OpResult& result, std::function<void()> done);
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
@@ -105,6 +129,7 @@ class MooncakeCpuBackend : public c10d::Backend {
   P2pChannel& p2p(const char* op);
 
   int max_group_size_;
+  std::chrono::milliseconds collective_timeout_;
   std::shared_ptr<P2pChannel> p2p_;
   std::string p2p_error_;  // why P2P is unavailable, when it is
   std::unique_ptr<GroupMembership> membership_;

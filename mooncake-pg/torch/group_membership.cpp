@@ -123,6 +123,20 @@ bool GroupMembership::isActive(int seat) const {
   return seat >= 0 && seat < static_cast<int>(view_.members.size()) && view_.isActive(seat);
 }
 
+ActiveConfig GroupMembership::activeConfig() const {
+  ActiveConfig config;
+  config.isolated = isolated_.load();
+  GroupView view = latestView();
+  config.active_epoch = view.active_epoch;
+  config.uid = view.uid;
+  if (config.isolated || view.members.empty()) return config;
+  config.active = view.activeRanks();
+  const std::string& mine = view.hosts[config_.seat];
+  config.one_host = std::all_of(config.active.begin(), config.active.end(),
+                                [&](int s) { return view.hosts[s] == mine; });
+  return config;
+}
+
 Collectives& GroupMembership::plane() {
   if (isolated_.load()) {
     // Before activation a joiner's collectives involve itself only.

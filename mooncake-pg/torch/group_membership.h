@@ -47,6 +47,15 @@ struct MembershipConfig {
   std::optional<at::Tensor> mirror;  // the user's active_ranks tensor, kept in sync
 };
 
+// The active configuration as the latest view has it.
+struct ActiveConfig {
+  bool isolated = false;     // a joiner before activation: it runs alone
+  uint64_t active_epoch = 0;
+  std::string uid;           // the group incarnation
+  std::vector<int> active;   // ascending active seats
+  bool one_host = false;     // every active seat runs on this seat's host
+};
+
 class GroupMembership {
  public:
   // Registers the seat (founders: waits until every founder has), with the
@@ -61,6 +70,7 @@ class GroupMembership {
   int seats() const { return config_.max_group_size; }
   at::Tensor activeRanks() const { return mirror_; }
   bool isActive(int seat) const;
+  ActiveConfig activeConfig() const;  // any thread
 
   // On the operation thread: the collectives of the current configuration
   // (re-formed first when a view changed it), without the seats left out

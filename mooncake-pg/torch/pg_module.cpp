@@ -6,6 +6,9 @@
 #include <torch/python.h>
 
 #include "backend_options.h"
+#ifdef MOONCAKE_PG_WITH_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 #include "mooncake/pg/membership.h"
 #include "process_group.h"
 #include "settings.h"
@@ -42,8 +45,10 @@ MooncakeBackendOptions optionsFrom(const py::object& pg_options) {
   return pg_options.cast<MooncakeBackendOptions>();
 }
 
-c10::intrusive_ptr<c10d::ProcessGroup> createCpuGroup(const c10d::DistributedBackendOptions& opts,
-                                                      const py::object& pg_options) {
+// The host backend of a group: all of "mooncake-cpu", and the membership
+// and host paths of "mooncake".
+c10::intrusive_ptr<MooncakeCpuBackend> createHostBackend(const c10d::DistributedBackendOptions& opts,
+                                                         const py::object& pg_options, const char* key_prefix) {
   MooncakeBackendOptions options = optionsFrom(pg_options);
   auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(opts.timeout);
   GroupIdentity identity;
@@ -54,18 +59,34 @@ c10::intrusive_ptr<c10d::ProcessGroup> createCpuGroup(const c10d::DistributedBac
   if (identity.global_ranks.empty()) {  // torch names them for every group it creates; be safe anyway
     for (int r = 0; r < opts.group_size; ++r) identity.global_ranks.push_back(r);
   }
+  identity.key_prefix = key_prefix;
   c10::intrusive_ptr<MooncakeCpuBackend> backend;
   {
     py::gil_scoped_release release;  // registration waits until every founder arrives
     backend = c10::make_intrusive<MooncakeCpuBackend>(opts.store, identity, timeout, options);
   }
   settings().groups_created++;
+  return backend;
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> createCpuGroup(const c10d::DistributedBackendOptions& opts,
+                                                      const py::object& pg_options) {
+  auto backend = createHostBackend(opts, pg_options, "cpu:");
   return c10::make_intrusive<MooncakeProcessGroup>(opts.store, opts.group_rank, opts.group_size, backend);
 }
 
-c10::intrusive_ptr<c10d::ProcessGroup> createCudaGroup(const c10d::DistributedBackendOptions&, const py::object&) {
-  TORCH_CHECK(false, "backend \"mooncake\" (CUDA tensors) is not built in this version; use \"mooncake-cpu\" for CPU "
-                     "tensors");
+c10::intrusive_ptr<c10d::ProcessGroup> createCudaGroup(const c10d::DistributedBackendOptions& opts,
+                                                       const py::object& pg_options) {
+#ifdef MOONCAKE_PG_WITH_CUDA
+  auto host = createHostBackend(opts, pg_options, "cuda:");
+  auto cuda = c10::make_intrusive<MooncakeCudaBackend>(host);
+  return c10::make_intrusive<MooncakeProcessGroup>(opts.store, opts.group_rank, opts.group_size, host, cuda);
+#else
+  (void)opts;
+  (void)pg_options;
+  TORCH_CHECK(false, "backend \"mooncake\" (CUDA tensors) is not built in this version of mooncake (it was built "
+              "without CUDA, or against a torch without CUDA); use \"mooncake-cpu\" for CPU tensors");
+#endif
 }
 
 MooncakeBackendOptions makeOptions(std::optional<at::Tensor> active_ranks, bool is_extension, int max_group_size,
@@ -215,12 +236,26 @@ PYBIND11_MODULE(MOONCAKE_PG_MODULE_NAME, m) {
   m.def("get_failed_ranks_hint", [](const c10::intrusive_ptr<c10d::Work>& work) -> py::object {
     auto* w = dynamic_cast<MooncakeWork*>(work.get());
     if (w == nullptr) return py::none();
+    {
+      py::gil_scoped_release release;  // CUDA work may still be running on its stream
+      w->awaitOutcome();
+    }
     return py::cast(w->failedRanksHint());
   }, py::arg("work"));
   m.def("get_local_success", [](const c10::intrusive_ptr<c10d::Work>& work) {
     auto* w = dynamic_cast<MooncakeWork*>(work.get());
-    return w != nullptr && w->localSuccess();
+    if (w == nullptr) return false;
+    {
+      py::gil_scoped_release release;
+      w->awaitOutcome();
+    }
+    return w->localSuccess();
   }, py::arg("work"));
 
   m.attr("TORCH_VERSION") = MOONCAKE_TORCH_VERSION;
+#ifdef MOONCAKE_PG_WITH_CUDA
+  m.attr("SUPPORT_CUDA") = true;
+#else
+  m.attr("SUPPORT_CUDA") = false;
+#endif
 }

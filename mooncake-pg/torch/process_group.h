@@ -1,5 +1,4 @@
-// The ProcessGroup torch hands to users for "mooncake-cpu" (and, later,
-// "mooncake"). It subclasses c10d::ProcessGroup rather than only providing a
+// The ProcessGroup torch hands to users for "mooncake-cpu" and "mooncake". It subclasses c10d::ProcessGroup rather than only providing a
 // c10d::Backend, so that getSize() follows membership at run time (elastic
 // groups: the highest active seat + 1); the operations themselves go through
 // the c10d dispatcher to the backend registered here for each device type.
@@ -14,8 +13,11 @@ namespace mooncake::pg {
 
 class MooncakeProcessGroup : public c10d::ProcessGroup {
  public:
+  // `backend` serves CPU tensors and owns the membership; `cuda_backend`,
+  // when given ("mooncake"), serves CUDA tensors on top of it.
   MooncakeProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       c10::intrusive_ptr<MooncakeCpuBackend> backend);
+                       c10::intrusive_ptr<MooncakeCpuBackend> backend,
+                       c10::intrusive_ptr<c10d::Backend> cuda_backend = {});
 
   const std::string getBackendName() const override { return "mooncake"; }
   int getSize() const override { return backend_->worldSize(); }

@@ -75,4 +75,43 @@ void checkRank(int64_t rank, int size, const char* op, const char* arg) {
                     ")");
 }
 
+void checkCudaDense(const at::Tensor& t, int device, const char* op, const char* arg) {
+  TORCH_CHECK_VALUE(t.defined(), op, ": ", arg, " is an undefined tensor");
+  TORCH_CHECK_VALUE(t.device().is_cuda(), op, ": ", arg, " is on ", t.device(),
+                    "; the mooncake backend takes CUDA tensors (use backend \"mooncake-cpu\" for CPU tensors)");
+  TORCH_CHECK_VALUE(device < 0 || t.device().index() == device, op, ": ", arg, " is on ", t.device(),
+                    " but this group's other tensors are on cuda:", device, "; use one device per rank");
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", arg, " must be a dense (strided) tensor, got layout ",
+                    t.layout());
+}
+
+void splitLayout(const at::Tensor& t, const std::vector<int64_t>& splits, int world, const char* op, const char* arg,
+                 std::vector<size_t>& offsets, std::vector<size_t>& bytes) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  const size_t total_bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  const size_t row_bytes = rows == 0 ? 0 : total_bytes / rows;
+  std::vector<int64_t> s = splits;
+  if (s.empty()) {
+    TORCH_CHECK_VALUE(rows % world == 0, op, ": without split sizes, ", arg, ".size(0) (", rows,
+                      ") must be divisible by world_size (", world, ")");
+    s.assign(world, rows / world);
+  }
+  TORCH_CHECK_VALUE(static_cast<int>(s.size()) == world, op, ": ", arg, "_split_sizes must have world_size (", world,
+                    ") entries, got ", s.size());
+  int64_t total = 0;
+  for (int64_t v : s) {
+    TORCH_CHECK_VALUE(v >= 0, op, ": ", arg, "_split_sizes must not be negative");
+    total += v;
+  }
+  TORCH_CHECK_VALUE(total == rows, op, ": ", arg, "_split_sizes sum to ", total, " but ", arg, ".size(0) is ", rows);
+  offsets.resize(world);
+  bytes.resize(world);
+  size_t off = 0;
+  for (int p = 0; p < world; ++p) {
+    offsets[p] = off;
+    bytes[p] = static_cast<size_t>(s[p]) * row_bytes;
+    off += bytes[p];
+  }
+}
+
 }  // namespace mooncake::pg

@@ -28,4 +28,13 @@ const at::Tensor& checkSingle(const std::vector<at::Tensor>& tensors, const char
 void checkSameKind(const at::Tensor& a, const at::Tensor& b, const char* op, const char* arg_a, const char* arg_b);
 void checkRank(int64_t rank, int size, const char* op, const char* arg);
 
+// A CUDA tensor of device `device` (-1: any CUDA device), dense (the checks
+// of the "mooncake" backend).
+void checkCudaDense(const at::Tensor& t, int device, const char* op, const char* arg);
+
+// The byte offset and length of each rank's piece of `t` for all_to_all_single:
+// `splits` rows per rank (empty: size(0) split evenly over `world` ranks).
+void splitLayout(const at::Tensor& t, const std::vector<int64_t>& splits, int world, const char* op, const char* arg,
+                 std::vector<size_t>& offsets, std::vector<size_t>& bytes);
+
 }  // namespace mooncake::pg

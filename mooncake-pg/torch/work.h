@@ -15,10 +15,18 @@ namespace mooncake::pg {
 
 class MooncakeWork : public c10d::Work {
  public:
-  MooncakeWork(int rank, c10d::OpType type, int max_group_size, std::vector<at::Tensor> outputs);
+  // `label` starts the message of a failed operation's exception.
+  MooncakeWork(int rank, c10d::OpType type, int max_group_size, std::vector<at::Tensor> outputs,
+               const char* label = "mooncake-cpu");
 
   // Called once by the executor when the operation ended.
   void complete(const OpResult& result);
+  // The operation's outcome as complete() was given it (ok until then).
+  OpResult outcome() const;
+  // Blocks until the outcome is known, without throwing: what the failure
+  // hint and local_success read. Immediate for work that completes on the
+  // host; CUDA work may complete on its stream first.
+  virtual void awaitOutcome() {}
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
@@ -28,6 +36,8 @@ class MooncakeWork : public c10d::Work {
 
  private:
   std::vector<at::Tensor> outputs_;
+  const char* label_;
+  OpResult outcome_;  // guarded by Work::mutex_
   at::Tensor hint_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };

@@ -87,7 +87,8 @@ class RankContext:
 # Child side
 
 
-def _init_group(rank, size, port, init_timeout_s, pg_options_factory, gloo):
+def _init_group(rank, size, port, init_timeout_s, pg_options_factory, gloo, backend="mooncake-cpu"):
+    import torch
     import torch.distributed as dist
 
     from mooncake import pg
@@ -99,8 +100,11 @@ def _init_group(rank, size, port, init_timeout_s, pg_options_factory, gloo):
     kwargs = {}
     if pg_options_factory is not None:
         kwargs["pg_options"] = pg_options_factory(rank, size)
+    if backend == "mooncake":
+        # Ranks share the GPUs there are (several ranks on one GPU is supported).
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(
-        backend="mooncake-cpu",
+        backend=backend,
         rank=rank,
         world_size=size,
         timeout=datetime.timedelta(seconds=init_timeout_s),
@@ -132,7 +136,13 @@ def _worker_main(rank, size, port, commands, results, options):
         if pre is not None:
             pre(rank, size)
         ctx_box["ctx"] = _init_group(
-            rank, size, port, options.get("init_timeout_s", 30), options.get("pg_options"), options.get("gloo", True)
+            rank,
+            size,
+            port,
+            options.get("init_timeout_s", 30),
+            options.get("pg_options"),
+            options.get("gloo", True),
+            options.get("backend", "mooncake-cpu"),
         )
         return os.getpid()
 
@@ -165,7 +175,8 @@ def _worker_main(rank, size, port, commands, results, options):
 
 
 class World:
-    """W ranks of a ``mooncake-cpu`` group (plus a gloo group over them)."""
+    """W ranks of a ``mooncake-cpu`` group (or ``backend``: ``"mooncake"``
+    binds rank r to GPU r mod the GPU count), plus a gloo group over them."""
 
     def __init__(
         self,
@@ -177,6 +188,7 @@ class World:
         pg_options=None,
         gloo=True,
         before_init=None,
+        backend="mooncake-cpu",
     ):
         self.size = size
         self.port = free_port()
@@ -190,6 +202,7 @@ class World:
             "pg_options": pg_options,
             "gloo": gloo,
             "before_init": before_init,
+            "backend": backend,
         }
         self.procs = [
             CTX.Process(

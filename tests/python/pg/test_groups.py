@@ -237,10 +237,13 @@ def _reinit(ctx, ports):
         u = torch.full((3,), float(ctx.rank))
         if ctx.rank in (1, 2):
             dist.all_reduce(u, group=g)
+        # Read before the barrier: once past it, the others may already be
+        # leaving the group for the next round.
+        active = pg.get_active_ranks(dist.group.WORLD).tolist()
         # Rank 0 hosts the store: it must not tear it down (next round) while
         # ranks 1 and 2 still set their group up through it.
         dist.barrier()
-        results.append((t.tolist(), u.tolist(), pg.get_active_ranks(dist.group.WORLD).tolist()))
+        results.append((t.tolist(), u.tolist(), active))
     return results
 
 
@@ -420,15 +423,27 @@ def test_active_ranks_shorter_than_the_group_is_refused(world4):
 
 
 def _cuda_backend(ctx):
-    result = errors_of({"new_group": lambda: dist.new_group(backend="mooncake")})["new_group"]
+    """A "mooncake" group: built, it forms without touching a GPU and takes
+    CPU tensors (through its host backend); not built, it raises clearly."""
+    box = {}
+    result = errors_of({"new_group": lambda: box.setdefault("g", dist.new_group(backend="mooncake"))})["new_group"]
+    on_group = None
+    if "g" in box:
+        u = torch.full((2,), float(ctx.rank))
+        dist.all_reduce(u, group=box["g"])
+        on_group = u.tolist()
     t = torch.ones(2)
     dist.all_reduce(t)
-    return result, t.tolist()
+    return result, on_group, t.tolist(), bool(ctx.pg.SUPPORT_CUDA)
 
 
-def test_cuda_backend_is_not_built(world4):
-    for (kind, message), after in world4.run(_cuda_backend):
-        assert kind == "RuntimeError" and "not built" in message, (kind, message)
+def test_cuda_backend_group(world4):
+    for (kind, message), on_group, after, built in world4.run(_cuda_backend):
+        if built:
+            assert kind == "no exception", (kind, message)
+            assert on_group == [6.0, 6.0], on_group
+        else:
+            assert kind == "RuntimeError" and "not built" in message, (kind, message)
         assert after == [4.0, 4.0]
 
 

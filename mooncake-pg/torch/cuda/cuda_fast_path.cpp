@@ -1,0 +1,92 @@
+#include "cuda_fast_path.h"
+
+#include <c10/util/Logging.h>
+
+namespace mooncake::pg {
+
+CudaFastPath::CudaFastPath(MooncakeCpuBackend& host) : host_(host), watcher_([this] { watch(); }) {}
+
+CudaFastPath::~CudaFastPath() { shutdown(); }
+
+std::shared_ptr<cuda::CudaIpcGroup> CudaFastPath::groupFor(int device) {
+  const ActiveConfig config = host_.membership().activeConfig();
+  const int n = static_cast<int>(config.active.size());
+  const bool dense = n > 0 && config.active.back() == n - 1;
+  if (config.isolated || !dense || !config.one_host) return nullptr;
+  const std::string key = config.uid + "-e" + std::to_string(config.active_epoch);
+
+  std::lock_guard lock(group_mutex_);
+  if (device_ < 0) device_ = device;
+  if (key != group_key_) {
+    // A new configuration: close the old group (its last barrier, when it is
+    // healthy, meets the peers closing theirs) and open this one's.
+    group_.reset();
+    unusable_ = false;
+    group_key_ = key;
+    cuda::CudaIpcGroupOptions options;
+    options.device = device_;
+    options.timeout = host_.collectiveTimeout();
+    options.rank_names = config.active;
+    std::string error;
+    const int seat = host_.getRank();
+    group_ = std::shared_ptr<cuda::CudaIpcGroup>(cuda::CudaIpcGroup::open("/mooncake-pg-cuda-" + key, seat, n, options,
+                                                                          &error));
+    if (!group_) {
+      unusable_ = true;
+      LOG(WARNING) << "mooncake: the CUDA IPC plane of active configuration " << config.active_epoch
+                   << " could not be opened (" << error << "); its operations stage through host memory";
+    }
+  }
+  if (unusable_ || !group_) return nullptr;
+  if (group_->broken()) {
+    // The staged path takes over this configuration: it reruns collectives
+    // over the survivors and names the failed ranks.
+    unusable_ = true;
+    return nullptr;
+  }
+  return group_;
+}
+
+void CudaFastPath::track(std::shared_ptr<cuda::CudaIpcGroup> group, uint64_t id,
+                         c10::intrusive_ptr<MooncakeCudaWork> work) {
+  {
+    std::lock_guard lock(mutex_);
+    tracked_.push_back({std::move(group), id, std::move(work)});
+  }
+  cv_.notify_one();
+}
+
+void CudaFastPath::watch() {
+  for (;;) {
+    Tracked next;
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [this] { return stopping_ || !tracked_.empty(); });
+      if (tracked_.empty()) return;
+      next = std::move(tracked_.front());
+      tracked_.pop_front();
+    }
+    // Bounded: a peer that dies or stalls breaks the group within its timeout.
+    const OpResult result = next.group->wait(next.id);
+    if (result.ok) {
+      next.work->complete(result);
+    } else {
+      auto work = next.work;
+      host_.settleThen(result, [work, result] { work->complete(result); });
+    }
+  }
+}
+
+void CudaFastPath::shutdown() {
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_one();
+  if (watcher_.joinable()) watcher_.join();
+  std::lock_guard lock(group_mutex_);
+  group_.reset();
+}
+
+}  // namespace mooncake::pg
