@@ -7,6 +7,7 @@
 
 #include "backend_options.h"
 #include "mooncake/pg/membership.h"
+#include "mooncake/pg/test_faults.h"
 #include "process_group.h"
 #include "settings.h"
 #include "work.h"
@@ -221,6 +222,11 @@ PYBIND11_MODULE(MOONCAKE_PG_MODULE_NAME, m) {
     auto* w = dynamic_cast<MooncakeWork*>(work.get());
     return w != nullptr && w->localSuccess();
   }, py::arg("work"));
+
+  // TEST ONLY (mooncake/pg/test_faults.h): cuts this process's network
+  // traffic for good, as a pulled cable would (control=False: only the data
+  // plane's); the process keeps running.
+  m.def("_test_cut_traffic", [](bool control) { test_faults::cutTraffic(control); }, py::arg("control") = true);
 
   m.attr("TORCH_VERSION") = MOONCAKE_TORCH_VERSION;
 }
