@@ -11,11 +11,18 @@
 #include "mooncake/te/host_identity.h"
 
 namespace mooncake::pg {
+namespace {
+// A live transfer engine answers a probe in well under a millisecond; one
+// that does not answer in this long is taken as unreachable.
+constexpr std::chrono::milliseconds kLinkProbeTimeout{500};
+}  // namespace
+
 GroupMembership::GroupMembership(const c10::intrusive_ptr<c10d::Store>& store, MembershipConfig config,
                                  std::shared_ptr<P2pChannel> user_p2p, std::shared_ptr<P2pChannel> collectives)
     : config_(std::move(config)), user_p2p_(std::move(user_p2p)), collectives_channel_(std::move(collectives)) {
   mirror_ = config_.mirror ? *config_.mirror : at::zeros({config_.max_group_size}, at::TensorOptions().dtype(at::kInt));
   opened_endpoints_.resize(config_.max_group_size);
+  probed_endpoints_.resize(config_.max_group_size);
   world_size_.store(config_.declared_size);
   // A joiner is isolated until a view shows its seat Active. Set before
   // registering: views may reach the listener before registerGroup returns.
@@ -30,10 +37,12 @@ GroupMembership::GroupMembership(const c10::intrusive_ptr<c10d::Store>& store, M
   registration.auto_deactivate = config_.auto_deactivate;
   registration.endpoint = endpointText();
   registration.host = te::hostIdentity();
+  registration.reports_links = user_p2p_ != nullptr || collectives_channel_ != nullptr;
   GroupView view;
   std::string error;
   bool ok = agent_->registerGroup(registration, [this](const GroupView& v) { onView(v); }, &view, &error);
   TORCH_CHECK(ok, "mooncake: rank ", config_.seat, " could not register group ", config_.key, ": ", error);
+  agent_->onConnectionLost(config_.key, [this](const std::string& why) { onControlLost(why); });
   applyView(view);  // (a founder's seat is Active in it; a joiner's only after join_group)
   if (!isolated_.load()) plane();  // founders meet in the first plane now: errors surface at creation
 }
@@ -71,13 +80,46 @@ void GroupMembership::onView(const GroupView& view) {
   }
 }
 
+void GroupMembership::onControlLost(const std::string& why) {
+  const std::string reason = "rank " + std::to_string(config_.seat) + " of group " + config_.key +
+                             " lost the membership's control plane (" + why +
+                             "): cut off, it takes part in nothing more, and the others go on without it";
+  std::shared_ptr<P2pChannel> user, collectives;
+  {
+    std::lock_guard lock(mutex_);
+    if (left_) return;
+    cut_off_reason_ = reason;
+    cut_off_.store(true, std::memory_order_release);
+    user = user_p2p_;
+    collectives = collectives_channel_;
+  }
+  LOG(WARNING) << "mooncake: " << reason;
+  // Pending messages fail now with the reason, naming this seat; the peers
+  // are told where they can still be reached.
+  for (const std::shared_ptr<P2pChannel>& channel : {user, collectives}) {
+    if (channel) channel->abort(reason, {config_.seat});
+  }
+}
+
+std::string GroupMembership::cutOff() const {
+  if (!cut_off_.load(std::memory_order_acquire)) return {};
+  std::lock_guard lock(mutex_);
+  return cut_off_reason_;
+}
+
 void GroupMembership::applyView(const GroupView& view) {
   std::vector<std::pair<int, P2pEndpoint>> peers;  // active peers, for the user P2P lanes
   uint32_t lane_epoch = 0;
   std::shared_ptr<P2pChannel> channel;
+  std::vector<int> deactivated;  // seats this view made inactive (not this one)
+  std::vector<std::shared_ptr<P2pChannel>> channels;
   {
     std::lock_guard lock(mutex_);
     if (!view_.key.empty() && view.epoch <= view_.epoch) return;  // stale or repeated
+    for (int s = 0; s < static_cast<int>(view_.members.size()) && s < static_cast<int>(view.members.size()); ++s) {
+      if (s != config_.seat && view_.isActive(s) && !view.isActive(s)) deactivated.push_back(s);
+    }
+    if (!deactivated.empty()) channels = {user_p2p_, collectives_channel_};
     view_ = view;
     int32_t* mask = mirror_.data_ptr<int32_t>();
     int highest = -1;
@@ -98,12 +140,23 @@ void GroupMembership::applyView(const GroupView& view) {
       }
     }
   }
+  // Whoever waits for a deactivated seat stops now, naming it: in an arena
+  // through ShmGroupOptions::deactivated, in a channel here (a leader
+  // waiting for another host's leader, a user's recv).
+  std::lock_guard lanes_lock(lanes_mutex_);  // in order with the reopening below, on either thread
+  for (int seat : deactivated) {
+    if (isActive(seat)) continue;  // a newer view, applied meanwhile, activated it again
+    const std::string why = "rank " + std::to_string(seat) + " was deactivated by the membership (epoch " +
+                            std::to_string(view.epoch) + ")";
+    for (const std::shared_ptr<P2pChannel>& c : channels) {
+      if (c) c->close(seat, why);
+    }
+  }
   // User P2P lanes follow the active configuration, but only where they
   // must: lanes to a new process (another endpoint) and lanes closed by a
   // failure reopen at the configuration's epoch; healthy lanes between
   // surviving peers keep their messages flowing. (A peer that reopens tells
   // us, and our side follows: see P2pChannel::isOpen.)
-  std::lock_guard lanes_lock(lanes_mutex_);
   for (auto& [seat, endpoint] : peers) {
     const std::string text = endpoint.encode();
     if (opened_endpoints_[seat] != text || !channel->isOpen(seat)) {
@@ -111,6 +164,47 @@ void GroupMembership::applyView(const GroupView& view) {
       opened_endpoints_[seat] = text;
     }
   }
+  probeLinks(view);
+}
+
+void GroupMembership::probeLinks(const GroupView& view) {
+  std::shared_ptr<P2pChannel> prober;
+  bool through_user_channel = false;
+  {
+    std::lock_guard lock(mutex_);
+    through_user_channel = user_p2p_ != nullptr;
+    prober = through_user_channel ? user_p2p_ : collectives_channel_;
+  }
+  if (!prober || cut_off_.load(std::memory_order_acquire)) return;
+  const int seats = std::min(config_.max_group_size, static_cast<int>(view.members.size()));
+  const MemberState mine = view.members[config_.seat];
+  const bool joining = mine == MemberState::kAwaitingActivation;
+  const bool member = joining || mine == MemberState::kActive;
+  std::vector<int> reached, unreached;
+  for (int s = 0; s < seats; ++s) {
+    const MemberState state = view.members[s];
+    const bool needed = s != config_.seat && view.online[s] && !view.endpoints[s].empty() &&
+                        ((member && state == MemberState::kAwaitingActivation) ||
+                         (joining && state == MemberState::kActive));
+    if (!needed) {
+      probed_endpoints_[s].clear();  // probed again when it (or this seat) joins again
+      continue;
+    }
+    if (probed_endpoints_[s] == view.endpoints[s]) continue;  // already reported for this activation
+    probed_endpoints_[s] = view.endpoints[s];
+    P2pEndpoint user, collectives;
+    const bool ok = decodeEndpoints(view.endpoints[s], user, collectives) &&
+                    prober->reachable(through_user_channel ? user : collectives, kLinkProbeTimeout);
+    (ok ? reached : unreached).push_back(s);
+  }
+  if (reached.empty() && unreached.empty()) return;
+  if (!unreached.empty()) {
+    std::string ranks;
+    for (int s : unreached) ranks += (ranks.empty() ? "" : ", ") + std::to_string(s);
+    LOG(WARNING) << "mooncake: group " << config_.key << ": rank " << config_.seat << " cannot reach the data-plane "
+                 << "endpoints of ranks " << ranks << "; an activation involving them will be refused";
+  }
+  agent_->reportLinks(config_.key, reached, unreached);
 }
 
 GroupView GroupMembership::latestView() const {
@@ -138,6 +232,7 @@ ActiveConfig GroupMembership::activeConfig() const {
 }
 
 Collectives& GroupMembership::plane() {
+  if (std::string why = cutOff(); !why.empty()) throw std::runtime_error(why);
   if (isolated_.load()) {
     // Before activation a joiner's collectives involve itself only.
     if (!plane_ || plane_key_ != "isolated") {
@@ -188,6 +283,7 @@ Collectives& GroupMembership::plane() {
     pc.host_of_seat = view.hosts;
     pc.shm = config_.shm;
     pc.shm.deactivated = [this](int seat) { return !isActive(seat); };
+    pc.shm.cut_off = [this] { return cutOff(); };
     pc.channel = collectives_channel_;
     pc.channel_endpoints.resize(config_.max_group_size);
     for (int s : pc.active) {
@@ -230,6 +326,7 @@ bool GroupMembership::leaveOut(const std::vector<int>& seats) {
 }
 
 void GroupMembership::afterFailure(const OpResult& failure) {
+  if (cut_off_.load(std::memory_order_acquire)) return;  // nobody to tell
   if (!config_.auto_sync) {
     agent_->reportFailure(config_.key, failure.failed_ranks);
     return;

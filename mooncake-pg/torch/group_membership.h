@@ -9,9 +9,17 @@
 // seat Active. In Normal mode the world size is the highest active seat + 1.
 //
 // Views arrive on the Agent's thread: the mask, epoch and world size change
-// at once, and user P2P lanes are reopened for the new active set. The
+// at once, user P2P lanes are reopened for the new active set, and lanes to
+// seats the view deactivated are closed (in both channels), so that nothing
+// waits for a rank the membership gave up on. The
 // collectives' plane is re-formed lazily, on the operation thread, when the
 // next operation starts, so a view never changes a running operation.
+//
+// Cut off: once this process has lost the control plane (the Agent's
+// connection closed or went silent), its view can no longer be trusted and
+// the others go on without it. Its collectives and P2P then fail with the
+// reason (a wait in an arena ends at once, naming this rank), instead of
+// running on with a stale membership or waiting for a timeout.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -104,7 +112,15 @@ class GroupMembership {
 
  private:
   void onView(const GroupView& view);  // the Agent's thread
+  void onControlLost(const std::string& why);  // the Agent's heartbeat thread
+  // "" while connected, else why this process is cut off from the group.
+  std::string cutOff() const;
   void applyView(const GroupView& view);
+  // Link evidence for activations (control_plane.h): probes the endpoints of
+  // the seats this process may soon work with (joining seats; the active
+  // ones too while this seat is joining), once per seat and endpoint, and
+  // reports them. Under lanes_mutex_.
+  void probeLinks(const GroupView& view);
   GroupView latestView() const;
   std::string endpointText() const;
   static bool decodeEndpoints(const std::string& text, P2pEndpoint& user, P2pEndpoint& collectives);
@@ -120,10 +136,13 @@ class GroupMembership {
   uint64_t p2p_epoch_ = 0;    // active configuration the user P2P lanes were last checked for
   std::mutex lanes_mutex_;  // guards opened_endpoints_ (views are applied on two threads)
   std::vector<std::string> opened_endpoints_;  // per seat: the endpoint its user P2P lanes were opened with
+  std::vector<std::string> probed_endpoints_;  // per seat: the endpoint probed for the pending activation
   std::atomic<int> world_size_{0};
   std::atomic<int64_t> epoch_{0};
   std::atomic<bool> isolated_{false};
   bool left_ = false;
+  std::atomic<bool> cut_off_{false};
+  std::string cut_off_reason_;  // guarded by mutex_, set before cut_off_
 
   // Operation thread only.
   std::unique_ptr<MemberCollectives> plane_;

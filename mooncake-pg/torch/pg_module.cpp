@@ -10,6 +10,7 @@
 #include "cuda/cuda_backend.h"
 #endif
 #include "mooncake/pg/membership.h"
+#include "mooncake/pg/test_faults.h"
 #include "process_group.h"
 #include "settings.h"
 #include "work.h"
@@ -251,6 +252,11 @@ PYBIND11_MODULE(MOONCAKE_PG_MODULE_NAME, m) {
     }
     return w->localSuccess();
   }, py::arg("work"));
+
+  // TEST ONLY (mooncake/pg/test_faults.h): cuts this process's network
+  // traffic for good, as a pulled cable would (control=False: only the data
+  // plane's); the process keeps running.
+  m.def("_test_cut_traffic", [](bool control) { test_faults::cutTraffic(control); }, py::arg("control") = true);
 
   m.attr("TORCH_VERSION") = MOONCAKE_TORCH_VERSION;
 #ifdef MOONCAKE_PG_WITH_CUDA

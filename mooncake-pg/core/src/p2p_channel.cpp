@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "mooncake/pg/test_faults.h"
 #include "mooncake/te/shared_memory.h"
 #include "mooncake/te/transfer_engine.h"
 #include "p2p_slots.h"
@@ -43,7 +44,12 @@ class P2pChannel::Impl {
   void post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done);
   void abort(const std::string& why, const std::vector<int>& failed_ranks, bool mismatch);
   void reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch);
+  void close(int peer, const std::string& why);
   bool isOpen(int peer);
+  bool reachable(const P2pEndpoint& endpoint, std::chrono::milliseconds timeout) {
+    if (test_faults::trafficCut()) return false;
+    return engine_.probe(endpoint.segment, timeout) == te::kOk;
+  }
 
  private:
   struct RecvOp {
@@ -125,7 +131,9 @@ class P2pChannel::Impl {
   void loop();
   bool stepRecv(int peer);
   bool stepSend(int peer);
-  void checkPeers();
+  // `cut` (test only, test_faults.h): nothing is read from the peers'
+  // notices and nobody is probed; only the P2P timeout still applies.
+  void checkPeers(bool cut);
   int writeSlot(int peer, const void* slot, uint64_t remote);
   int writeData(int peer, const char* src, uint64_t remote, size_t length);
   // Ends every message with `peer` and closes its lanes. Chunks it was
@@ -258,6 +266,19 @@ void P2pChannel::Impl::reopen(int p, const P2pEndpoint& endpoint, uint32_t epoch
   runOnProgressThread([&] { applyReopen(p, endpoint, epoch); });
 }
 
+void P2pChannel::Impl::close(int p, const std::string& why) {
+  runOnProgressThread([&] {
+    Peer& peer = peers_[p];
+    if (peer.failure.empty()) {  // the peer is at fault, and nobody else
+      peer.failure_ranks.clear();
+      peer.failure_blames_peer = true;
+      peer.failure_mismatch = false;
+      peer.failure_timed_out = false;
+    }
+    failPeer(p, why);
+  });
+}
+
 bool P2pChannel::Impl::isOpen(int p) {
   bool open = false;
   runOnProgressThread([&] { open = peers_[p].failure.empty() && peers_[p].handle != te::kInvalidSegment; });
@@ -335,7 +356,7 @@ void P2pChannel::Impl::applyAbort(const std::string& why, const std::vector<int>
       peer.failure_mismatch = mismatch;
     }
     failPeer(p, why);
-    if (reachable) {  // best effort: a peer that is gone cannot be told
+    if (reachable && !test_faults::trafficCut()) {  // best effort: a peer that is gone (or cut off) cannot be told
       engine_.transferSync({te::TransferRequest{te::Opcode::kWrite, outbox_, peer.handle,
                                                 peer.endpoint.notice_region + rank_ * sizeof(PeerNotices),
                                                 sizeof(CloseSlot)}});
@@ -375,11 +396,13 @@ void P2pChannel::Impl::post(bool is_send, int peer, int tag, char* data, size_t 
 }
 
 int P2pChannel::Impl::writeSlot(int peer, const void* slot, uint64_t remote) {
+  if (test_faults::trafficCut()) return te::kTimeout;  // lost on the cut cable
   std::memcpy(outbox_, slot, 64);
   return engine_.transferSync({te::TransferRequest{te::Opcode::kWrite, outbox_, peers_[peer].handle, remote, 64}});
 }
 
 int P2pChannel::Impl::writeData(int peer, const char* src, uint64_t remote, size_t length) {
+  if (test_faults::trafficCut()) return te::kTimeout;
   std::memcpy(staging_, src, length);
   return engine_.transferSync({te::TransferRequest{te::Opcode::kWrite, staging_, peers_[peer].handle, remote, length}});
 }
@@ -562,7 +585,7 @@ bool P2pChannel::Impl::stepSend(int peer) {
   return progressed;
 }
 
-void P2pChannel::Impl::checkPeers() {
+void P2pChannel::Impl::checkPeers(bool cut) {
   const auto now = Clock::now();
   for (int p = 0; p < size_; ++p) {
     bool waiting = !recv_lanes_[p].ops.empty() || !send_lanes_[p].ops.empty();
@@ -572,7 +595,7 @@ void P2pChannel::Impl::checkPeers() {
       failPeer(p, peer.failure);
       continue;
     }
-    if (closedByPeer(p)) continue;
+    if (!cut && closedByPeer(p)) continue;
     if (now - peer.last_progress > options_.timeout) {
       // Credits already granted may still be used by a late sender: the only
       // safe way on is to close the lanes to this peer (as a failure does).
@@ -582,7 +605,7 @@ void P2pChannel::Impl::checkPeers() {
       continue;
     }
     // Waiting on a peer: make sure it is still there, a few times a second.
-    if (now - peer.last_progress > std::chrono::milliseconds(200) &&
+    if (!cut && now - peer.last_progress > std::chrono::milliseconds(200) &&
         now - peer.last_probe > std::chrono::milliseconds(200)) {
       peer.last_probe = now;
       if (engine_.probe(peer.endpoint.segment, std::chrono::milliseconds(500)) != te::kOk) {
@@ -633,13 +656,17 @@ void P2pChannel::Impl::loop() {
       if (recv_lanes_[op.peer].ops.size() + send_lanes_[op.peer].ops.size() == 1) peer.last_progress = Clock::now();
     }
     bool progressed = !incoming.empty();
-    for (int p = 0; p < size_; ++p) {
+    // Test only: a cut process neither reads its slots nor writes the peers'.
+    const bool cut = test_faults::trafficCut();
+    for (int p = 0; p < size_ && !cut; ++p) {
       progressed |= stepRecv(p);
       progressed |= stepSend(p);
     }
-    checkPeers();
-    releaseQuarantine();
-    followReopens();
+    checkPeers(cut);
+    if (!cut) {
+      releaseQuarantine();
+      followReopens();
+    }
     // Nothing moved: back off from spinning to short sleeps, so that waiting
     // for a slow peer does not burn a core.
     idle_rounds = progressed ? 0 : idle_rounds + 1;
@@ -677,6 +704,10 @@ void P2pChannel::abort(const std::string& why, const std::vector<int>& failed_ra
   impl_->abort(why, failed_ranks, mismatch);
 }
 void P2pChannel::reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch) { impl_->reopen(peer, endpoint, epoch); }
+void P2pChannel::close(int peer, const std::string& why) { impl_->close(peer, why); }
 bool P2pChannel::isOpen(int peer) { return impl_->isOpen(peer); }
+bool P2pChannel::reachable(const P2pEndpoint& endpoint, std::chrono::milliseconds timeout) {
+  return impl_->reachable(endpoint, timeout);
+}
 
 }  // namespace mooncake::pg

@@ -210,6 +210,14 @@ bool ShmArena::waitFor(int peer, uint32_t target, std::chrono::steady_clock::tim
       result.error = rankName(dead) + " (pid " + std::to_string(block(dead).pid) + ") exited";
       return false;
     }
+    if (options_.cut_off) {
+      if (std::string why = options_.cut_off(); !why.empty()) {
+        result.ok = false;
+        result.failed_ranks.push_back(rank_);  // this rank is the one at fault, not whom it waits for
+        result.error = why;
+        return false;
+      }
+    }
     if (options_.deactivated) {
       const int name = peer < static_cast<int>(options_.rank_names.size()) ? options_.rank_names[peer] : peer;
       if (options_.deactivated(name)) {

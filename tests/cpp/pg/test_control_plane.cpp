@@ -39,6 +39,7 @@ ControlOptions testOptions() {
   options.reconciliation_window = 50ms;
   options.ack_timeout = 500ms;
   options.request_timeout = 2000ms;
+  options.link_timeout = 500ms;
   return options;
 }
 
@@ -344,7 +345,11 @@ std::vector<control::Message> sampleMessages() {
       control::Hello{3, 1234},
       control::Reply{9, "nope", sampleView()},
       control::Heartbeat{},
-      control::RegisterGroupRequest{5, registration("k", 1, {4, 6, 8}, 4, true, false)},
+      control::RegisterGroupRequest{5, [] {
+                                      GroupRegistration r = registration("k", 1, {4, 6, 8}, 4, true, false);
+                                      r.reports_links = true;
+                                      return r;
+                                    }()},
       control::UnregisterGroupRequest{6, "k"},
       control::FailureReport{"k", {1, 2}},
       control::SyncRequest{7, "k", {}},
@@ -354,6 +359,7 @@ std::vector<control::Message> sampleMessages() {
       control::ProposeReply{10, proposed},
       control::ViewPush{sampleView()},
       control::ViewAck{"k", 42},
+      control::LinkReport{"k", {0, 2}, {1}},
   };
 }
 
@@ -543,8 +549,9 @@ class StateMachine {
  public:
   using SessionId = control::SessionId;
 
-  // Sessions 1..n are global ranks 0..n-1, founders of `key` in seats 0..n-1.
-  void found(const std::string& key, int n) {
+  // Sessions 1..n are global ranks 0..n-1, founders of `key` in seats 0..n-1
+  // (of `max` seats, n by default).
+  void found(const std::string& key, int n, int max = 0, bool reports_links = false) {
     std::vector<int> rank_order;
     for (int g = 0; g < n; ++g) rank_order.push_back(g);
     for (int g = 0; g < n; ++g) {
@@ -552,9 +559,35 @@ class StateMachine {
       send(g + 1, control::Hello{g, 0});
     }
     for (int g = 0; g < n; ++g) {
-      send(g + 1, control::RegisterGroupRequest{1, registration(key, g, rank_order, n)});
+      GroupRegistration r = registration(key, g, rank_order, max > 0 ? max : n);
+      r.reports_links = reports_links;
+      send(g + 1, control::RegisterGroupRequest{1, r});
     }
   }
+  // Global rank g (session g + 1, or `session`) extends `key` into seat g
+  // and asks to join.
+  void join(const std::string& key, int g, int max, bool reports_links, SessionId session = 0) {
+    if (session == 0) session = g + 1;
+    std::vector<int> rank_order;
+    for (int r = 0; r <= g; ++r) rank_order.push_back(r);
+    state_.onConnected(now_, session);
+    send(session, control::Hello{g, 0});
+    GroupRegistration r = registration(key, g, rank_order, max, /*is_extension=*/true);
+    r.reports_links = reports_links;
+    send(session, control::RegisterGroupRequest{1, r});
+    send(session, control::JoinRequest{2, key});
+  }
+  void disconnect(SessionId session) {
+    control::Effects effects;
+    state_.onDisconnected(now_, session, "test", &effects);
+  }
+  control::Effects advance(Ms by) {
+    now_ += by;
+    control::Effects effects;
+    state_.onTimer(now_, &effects);
+    return effects;
+  }
+  RankState rankState(int global_rank) const { return state_.rankState(global_rank); }
   control::Effects send(SessionId from, control::Message message) {
     control::Effects effects;
     state_.onMessage(now_, from, std::move(message), &effects);
@@ -608,6 +641,104 @@ TEST(ControlCoordinatorState, ProposalsQueueBehindTheBarrierInFlight) {
   ASSERT_EQ(replies.size(), 1u);
   EXPECT_EQ(replies[0].second.request_id, 11u);
   EXPECT_EQ(replies[0].second.response.new_epoch, 3);
+}
+
+// Link evidence: seats 0 and 1 found the group (3 seats), global rank 2
+// joins seat 2; everyone reports links. Session 1 proposes the activation.
+class LinkEvidence : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    machine.found("l", 2, 3, /*reports_links=*/true);
+    machine.join("l", 2, 3, /*reports_links=*/true);
+  }
+  control::Effects report(int global_rank, std::vector<int32_t> reached, std::vector<int32_t> unreached = {}) {
+    return machine.send(global_rank + 1, control::LinkReport{"l", std::move(reached), std::move(unreached)});
+  }
+  static std::optional<control::ProposeReply> answer(const control::Effects& effects) {
+    auto replies = StateMachine::sent<control::ProposeReply>(effects);
+    if (replies.empty()) return std::nullopt;
+    return replies[0].second;
+  }
+  static bool activated(const control::Effects& effects) {
+    for (const auto& [to, push] : StateMachine::sent<control::ViewPush>(effects)) {
+      if (push.view.isActive(2)) return true;
+    }
+    return false;
+  }
+  StateMachine machine;
+};
+
+TEST_F(LinkEvidence, ActivationWaitsUntilTheJoinerIsConnectedBothWays) {
+  EXPECT_EQ(machine.rankState(2), RankState::kSynced);  // AwaitingActivation, no evidence yet
+  EXPECT_EQ(machine.rankState(0), RankState::kHealthy);
+  EXPECT_EQ(machine.rankState(7), RankState::kOffline);
+  auto proposed = machine.send(1, control::ProposeRequest{10, "l", true, {2}});
+  EXPECT_FALSE(answer(proposed) || activated(proposed));
+  // One direction of each pair is not enough.
+  auto half = report(2, {0, 1});
+  EXPECT_FALSE(answer(half) || activated(half));
+  EXPECT_EQ(machine.rankState(2), RankState::kSynced);
+  auto three_quarters = report(0, {2});
+  EXPECT_FALSE(answer(three_quarters) || activated(three_quarters));
+  // The last missing link admits it: the new view shows seat 2 Active.
+  auto complete = report(1, {2});
+  EXPECT_TRUE(activated(complete));
+  EXPECT_EQ(machine.rankState(2), RankState::kHealthy);
+}
+
+TEST_F(LinkEvidence, ALinkReportedUnreachableRejectsTheActivationAtOnceWithTheReason) {
+  report(2, {0, 1});
+  report(0, {2});
+  report(1, {}, {2});  // seat 1 cannot reach the joiner's endpoint
+  auto proposed = machine.send(1, control::ProposeRequest{10, "l", true, {2}});
+  auto reply = answer(proposed);
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_FALSE(activated(proposed));
+  EXPECT_EQ(reply->response.status, ProposalStatus::Rejected);
+  const std::string& why = reply->response.reject_reason;
+  EXPECT_NE(why.find("not be connected both ways"), std::string::npos) << why;
+  EXPECT_NE(why.find("unreachable: 1->2"), std::string::npos) << why;
+  EXPECT_NE(why.find("seat 2 (global rank 2) is Synced"), std::string::npos) << why;
+}
+
+TEST_F(LinkEvidence, MissingEvidenceRejectsTheActivationAtTheLinkTimeout) {
+  report(2, {0, 1});
+  report(0, {2});  // seat 1 never reports
+  auto proposed = machine.send(1, control::ProposeRequest{10, "l", true, {2}});
+  EXPECT_FALSE(answer(proposed));
+  EXPECT_FALSE(answer(machine.advance(400ms)));  // link_timeout is 500 ms
+  auto expired = machine.advance(200ms);
+  auto reply = answer(expired);
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_FALSE(activated(expired));
+  EXPECT_EQ(reply->response.status, ProposalStatus::Rejected);
+  EXPECT_NE(reply->response.reject_reason.find("no link evidence within link_timeout (500 ms) for 1->2"),
+            std::string::npos)
+      << reply->response.reject_reason;
+}
+
+TEST_F(LinkEvidence, EvidenceAboutASeatIsForgottenWhenAnotherProcessTakesIt) {
+  report(2, {0, 1});
+  report(0, {2});
+  report(1, {2});
+  EXPECT_EQ(machine.rankState(2), RankState::kHealthy);
+  machine.disconnect(3);  // the joiner dies before anyone activates it
+  EXPECT_EQ(machine.rankState(2), RankState::kOffline);
+  machine.join("l", 2, 3, /*reports_links=*/true, /*session=*/4);  // its replacement
+  EXPECT_EQ(machine.rankState(2), RankState::kSynced);
+  auto proposed = machine.send(1, control::ProposeRequest{10, "l", true, {2}});
+  EXPECT_FALSE(answer(proposed) || activated(proposed));  // the old process's links prove nothing
+  machine.send(4, control::LinkReport{"l", {0, 1}, {}});     // the replacement's own
+  report(0, {2});
+  EXPECT_TRUE(activated(report(1, {2})));
+}
+
+TEST_F(LinkEvidence, ProcessesThatDoNotReportLinksAreActivatedWithoutEvidence) {
+  StateMachine plain;
+  plain.found("p", 2, 3);
+  plain.join("p", 2, 3, /*reports_links=*/false);
+  auto proposed = plain.send(1, control::ProposeRequest{10, "p", true, {2}});
+  EXPECT_TRUE(activated(proposed));
 }
 
 // ------------------------------------------------------ bootstrap, views
@@ -1082,7 +1213,7 @@ TEST_F(ControlPlane, InvalidProposalsAreRejectedWithReasons) {
   auto waited = agent.propose("bad", true, {2});
   EXPECT_GE(since(started), 250ms);
   EXPECT_EQ(waited.status, ProposalStatus::Rejected);
-  EXPECT_NE(waited.reject_reason.find("seats [2] are not AwaitingActivation and online (2 is Inactive)"),
+  EXPECT_NE(waited.reject_reason.find("seats [2] are not AwaitingActivation, online and with an endpoint (2 is Inactive)"),
             std::string::npos)
       << waited.reject_reason;
 }

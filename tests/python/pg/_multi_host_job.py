@@ -6,6 +6,11 @@ Gloo over the same ranks, then prints one line "RANK r OK <facts>".
 Argument "fail": rank world-1 exits after the first collective; the others'
 next collective must complete over the survivors (not hang), with the
 failure hint naming it: "RANK r SURVIVED <seconds> HINT <hint> VALUE <v>".
+
+Argument "cut": rank 2 (the second host's leader) has its traffic cut after
+the first collective (pg._test_cut_traffic) and keeps calling collectives;
+the others' next collective completes over the survivors: "RANK r SURVIVED
+... AFTER <v>"; the cut rank reports how its calls failed: "RANK 2 CUT ...".
 """
 
 import datetime
@@ -138,11 +143,47 @@ def expect_failure():
     os._exit(0)  # a rank is gone; skip the teardown
 
 
+CUT = 2
+
+
+def expect_cut():
+    rank = dist.get_rank()
+    t = torch.ones(1000)
+    dist.all_reduce(t)
+    if rank == CUT:
+        pg._test_cut_traffic()
+        start = time.monotonic()
+        for _ in range(50):  # keeps calling collectives until it is told it is cut off
+            try:
+                dist.all_reduce(torch.ones(1000))
+            except Exception as e:  # noqa: BLE001
+                cut_off = "lost the membership's control plane" in str(e)
+                say(f"RANK {rank} CUT FAILED {time.monotonic() - start:.2f} CUT_OFF {cut_off}")
+                if cut_off:
+                    break
+            time.sleep(0.1)
+        os._exit(0)
+    start = time.monotonic()
+    t = torch.ones(1000)
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    took = time.monotonic() - start
+    hint = pg.get_failed_ranks_hint(work).tolist()
+    after = torch.ones(1000)
+    dist.all_reduce(after)
+    say(f"RANK {rank} SURVIVED {took:.2f} HINT {hint} VALUE {t[0].item()} LOCAL_SUCCESS {pg.get_local_success(work)} "
+        f"AFTER {after[0].item()}")
+    os._exit(0)
+
+
 def main():
-    timeout = datetime.timedelta(seconds=8 if MODE == "fail" else 60)
+    timeout = datetime.timedelta(seconds={"fail": 8, "cut": 20}.get(MODE, 60))
     dist.init_process_group("mooncake-cpu", timeout=timeout)
     if MODE == "fail":
         expect_failure()
+        return
+    if MODE == "cut":
+        expect_cut()
         return
     gloo = dist.new_group(backend="gloo")
     facts = check_everything(gloo)

@@ -422,6 +422,142 @@ def test_joiner_killed_while_joining_leaves_the_group_intact():
         assert got[r][0] == [([6.0] * 4, 3, [1, 1, 1, 0])], got[r]
 
 
+# ---------------------------------------------------------------------------
+# A rank whose traffic is cut (pg._test_cut_traffic: no heartbeats, nothing
+# on its control connection or its P2P lanes) while it keeps running and
+# calling collectives. Its processes share a host with the others, so the
+# arena still works for it: the membership is what must keep it out.
+
+CUT = 2
+
+
+def _outcome(fn):
+    start = time.time()
+    try:
+        fn()
+        return ("ok", "", start, time.time())
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e), start, time.time())
+
+
+def _cut_rank(ctx):
+    ctx.pg._test_cut_traffic()
+    cut_at = time.time()
+    ctx.signal("cut")
+    pending = dist.irecv(torch.empty(4), src=0)  # never served: its credits cannot leave this process
+    calls = []
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        time.sleep(0.25)  # a little slower than the others, who wait for it in the arena
+        calls.append(_outcome(lambda: dist.all_reduce(torch.full((8,), float(CUT + 1)))))
+        if "control plane" in calls[-1][1]:
+            break
+    return {"cut_at": cut_at, "calls": calls, "p2p": _outcome(pending.wait)}
+
+
+def _survivor_of_cut(ctx):
+    pending = dist.irecv(torch.empty(4), src=CUT) if ctx.rank == 1 else None  # the cut rank never sends
+    ctx.wait_for("cut")
+    full_sums, failed = 0, None
+    deadline = time.monotonic() + 15
+    while failed is None and time.monotonic() < deadline:
+        t = torch.full((8,), float(ctx.rank + 1))
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        if ctx.pg.get_local_success(work):
+            assert t.tolist() in ([6.0] * 8, [3.0] * 8), t  # with the cut rank, or after it was left out
+            full_sums += t[0].item() == 6.0
+        else:
+            failed = dict(_observe(ctx, work, t, 0.0), at=time.time())
+    after = torch.full((8,), float(ctx.rank + 1))
+    work = dist.all_reduce(after, async_op=True)
+    work.wait()
+    return {"full_sums": full_sums, "failed": failed,
+            "after": (after.tolist(), ctx.pg.get_local_success(work), ctx.pg.get_active_ranks(_world()).tolist()),
+            "p2p": _outcome(pending.wait) if pending is not None else None}
+
+
+def _traffic_cut(ctx):
+    dist.all_reduce(torch.ones(8))
+    return _cut_rank(ctx) if ctx.rank == CUT else _survivor_of_cut(ctx)
+
+
+@pytest.mark.timeout(60)
+def test_rank_whose_traffic_is_cut_is_given_up_at_the_heartbeat_deadline():
+    with Job(event_names=["cut"]) as job:
+        for r in range(3):
+            job.start(_traffic_cut, r, 3)
+        got = job.collect(3, timeout=45)
+    cut = got[CUT][1]
+    cut_at = cut["cut_at"]
+    for r in (0, 1):
+        seen = got[r][1]
+        failed = seen["failed"]
+        # A failed Work naming the cut rank, within about the heartbeat
+        # deadline (1 s; the group timeout is 30 s), carrying the survivors'
+        # sum, with the new view in place; the next collective is clean.
+        assert failed is not None, seen
+        assert failed["hint"] == [0, 0, 1] and failed["local_success"] is False, failed
+        assert failed["value"] == [3.0] * 8 and failed["mask"] == [1, 1, 0] and failed["world"] == 2, failed
+        assert failed["at"] - cut_at < USABLE_WITHIN, (r, failed["at"] - cut_at)
+        assert seen["after"] == ([3.0] * 8, True, [1, 1, 0]), seen
+    # A receive from the cut rank ends when the view deactivates it, naming
+    # it, not at the P2P timeout.
+    kind, message, _, ended = got[1][1]["p2p"]
+    assert kind == "DistBackendError" and "rank 2 was deactivated" in message, (kind, message)
+    assert ended - cut_at < USABLE_WITHIN, ended - cut_at
+    # The cut rank: its collectives fail (first when the others left it, or
+    # when it noticed the silence), then at once, saying why; its receive
+    # fails too; and it is still running to report all this.
+    calls = cut["calls"]
+    failures = [c for c in calls if c[0] != "ok"]
+    assert failures, calls
+    first = failures[0]
+    assert first[0] == "DistBackendError" and first[3] - cut_at < USABLE_WITHIN, (first, cut_at)
+    last = calls[-1]
+    assert last[0] == "DistBackendError" and "lost the membership's control plane" in last[1], last
+    assert last[3] - last[2] < 0.5, last
+    kind, message, _, ended = cut["p2p"]
+    assert kind == "DistBackendError" and "control plane" in message, (kind, message)
+    assert ended - cut_at < USABLE_WITHIN, ended - cut_at
+
+
+def _founder_facing_an_unreachable_joiner(ctx):
+    if ctx.rank == 0:
+        ctx.wait_for("joining")
+        poll(lambda: ctx.pg.get_peer_state(_world(), [3])[0], timeout=30)
+        start = time.monotonic()
+        response = ctx.pg.activate_ranks(_world(), [3])
+        ctx.say((str(response.status), response.reject_reason, time.monotonic() - start))
+        ctx.signal("decided")
+    else:
+        ctx.wait_for("decided")
+    t = torch.full((4,), float(ctx.rank + 1))
+    dist.all_reduce(t)
+    ctx.say((t.tolist(), dist.get_world_size(), ctx.pg.get_active_ranks(_world()).tolist()))
+
+
+def _joiner_behind_a_broken_data_network(ctx):
+    ctx.pg._test_cut_traffic(control=False)  # still a connected member, but its probes reach nobody
+    ctx.signal("joining")
+    ctx.pg.join_group(_world())  # never activated; killed at the end
+    return "activated?"
+
+
+def test_joiner_that_cannot_reach_the_members_is_refused_with_a_reason():
+    with Job(event_names=["joining", "decided"]) as job:
+        for r in range(3):
+            job.start(_founder_facing_an_unreachable_joiner, r, 3, spec=(4,))
+        job.start(_joiner_behind_a_broken_data_network, 3, 4, spec=(4, True))
+        got = job.collect(3)
+    status, reason, took = got[0][0][0]
+    assert status == "ProposalStatus.Rejected", (status, reason)
+    assert "not be connected both ways" in reason and "3->0" in reason and "3->1" in reason, reason
+    assert took < 2.0, took  # at once on the evidence, not at a timeout
+    for r in range(3):
+        assert got[r][0][-1] == ([6.0] * 4, 3, [1, 1, 1, 0]), got[r]
+
+
 BIG = 32 << 20  # float32 elements: 128 MiB, many chunks
 
 

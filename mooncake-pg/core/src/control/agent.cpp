@@ -2,7 +2,8 @@
 // delivers views to listeners (acknowledging each after its listener
 // returned) and completes calls, and a heartbeat thread that also watches
 // for a Coordinator that went silent. Calls are synchronous request/reply
-// with deadlines; a lost connection fails every pending call at once.
+// with deadlines; a lost connection fails every pending call at once, and is
+// then told to each group's loss listener (on the heartbeat thread).
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "control/socket_io.h"
 #include "control/text.h"
 #include "mooncake/pg/control_plane.h"
+#include "mooncake/pg/test_faults.h"
 #include "mooncake/te/log.h"
 
 namespace mooncake::pg {
@@ -52,8 +54,10 @@ class AgentImpl final : public Agent {
                      std::string* error) override;
   void unregisterGroup(const std::string& key) override;
   void reportFailure(const std::string& key, const std::vector<int>& ranks) override;
+  void reportLinks(const std::string& key, const std::vector<int>& reached, const std::vector<int>& unreached) override;
   SyncResult syncAfterFailure(const std::string& key, const std::vector<int>& ranks) override;
   bool joinGroup(const std::string& key, std::chrono::milliseconds deadline, std::string* error) override;
+  void onConnectionLost(const std::string& key, LossListener listener) override;
   ProposeViewUpdateResponse propose(const std::string& key, bool activate, const std::vector<int>& ranks) override;
   GroupView view(const std::string& key) const override;
 
@@ -61,6 +65,7 @@ class AgentImpl final : public Agent {
   struct GroupSlot {
     int seat = -1;
     ViewListener listener;
+    LossListener on_loss;
     GroupView view;                 // the newest view (set before its listener runs)
     bool delivered_active = false;  // the last view whose delivery completed shows the seat Active
   };
@@ -76,6 +81,7 @@ class AgentImpl final : public Agent {
   }
 
   bool onReaderThread() const { return std::this_thread::get_id() == reader_id_.load(); }
+  bool onHeartbeatThread() const { return std::this_thread::get_id() == heartbeat_.get_id(); }
   bool send(const Message& message, std::string* error);
   // Sends a request (its id is assigned here) and waits for the reply.
   template <class Request>
@@ -84,6 +90,9 @@ class AgentImpl final : public Agent {
 
   void readLoop();
   void heartbeatLoop();
+  // Once the connection is lost (and the Agent is not shutting down): gives
+  // the reason to every group's loss listener, once.
+  void tellLoss();
   void handle(Message message);
   void complete(RequestId id, Message reply);
   // Makes `view` the group's current one if newer; with `notify`, gives it
@@ -105,6 +114,8 @@ class AgentImpl final : public Agent {
   std::map<RequestId, PendingCall> calls_;
   std::map<std::string, std::shared_ptr<GroupSlot>> groups_;
   const GroupSlot* in_listener_ = nullptr;  // the slot whose listener runs now
+  const GroupSlot* in_loss_listener_ = nullptr;  // the slot whose loss listener runs now
+  bool loss_told_ = false;                       // tellLoss has run
   TimePoint last_heard_;                    // from the Coordinator
   std::atomic<std::thread::id> reader_id_{};
   std::thread reader_;
@@ -178,6 +189,7 @@ bool AgentImpl::send(const Message& message, std::string* error) {
       return false;
     }
   }
+  if (test_faults::controlCut()) return true;  // test only: lost on the cut cable, as TCP would not notice yet
   std::string why;
   if (sendAll(fd_.get(), frame.data(), frame.size(), Clock::now() + options_.request_timeout, &why)) return true;
   loseConnection("cannot send to the coordinator at " + address_ + ": " + why);
@@ -248,6 +260,17 @@ void AgentImpl::readLoop() {
         return;
       }
       ssize_t n = receiveSome(fd_.get(), buffer, sizeof(buffer), TimePoint::max(), &why);
+      if (test_faults::controlCut()) {
+        // Test only: nothing arrives through a cut cable, not even the
+        // Coordinator closing the connection; the heartbeat thread notices
+        // the silence at the deadline, as it would on a real cut.
+        if (n <= 0) {
+          std::unique_lock<std::mutex> lock(mutex_);
+          changed_.wait(lock, [&] { return stopping_ || lost_; });
+          return;
+        }
+        continue;
+      }
       if (n <= 0) {
         loseConnection("lost the connection to the coordinator at " + address_ + ": " +
                        (n == 0 ? std::string("closed by the coordinator") : why));
@@ -263,6 +286,10 @@ void AgentImpl::readLoop() {
 }
 
 void AgentImpl::heartbeatLoop() {
+  struct TellLossOnExit {
+    AgentImpl* agent;
+    ~TellLossOnExit() { agent->tellLoss(); }
+  } tell_loss{this};
   try {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stopping_ && !lost_) {
@@ -286,6 +313,53 @@ void AgentImpl::heartbeatLoop() {
   } catch (const std::exception& e) {
     loseConnection(std::string("control plane agent heartbeat failed: ") + e.what());
   }
+}
+
+void AgentImpl::tellLoss() {
+  std::string why;
+  std::vector<std::shared_ptr<GroupSlot>> slots;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!lost_ || stopping_ || loss_told_) return;
+    loss_told_ = true;
+    why = lost_reason_;
+    for (const auto& entry : groups_) slots.push_back(entry.second);
+  }
+  for (const std::shared_ptr<GroupSlot>& slot : slots) {
+    LossListener listener;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      bool registered = false;
+      for (const auto& entry : groups_) registered |= entry.second == slot;
+      if (!registered || stopping_) continue;  // unregistered meanwhile
+      listener = slot->on_loss;
+      if (listener) in_loss_listener_ = slot.get();
+    }
+    if (!listener) continue;
+    try {
+      listener(why);
+    } catch (const std::exception& e) {
+      MC_LOG(Warning) << "control plane: a connection-loss listener threw: " << e.what();
+    } catch (...) {
+      MC_LOG(Warning) << "control plane: a connection-loss listener threw";
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_loss_listener_ = nullptr;
+    changed_.notify_all();
+  }
+}
+
+void AgentImpl::onConnectionLost(const std::string& key, LossListener listener) {
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = groups_.find(key);
+    if (it == groups_.end()) return;
+    it->second->on_loss = listener;
+    if (!loss_told_) return;  // tellLoss will call it
+    why = lost_reason_;       // already lost and told: this one hears it now
+  }
+  if (listener) listener(why);
 }
 
 void AgentImpl::handle(Message message) {
@@ -397,8 +471,11 @@ void AgentImpl::unregisterGroup(const std::string& key) {
     if (it == groups_.end()) return;
     const GroupSlot* slot = it->second.get();
     groups_.erase(it);
-    // After this returns the listener is not called again, and is not running.
-    if (!onReaderThread()) changed_.wait(lock, [&] { return in_listener_ != slot; });
+    // After this returns the listeners are not called again, and are not
+    // running (unless called from one of them).
+    if (!onReaderThread() && !onHeartbeatThread()) {
+      changed_.wait(lock, [&] { return in_listener_ != slot && in_loss_listener_ != slot; });
+    }
   }
   std::string why;
   if (onReaderThread()) {
@@ -422,6 +499,13 @@ void AgentImpl::reportFailure(const std::string& key, const std::vector<int>& ra
   std::string why;
   if (!send(FailureReport{key, ranks}, &why)) {
     MC_LOG(Warning) << "control plane: reportFailure('" << key << "') not delivered: " << why;
+  }
+}
+
+void AgentImpl::reportLinks(const std::string& key, const std::vector<int>& reached, const std::vector<int>& unreached) {
+  std::string why;
+  if (!send(LinkReport{key, {reached.begin(), reached.end()}, {unreached.begin(), unreached.end()}}, &why)) {
+    MC_LOG(Warning) << "control plane: reportLinks('" << key << "') not delivered: " << why;
   }
 }
 

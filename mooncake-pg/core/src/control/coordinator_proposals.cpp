@@ -17,6 +17,7 @@ void CoordinatorState::handleJoin(TimePoint now, SessionId session, const JoinRe
   Seat& joining = group->seats[seat];
   if (joining.state == MemberState::kInactive) {
     joining.state = MemberState::kAwaitingActivation;
+    forgetLinks(*group, seat);  // its links are probed anew for this join
     publish(*group, effects);  // before the answer: the joiner sees itself AwaitingActivation first
     reply(effects, call, "");
     advanceProposals(now, *group, effects);  // an activation may have waited for it
@@ -90,14 +91,16 @@ void CoordinatorState::advanceProposals(TimePoint now, Group& group, Effects* ef
     }
     if (group.proposals.empty()) return;
 
-    const Proposal& proposal = group.proposals.front();
+    Proposal& proposal = group.proposals.front();
     std::vector<int> changing;
-    std::vector<int> not_ready;  // activation targets not yet AwaitingActivation and online
+    std::vector<int> not_ready;  // activation targets not yet AwaitingActivation, online and with an endpoint
     for (int seat : proposal.seats) {
       const Seat& target = group.seats[seat];
       if (proposal.activate && target.state != MemberState::kActive) {
         changing.push_back(seat);
-        if (target.state != MemberState::kAwaitingActivation || !isOnline(target.holder)) not_ready.push_back(seat);
+        if (target.state != MemberState::kAwaitingActivation || !isOnline(target.holder) || target.endpoint.empty()) {
+          not_ready.push_back(seat);
+        }
       } else if (!proposal.activate && target.state == MemberState::kActive) {
         changing.push_back(seat);
       }
@@ -111,11 +114,11 @@ void CoordinatorState::advanceProposals(TimePoint now, Group& group, Effects* ef
       std::string why = "proposal for group '" + group.key + "' not admitted within request_timeout (" +
                         millisecondsText(options_.request_timeout) + ")";
       if (!not_ready.empty()) {
-        why += ": seats " + listText(not_ready) + " are not AwaitingActivation and online (";
+        why += ": seats " + listText(not_ready) + " are not AwaitingActivation, online and with an endpoint (";
         for (size_t i = 0; i < not_ready.size(); ++i) {
           const Seat& seat = group.seats[not_ready[i]];
           why += (i == 0 ? "" : ", ") + std::to_string(not_ready[i]) + " is " + memberStateName(seat.state) +
-                 (isOnline(seat.holder) ? "" : " and offline");
+                 (isOnline(seat.holder) ? "" : ", offline") + (seat.endpoint.empty() ? ", without an endpoint" : "");
         }
         why += ")";
       } else {
@@ -127,6 +130,38 @@ void CoordinatorState::advanceProposals(TimePoint now, Group& group, Effects* ef
       continue;
     }
     if (!not_ready.empty()) return;  // an activation waits for its targets to join
+    if (proposal.activate) {
+      // The resulting active set must be connected both ways: refused at
+      // once on a link reported unreachable, and after link_timeout when
+      // evidence is still missing; meanwhile it waits for the reports.
+      std::set<int> future(changing.begin(), changing.end());
+      for (size_t seat = 0; seat < group.seats.size(); ++seat) {
+        if (group.seats[seat].state == MemberState::kActive) future.insert(static_cast<int>(seat));
+      }
+      LinkGaps gaps = linkGaps(group, changing, {future.begin(), future.end()});
+      std::string why;
+      if (!gaps.unreachable.empty()) {
+        why = "activation of seats " + listText(changing) + " of group '" + group.key +
+              "' refused: the resulting active set would not be connected both ways (unreachable: " +
+              linksText(gaps.unreachable) + ")";
+      } else if (!gaps.missing.empty()) {
+        if (!proposal.evidence_deadline) proposal.evidence_deadline = now + options_.link_timeout;
+        if (now < *proposal.evidence_deadline) return;
+        why = "activation of seats " + listText(changing) + " of group '" + group.key + "' refused: no link evidence within link_timeout (" +
+              millisecondsText(options_.link_timeout) + ") for " + linksText(gaps.missing);
+      }
+      if (!why.empty()) {
+        for (int seat : changing) {
+          const Seat& target = group.seats[seat];
+          why += "; seat " + std::to_string(seat) + " (global rank " + std::to_string(target.global_rank) + ") is " +
+                 rankStateName(rankState(target.global_rank));
+        }
+        MC_LOG(Warning) << "control plane: " << why;
+        answer(proposal.caller, ProposalStatus::Rejected, {}, why);
+        group.proposals.pop_front();
+        continue;
+      }
+    }
 
     // Admit: one new view, then wait for the processes of the old and new
     // active sets to acknowledge it.

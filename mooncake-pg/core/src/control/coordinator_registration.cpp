@@ -123,6 +123,8 @@ std::string CoordinatorState::registerFounder(TimePoint now, SessionId session, 
   seat.holder = session;
   seat.endpoint = registration.endpoint;
   seat.host = registration.host;
+  seat.reports_links = registration.reports_links;
+  forgetLinks(*group, registration.rank);
   group->waiting_founders.push_back({session, request.request_id});
 
   bool complete = std::all_of(group->seats.begin(), group->seats.begin() + group->rank_order.size(),
@@ -217,6 +219,8 @@ std::string CoordinatorState::attachSeat(SessionId session, const RegisterGroupR
   seat.holder = session;
   seat.endpoint = registration.endpoint;
   seat.host = registration.host;
+  seat.reports_links = registration.reports_links;
+  forgetLinks(*group, rank);
   publish(*group, effects, /*skip=*/session);
   reply(effects, {session, request.request_id}, "", makeView(*group));
   return "";

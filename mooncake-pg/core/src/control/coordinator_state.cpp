@@ -50,6 +50,7 @@ void CoordinatorState::onMessage(TimePoint now, SessionId session, Message messa
                  [&](const JoinRequest& m) { handleJoin(now, session, m, effects); },
                  [&](const ProposeRequest& m) { handlePropose(now, session, m, effects); },
                  [&](const ViewAck& m) { handleAck(now, session, m, effects); },
+                 [&](const LinkReport& m) { handleLinkReport(now, session, m, effects); },
                  [&](const auto&) {
                    goOffline(now, {session},
                              std::string("protocol violation: unexpected ") + messageName(message) + " from an agent",
@@ -308,7 +309,8 @@ TimePoint CoordinatorState::nextDeadline() const {
     if (group.barrier) {
       next = std::min(next, group.barrier->deadline);
     } else if (!group.proposals.empty()) {
-      next = std::min(next, group.proposals.front().admission_deadline);
+      const Proposal& proposal = group.proposals.front();
+      next = std::min(next, proposal.evidence_deadline.value_or(proposal.admission_deadline));
     }
   }
   return next;

@@ -59,6 +59,8 @@ class CoordinatorState {
   void onTimer(TimePoint now, Effects* effects);
   // The earliest pending deadline, TimePoint::max() for none.
   TimePoint nextDeadline() const;
+  // The state of the process of `global_rank` (control_plane.h, "Link evidence").
+  RankState rankState(int global_rank) const;
 
  private:
   struct Session {
@@ -77,6 +79,8 @@ class CoordinatorState {
     std::string endpoint;
     std::string host;
     SessionId left_by = 0;  // the process that left it (Left): its founder registration is a re-init
+    bool reports_links = false;
+    std::map<int, bool> links;  // this seat's link evidence: peer seat -> reached
   };
 
   struct PendingCall {
@@ -89,6 +93,7 @@ class CoordinatorState {
     bool activate = false;
     std::vector<int> seats;  // sorted, unique, all registered
     TimePoint admission_deadline;
+    std::optional<TimePoint> evidence_deadline;  // set once its targets are ready but link evidence is missing
   };
 
   struct Barrier {
@@ -173,6 +178,21 @@ class CoordinatorState {
   std::string recordEvidence(TimePoint now, SessionId session, const std::string& key,
                              const std::vector<int32_t>& ranks);
   void closeWindow(TimePoint now, Group& group, Effects* effects);
+
+  // Link evidence (coordinator_links.cpp)
+  void handleLinkReport(TimePoint now, SessionId session, const LinkReport& report, Effects* effects);
+  // Forgets the evidence of and about `seat`: its process or endpoint
+  // changed, or it asks to join again.
+  static void forgetLinks(Group& group, int seat);
+  // What keeps `targets` from being connected both ways with every other
+  // seat of `future` (the resulting active set): directed links (from, to)
+  // reported unreachable, and those nobody reported yet.
+  struct LinkGaps {
+    std::vector<std::pair<int, int>> unreachable;
+    std::vector<std::pair<int, int>> missing;
+  };
+  static LinkGaps linkGaps(const Group& group, const std::vector<int>& targets, const std::vector<int>& future);
+  static std::string linksText(const std::vector<std::pair<int, int>>& links);  // "3->0, 1->3"
 
   // Join and proposals (coordinator_proposals.cpp)
   void handleJoin(TimePoint now, SessionId session, const JoinRequest& request, Effects* effects);

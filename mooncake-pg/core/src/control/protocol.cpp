@@ -17,7 +17,7 @@ void fields(A& a, GroupView& v) {
 template <class A>
 void fields(A& a, GroupRegistration& r) {
   a(r.key), a(r.rank), a(r.max_group_size), a(r.rank_order), a(r.is_extension), a(r.auto_deactivate), a(r.endpoint),
-      a(r.host);
+      a(r.host), a(r.reports_links);
 }
 template <class A>
 void fields(A& a, SyncAfterFailureResponse& r) {
@@ -76,6 +76,10 @@ void fields(A& a, ViewPush& m) {
 template <class A>
 void fields(A& a, ViewAck& m) {
   a(m.key), a(m.epoch);
+}
+template <class A>
+void fields(A& a, LinkReport& m) {
+  a(m.key), a(m.reached), a(m.unreached);
 }
 
 // The largest valid value of each enum on the wire (all travel as one byte).
@@ -252,7 +256,7 @@ const char* messageName(const Message& message) {
   static const char* const kNames[] = {
       "Hello",         "Reply",       "Heartbeat", "RegisterGroupRequest", "UnregisterGroupRequest",
       "FailureReport", "SyncRequest", "SyncReply", "JoinRequest",          "ProposeRequest",
-      "ProposeReply",  "ViewPush",    "ViewAck"};
+      "ProposeReply",  "ViewPush",    "ViewAck",   "LinkReport"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == std::variant_size_v<Message>, "a name per message");
   return kNames[message.index()];
 }

@@ -20,7 +20,7 @@
 namespace mooncake::pg::control {
 
 constexpr uint32_t kFrameMagic = 0x4350434d;  // "MCPC" in memory order
-constexpr uint16_t kProtocolVersion = 1;
+constexpr uint16_t kProtocolVersion = 2;
 constexpr size_t kFrameHeaderBytes = 12;
 constexpr uint32_t kMaxPayloadBytes = 16u << 20;
 
@@ -88,10 +88,18 @@ struct ViewAck {
   uint64_t epoch = 0;
 };
 
+// Fire and forget: link evidence (Agent::reportLinks).
+struct LinkReport {
+  std::string key;
+  std::vector<int32_t> reached;
+  std::vector<int32_t> unreached;
+};
+
 // The index of a message in this variant is its tag on the wire: append new
 // messages at the end and never reorder.
 using Message = std::variant<Hello, Reply, Heartbeat, RegisterGroupRequest, UnregisterGroupRequest, FailureReport,
-                             SyncRequest, SyncReply, JoinRequest, ProposeRequest, ProposeReply, ViewPush, ViewAck>;
+                             SyncRequest, SyncReply, JoinRequest, ProposeRequest, ProposeReply, ViewPush, ViewAck,
+                             LinkReport>;
 
 const char* messageName(const Message& message);
 

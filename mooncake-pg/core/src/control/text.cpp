@@ -26,4 +26,16 @@ const char* memberStateName(MemberState state) {
   return "?";
 }
 
+const char* rankStateName(RankState state) {
+  switch (state) {
+    case RankState::kOffline:
+      return "Offline";
+    case RankState::kSynced:
+      return "Synced";
+    case RankState::kHealthy:
+      return "Healthy";
+  }
+  return "?";
+}
+
 }  // namespace mooncake::pg::control

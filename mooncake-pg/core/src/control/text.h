@@ -12,5 +12,6 @@ namespace mooncake::pg::control {
 std::string listText(const std::vector<int>& values);              // "[1, 2, 3]"
 std::string millisecondsText(std::chrono::milliseconds duration);  // "250 ms"
 const char* memberStateName(MemberState state);                    // "AwaitingActivation"
+const char* rankStateName(RankState state);                        // "Healthy"
 
 }  // namespace mooncake::pg::control

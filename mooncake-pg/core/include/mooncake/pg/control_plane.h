@@ -15,6 +15,21 @@
 // Agent that hears nothing for heartbeat_timeout (while its listener is not
 // running) drops the connection, and its pending and later calls fail.
 //
+// Link evidence: a process registered with reports_links probes the
+// data-plane endpoints of the seats it may have to work with (every seat
+// that is joining, and a joining seat probes the active ones) and reports
+// which it reached (reportLinks). An activation is admitted only when every
+// target is AwaitingActivation, online, has published an endpoint, and is
+// connected both ways with every other seat of the resulting active set
+// (each side of each pair that reports links has reached the other; pairs
+// of seats already active are vouched for by their working data plane). A
+// pair reported unreachable rejects the activation at once, with the
+// reason; evidence still missing after link_timeout rejects it too.
+// Evidence about a seat is forgotten when its process or endpoint changes
+// and when it asks to join again. Processes are Offline (not connected),
+// Synced (connected and heartbeating) or Healthy (Synced, and connected
+// both ways with the active seats of every group where it reports links).
+//
 // Seats and views: a group has max_group_size seats, fixed at creation and
 // never renumbered. A view is the state of every seat plus an epoch that
 // only increases; every change of any seat's state, endpoint, host or online
@@ -37,6 +52,9 @@
 #include "mooncake/pg/membership.h"
 
 namespace mooncake::pg {
+
+// The state of a process, as in the reference (see "Link evidence" above).
+enum class RankState : uint8_t { kOffline = 0, kSynced = 1, kHealthy = 2 };
 
 // The state of one seat (in-group rank), as in the reference.
 enum class MemberState : uint8_t { kNone = 0, kInactive = 1, kAwaitingActivation = 2, kActive = 3, kLeft = 4 };
@@ -77,6 +95,9 @@ struct ControlOptions {
   std::chrono::milliseconds reconciliation_window{100};
   std::chrono::milliseconds ack_timeout{2000};      // for acknowledgements of a pushed view
   std::chrono::milliseconds request_timeout{30000};  // bootstrap, admission of proposals, RPCs
+  // How long an activation whose targets are ready waits for the link
+  // evidence it still lacks before it is rejected.
+  std::chrono::milliseconds link_timeout{5000};
 };
 
 class Coordinator {
@@ -98,6 +119,7 @@ struct GroupRegistration {
   bool auto_deactivate = true;   // the group deactivates offline/failed seats by itself
   std::string endpoint;          // this process's data-plane endpoint for the group
   std::string host;              // this process's host identity
+  bool reports_links = false;    // this process reports link evidence for the group (reportLinks)
 };
 
 class Agent {
@@ -145,12 +167,19 @@ class Agent {
   // the group; the resulting view has been given to the listener on return.
   virtual SyncResult syncAfterFailure(const std::string& key, const std::vector<int>& ranks) = 0;
 
+  // Link evidence (see above): this process probed the data-plane endpoints
+  // of these seats and reached `reached`, not `unreached`. Returns at once;
+  // a later report about a seat replaces an earlier one.
+  virtual void reportLinks(const std::string& key, const std::vector<int>& reached,
+                           const std::vector<int>& unreached) = 0;
+
   // join_group: this seat becomes AwaitingActivation; returns once a view
   // with it Active has been given to the listener, or fails at the deadline.
   // An already Active seat returns true at once.
   virtual bool joinGroup(const std::string& key, std::chrono::milliseconds deadline, std::string* error) = 0;
   // activate_ranks / deactivate_ranks. Activation waits (up to
-  // request_timeout) until every target is AwaitingActivation and online.
+  // request_timeout) until every target is AwaitingActivation, online and
+  // has an endpoint, then (up to link_timeout) for link evidence.
   // Returns after the new view was acknowledged by the online processes of
   // the old and new active sets (or they were dropped: offline, and listed
   // in dropped_ranks). new_epoch is the group's epoch when the answer is
@@ -158,6 +187,16 @@ class Agent {
   // served one at a time in arrival order; one not admitted within
   // request_timeout is Rejected. Invalid seats are Rejected with a reason.
   virtual ProposeViewUpdateResponse propose(const std::string& key, bool activate, const std::vector<int>& ranks) = 0;
+
+  // Called once when the connection to the Coordinator is lost (closed, or
+  // silent for heartbeat_timeout), never when the Agent is destroyed: from
+  // then on this process is cut off from the membership (its views are
+  // stale, its calls fail, and the Coordinator deactivates its seats). Runs
+  // on the Agent's heartbeat thread, or here at once when the loss was
+  // already told. Replaces the group's previous loss listener; gone with
+  // unregisterGroup, which waits for a running one (except from inside it).
+  using LossListener = std::function<void(const std::string& why)>;
+  virtual void onConnectionLost(const std::string& key, LossListener listener) = 0;
 
   // The latest view this Agent has of the group (no communication).
   virtual GroupView view(const std::string& key) const = 0;

@@ -83,6 +83,15 @@ class P2pChannel {
   // acknowledges under the new one (or was replaced). Blocks until applied;
   // not from a completion callback.
   void reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch);
+  // Closes the lanes with `peer` because the membership gave up on it (a
+  // view deactivated it): its pending messages fail at once with `why`,
+  // naming it, instead of waiting for the timeout on a peer that may be
+  // alive but cut off; so do later ones until reopen(). Nothing is sent to
+  // the peer. Blocks until applied; not from a completion callback.
+  void close(int peer, const std::string& why);
+  // Whether the transfer engine behind `endpoint` answers a probe within
+  // `timeout` (link evidence for the membership). Any thread.
+  bool reachable(const P2pEndpoint& endpoint, std::chrono::milliseconds timeout);
   // Whether the lanes with `peer` are usable (connected, not closed by a
   // failure). A side that reopens tells the peer, which follows at once if
   // its own lanes are at an earlier epoch (so one side's reopen is enough

@@ -40,6 +40,12 @@ struct ShmGroupOptions {
   // silent), so that nothing waits for the collective timeout on a rank
   // that is alive but stalled or cut off. Empty: never.
   std::function<bool(int rank_name)> deactivated;
+  // Asked while waiting: non-empty (the reason) once this rank itself is cut
+  // off from the membership (it lost the control plane, so its view is
+  // stale and the others go on without it). The wait ends with that reason
+  // and the arena breaks naming this rank, so the others learn who is at
+  // fault and nobody waits for the deadline. Empty function: never.
+  std::function<std::string()> cut_off;
 };
 
 class ShmArena;
