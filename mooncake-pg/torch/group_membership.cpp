@@ -8,6 +8,9 @@
 #include <stdexcept>
 
 #include "control_runtime.h"
+#ifdef MOONCAKE_PG_WITH_CUDA
+#include "cuda/device_mask.h"
+#endif
 #include "mooncake/te/host_identity.h"
 
 namespace mooncake::pg {
@@ -21,6 +24,15 @@ GroupMembership::GroupMembership(const c10::intrusive_ptr<c10d::Store>& store, M
                                  std::shared_ptr<P2pChannel> user_p2p, std::shared_ptr<P2pChannel> collectives)
     : config_(std::move(config)), user_p2p_(std::move(user_p2p)), collectives_channel_(std::move(collectives)) {
   mirror_ = config_.mirror ? *config_.mirror : at::zeros({config_.max_group_size}, at::TensorOptions().dtype(at::kInt));
+  mask_host_ = mirror_;
+  if (!mirror_.device().is_cpu()) {
+#ifdef MOONCAKE_PG_WITH_CUDA
+    mask_host_ = at::zeros({mirror_.numel()}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
+#else
+    TORCH_CHECK_VALUE(false, "MooncakeBackendOptions: active_ranks is on ", mirror_.device(),
+                      "; this build of mooncake has no CUDA support: pass a CPU tensor");
+#endif
+  }
   opened_endpoints_.resize(config_.max_group_size);
   probed_endpoints_.resize(config_.max_group_size);
   world_size_.store(config_.declared_size);
@@ -121,12 +133,13 @@ void GroupMembership::applyView(const GroupView& view) {
     }
     if (!deactivated.empty()) channels = {user_p2p_, collectives_channel_};
     view_ = view;
-    int32_t* mask = mirror_.data_ptr<int32_t>();
+    int32_t* mask = mask_host_.data_ptr<int32_t>();
     int highest = -1;
     for (int s = 0; s < config_.max_group_size && s < static_cast<int>(view.members.size()); ++s) {
       mask[s] = view.isActive(s) ? 1 : 0;
       if (view.isActive(s)) highest = s;
     }
+    publishMask();
     if (view.isActive(config_.seat)) isolated_.store(false);
     world_size_.store(isolated_.load() ? config_.declared_size : highest + 1, std::memory_order_release);
     epoch_.store(static_cast<int64_t>(view.epoch), std::memory_order_release);
@@ -205,6 +218,13 @@ void GroupMembership::probeLinks(const GroupView& view) {
                  << "endpoints of ranks " << ranks << "; an activation involving them will be refused";
   }
   agent_->reportLinks(config_.key, reached, unreached);
+}
+
+void GroupMembership::publishMask() {
+  if (mask_host_.is_same(mirror_)) return;  // a CPU mirror is written in place
+#ifdef MOONCAKE_PG_WITH_CUDA
+  copyMaskToDevice(mask_host_, mirror_);
+#endif
 }
 
 GroupView GroupMembership::latestView() const {

@@ -129,7 +129,11 @@ class GroupMembership {
   Agent* agent_ = nullptr;
   std::shared_ptr<P2pChannel> user_p2p_;
   std::shared_ptr<P2pChannel> collectives_channel_;
-  at::Tensor mirror_;  // int32[max_group_size]
+  at::Tensor mirror_;  // int32[max_group_size]: the user's tensor (CPU or CUDA) or our own (CPU)
+  // Where views write the mask: mirror_ itself on the CPU; for a CUDA mirror,
+  // a pinned host copy whose values are then copied to the device.
+  at::Tensor mask_host_;
+  void publishMask();  // under mutex_
 
   mutable std::mutex mutex_;  // guards view_ and p2p_epoch_
   GroupView view_;            // the latest view

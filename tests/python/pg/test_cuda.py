@@ -321,6 +321,7 @@ def _kill_rank(ctx, victim):
     y = torch.full((70_001,), float(r + 1), device=dev)
     dist.all_reduce(y)
     return {
+        "mask_device": str(ctx.pg.get_active_ranks(dist.group.WORLD).device),
         "ok": ok,
         "hint": hint,
         "waited": waited,
@@ -332,10 +333,18 @@ def _kill_rank(ctx, victim):
     }
 
 
-@pytest.mark.parametrize("size,victim", [(2, 1), (3, 1)], ids=["world2-last", "world3-hole"])
-def test_rank_killed_during_collective(size, victim, monkeypatch):
+def _cuda_mask_options(rank, size):
+    """The live mask in a CUDA tensor of the user's (the reference allows CPU or CUDA)."""
+    from mooncake import pg
+
+    return pg.MooncakeBackendOptions(torch.ones(size, dtype=torch.int32, device="cuda"))
+
+
+@pytest.mark.parametrize("size,victim,options", [(2, 1, None), (3, 1, _cuda_mask_options)],
+                         ids=["world2-last", "world3-hole-cuda-mask"])
+def test_rank_killed_during_collective(size, victim, options):
     env = {"MOONCAKE_PG_HEARTBEAT_TIMEOUT_MS": "1000"}
-    with World(size, backend="mooncake", gloo=False, start_timeout=120, env=env) as w:
+    with World(size, backend="mooncake", gloo=False, start_timeout=120, env=env, pg_options=options) as w:
         results = w.run(_kill_rank, victim, timeout=120, allow_dead=(victim,))
     for r, res in enumerate(results):
         if r == victim:
@@ -345,4 +354,5 @@ def test_rank_killed_during_collective(size, victim, monkeypatch):
         assert res["active"][victim] == 0, f"rank {r}: rank {victim} still active: {res['active']}"
         assert res["small"] == res["expect"], f"rank {r}: next all_reduce gave {res['small']}, expected {res['expect']}"
         assert res["large_all"] and res["large"] == res["expect"], f"rank {r}: large all_reduce {res['large']}"
+        assert res["mask_device"].startswith("cuda" if options else "cpu"), res["mask_device"]
         assert res["waited"] < 30, f"rank {r}: the failure took {res['waited']:.1f} s to surface"
