@@ -50,6 +50,7 @@ ControlOptions controlOptions() {
   o.heartbeat_interval = envMs("MOONCAKE_PG_HEARTBEAT_INTERVAL_MS", o.heartbeat_interval);
   o.heartbeat_timeout = envMs("MOONCAKE_PG_HEARTBEAT_TIMEOUT_MS", o.heartbeat_timeout);
   o.ack_timeout = envMs("MOONCAKE_PG_VIEW_ACK_TIMEOUT_MS", o.ack_timeout);
+  o.link_timeout = envMs("MOONCAKE_PG_LINK_TIMEOUT_MS", o.link_timeout);
   const int64_t window_us = settings().fault_reconciliation_window_us.load();
   if (window_us >= 0) o.reconciliation_window = std::chrono::milliseconds(window_us / 1000);
   return o;
