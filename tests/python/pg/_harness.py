@@ -17,8 +17,9 @@ calls ``init_process_group("mooncake-cpu", rank=..., world_size=...,
 timeout=init_timeout_s)``; options: ``pg_options`` (a module-level factory
 ``(rank, size) -> options``; without it no pg_options argument is passed),
 ``before_init`` (a module-level ``(rank, size)`` hook, e.g. to call
-``pg.set_collective_timeout_us``), ``env`` (extra environment) and ``gloo``
-(whether to create the gloo reference group).
+``pg.set_collective_timeout_us``), ``env`` (extra environment), ``gloo``
+(whether to create the gloo reference group) and ``backend`` (the backend
+string, ``"mooncake-cpu"`` unless told; the GPU tests pass ``"mooncake"``).
 
 Inside a rank, ``ctx`` (a ``RankContext``) has ``rank``, ``size``, ``gloo``
 (a gloo group over the same ranks, used as the reference) and ``pg`` (the
@@ -87,7 +88,7 @@ class RankContext:
 # Child side
 
 
-def _init_group(rank, size, port, init_timeout_s, pg_options_factory, gloo):
+def _init_group(rank, size, port, init_timeout_s, pg_options_factory, gloo, backend="mooncake-cpu"):
     import torch.distributed as dist
 
     from mooncake import pg
@@ -100,7 +101,7 @@ def _init_group(rank, size, port, init_timeout_s, pg_options_factory, gloo):
     if pg_options_factory is not None:
         kwargs["pg_options"] = pg_options_factory(rank, size)
     dist.init_process_group(
-        backend="mooncake-cpu",
+        backend=backend,
         rank=rank,
         world_size=size,
         timeout=datetime.timedelta(seconds=init_timeout_s),
@@ -132,7 +133,8 @@ def _worker_main(rank, size, port, commands, results, options):
         if pre is not None:
             pre(rank, size)
         ctx_box["ctx"] = _init_group(
-            rank, size, port, options.get("init_timeout_s", 30), options.get("pg_options"), options.get("gloo", True)
+            rank, size, port, options.get("init_timeout_s", 30), options.get("pg_options"), options.get("gloo", True),
+            options.get("backend", "mooncake-cpu"),
         )
         return os.getpid()
 
@@ -177,6 +179,7 @@ class World:
         pg_options=None,
         gloo=True,
         before_init=None,
+        backend="mooncake-cpu",
     ):
         self.size = size
         self.port = free_port()
@@ -189,6 +192,7 @@ class World:
             "init_timeout_s": init_timeout_s,
             "pg_options": pg_options,
             "gloo": gloo,
+            "backend": backend,
             "before_init": before_init,
         }
         self.procs = [
