@@ -17,8 +17,10 @@ calls ``init_process_group("mooncake-cpu", rank=..., world_size=...,
 timeout=init_timeout_s)``; options: ``pg_options`` (a module-level factory
 ``(rank, size) -> options``; without it no pg_options argument is passed),
 ``before_init`` (a module-level ``(rank, size)`` hook, e.g. to call
-``pg.set_collective_timeout_us``), ``env`` (extra environment) and ``gloo``
-(whether to create the gloo reference group).
+``pg.set_collective_timeout_us``), ``env`` (extra environment), ``gloo``
+(whether to create the gloo reference group) and ``backend`` (the backend
+string, ``"mooncake-cpu"`` unless told; ``"mooncake"`` binds rank r to GPU
+r mod the GPU count).
 
 Inside a rank, ``ctx`` (a ``RankContext``) has ``rank``, ``size``, ``gloo``
 (a gloo group over the same ranks, used as the reference) and ``pg`` (the

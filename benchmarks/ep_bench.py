@@ -1,0 +1,213 @@
+"""Latency of the EP Buffer's collective path (mooncake.mooncake_ep_buffer),
+dispatch and combine, next to the reference's fallback design run on the same
+group: all_gather of every rank's padded tokens and top-k in dispatch, and an
+all_reduce of a [R * T, H] bf16 buffer in combine (what the reference does when
+it has no fast path; reference/ep.md §1.9). Each rank times its own calls after
+a barrier; a row reports, over iterations, the median and p90 of the slowest
+rank (the critical path).
+
+    PYTHONPATH=python python3 benchmarks/ep_bench.py --worlds 1 2 4 --csv docs/benchmarks/ep_cpu.csv
+
+On CUDA (one or more GPUs, ranks round-robin): add ``--device cuda`` (backend "mooncake").
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+SHAPES = [  # (tokens per rank T, hidden H, experts E, top-k)
+    (16, 1024, 32, 4),
+    (128, 2048, 32, 8),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class AllGatherBaseline:
+    """The reference fallback's design, written for this benchmark (vectorised,
+    where the reference loops in Python): every rank gathers every rank's
+    padded tokens, picks its own rows into the packed layout; combine scatters
+    weighted rows into a [R * T, H] bf16 buffer that is all_reduced."""
+
+    def __init__(self, group, T, H, E):
+        self.group, self.T, self.H, self.E = group, T, H, E
+        self.R = group.size()
+        self.L = E // self.R
+
+    def dispatch(self, x, topk_idx):
+        R, T, H, L = self.R, self.T, self.H, self.L
+        n, k = topk_idx.shape
+        px = torch.zeros(T, H, dtype=x.dtype, device=x.device)
+        px[:n] = x
+        pt = torch.full((T, k), -1, dtype=torch.int64, device=x.device)
+        pt[:n] = topk_idx
+        all_x = torch.empty(R * T, H, dtype=x.dtype, device=x.device)
+        all_t = torch.empty(R * T, k, dtype=torch.int64, device=x.device)
+        dist.all_gather_into_tensor(all_x, px, group=self.group)
+        dist.all_gather_into_tensor(all_t, pt, group=self.group)
+        first = self.group.rank() * L
+        mine = (all_t >= first) & (all_t < first + L)
+        rows, picks = torch.nonzero(mine, as_tuple=True)  # by (source, token, slot)
+        # The API's packed layout: per local expert, rows by (source, token).
+        local = all_t[rows, picks] - first
+        order = torch.sort(local, stable=True).indices
+        rows, picks, local = rows[order], picks[order], local[order]
+        per_expert = torch.bincount(local, minlength=L)
+        pos = torch.arange(local.numel(), device=x.device) - (torch.cumsum(per_expert, 0) - per_expert)[local]
+        packed = torch.empty(L, R * T, H, dtype=x.dtype, device=x.device)
+        packed[local, pos] = all_x[rows]
+        return packed, (rows, picks, local, pos, all_t)
+
+    def combine(self, y, handle, topk_weights):
+        rows, picks, local, pos, all_t = handle
+        R, T, H = self.R, self.T, self.H
+        n = topk_weights.size(0)
+        pw = torch.zeros(T, all_t.size(1), dtype=torch.float32, device=y.device)
+        pw[:n] = topk_weights
+        all_w = torch.empty(R * T, all_t.size(1), dtype=torch.float32, device=y.device)
+        dist.all_gather_into_tensor(all_w, pw, group=self.group)
+        buf = torch.zeros(R * T, H, dtype=torch.bfloat16, device=y.device)
+        buf.index_add_(0, rows, (y[local, pos].float() * all_w[rows, picks].unsqueeze(1)).to(torch.bfloat16))
+        dist.all_reduce(buf, group=self.group)
+        me = self.group.rank()
+        return buf[me * T:me * T + n]
+
+
+def _rank_main(rank, world, port, args, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)  # more ranks than cores: one intra-op thread each
+    from mooncake import pg  # noqa: F401
+    from mooncake.mooncake_ep_buffer import Buffer
+
+    device = torch.device("cpu")
+    backend = "mooncake-cpu"
+    if args.device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+        backend = "mooncake"
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    group = dist.group.WORLD
+    buffer = Buffer(group)
+    rows = []
+    for T, H, E, K in SHAPES:
+        if E % world:
+            continue
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randn(T, H, generator=g).to(torch.bfloat16).to(device)
+        topk = torch.randn(T, E, generator=g).topk(K, dim=1).indices.to(device)
+        weights = torch.rand(T, K, generator=g).to(device)
+        active = torch.ones(world, dtype=torch.int32, device=device)
+        L = E // world
+        baseline = AllGatherBaseline(group, T, H, E)
+        for fp8 in (False, True):
+            times = {"dispatch": [], "combine": [], "agreement": []}
+            base = {"dispatch": [], "combine": []}
+            for it in range(args.warmup + args.iters):
+                dist.barrier()
+                t0 = time.perf_counter()
+                recv_x, count, handle, _, _ = buffer.dispatch(x, topk, active, T, E, -1, use_fp8=fp8)
+                _sync(device)
+                t1 = time.perf_counter()
+                y = recv_x[0].to(torch.bfloat16) if fp8 else recv_x  # the "expert": identity
+                dist.barrier()
+                t2 = time.perf_counter()
+                buffer.combine(y, topk, weights, active, -1, handle)
+                _sync(device)
+                t3 = time.perf_counter()
+                # The agreement alone (one call's worth; keeps call numbers in step on every rank).
+                dist.barrier()
+                t4 = time.perf_counter()
+                buffer._connection.begin_call(active, -1)
+                t5 = time.perf_counter()
+                if not fp8:
+                    dist.barrier()
+                    t6 = time.perf_counter()
+                    packed, bh = baseline.dispatch(x, topk)
+                    _sync(device)
+                    t7 = time.perf_counter()
+                    dist.barrier()
+                    t8 = time.perf_counter()
+                    baseline.combine(packed, bh, weights)
+                    _sync(device)
+                    t9 = time.perf_counter()
+                if it >= args.warmup:
+                    times["dispatch"].append(t1 - t0)
+                    times["combine"].append(t3 - t2)
+                    times["agreement"].append(t5 - t4)
+                    if not fp8:
+                        base["dispatch"].append(t7 - t6)
+                        base["combine"].append(t9 - t8)
+            for impl, table in (("buffer", times), ("allgather-baseline", base)):
+                for phase, samples in table.items():
+                    if samples:
+                        rows.append((T, H, E, K, "fp8" if fp8 else "bf16", impl, phase, samples))
+    queue.put((rank, rows))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _run_world(world, args):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    per_rank = dict(queue.get(timeout=args.timeout) for _ in range(world))
+    for p in procs:
+        p.join(args.timeout)
+    out = []
+    for i, (T, H, E, K, dtype, impl, phase, _) in enumerate(per_rank[0]):
+        slowest = [max(per_rank[r][i][7][it] for r in range(world)) for it in range(args.iters)]
+        slowest.sort()
+        out.append(dict(world=world, tokens=T, hidden=H, experts=E, topk=K, dtype=dtype, impl=impl, phase=phase,
+                        median_ms=round(statistics.median(slowest) * 1e3, 3),
+                        p90_ms=round(slowest[int(0.9 * (len(slowest) - 1))] * 1e3, 3)))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--csv")
+    args = ap.parse_args()
+    results = []
+    for world in args.worlds:
+        results += _run_world(world, args)
+    fields = list(results[0])
+    writer = csv.DictWriter(sys.stdout, fields)
+    writer.writeheader()
+    writer.writerows(results)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fields)
+            w.writeheader()
+            w.writerows(results)
+
+
+if __name__ == "__main__":
+    main()

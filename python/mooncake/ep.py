@@ -1,0 +1,57 @@
+"""``mooncake.ep``: the names of the reference's EP extension module.
+
+The reference's ``mooncake.ep`` imports a compiled runtime (``mooncake._ep``:
+the GPU buffer, IBGDA/NVLink bootstrap, kernels) and the torch-versioned
+``mooncake.pg_<torch version>``, and re-exports both. Here:
+
+- ``mooncake.pg`` is loaded the same way, so importing this module without a
+  build for the running torch raises ``ImportError("Mooncake PG was not built
+  against torch==X ...")`` with the rebuild command;
+- the parts that need no native code are plain Python and always present:
+  ``get_ep_buffer_size_hint`` (same formula), ``EventHandle``, ``MAX_QP_COUNT``;
+- the native runtime's own classes (``Buffer(rank, num_ranks, bytes)`` and the
+  rest) exist only when a compiled ``mooncake._ep`` is installed; without it,
+  asking for one raises ImportError saying so. The user-facing
+  ``mooncake.mooncake_ep_buffer.Buffer`` does not need them: it runs the
+  collective path (docs/ep.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from mooncake import pg as _pg  # noqa: F401 - the loading rule (version-suffixed PG module)
+from mooncake._ep_collective.events import EventHandle
+from mooncake._ep_collective.sizes import ep_buffer_size_hint as get_ep_buffer_size_hint
+
+MAX_QP_COUNT = 256
+
+# Names only the compiled runtime provides.
+NATIVE_NAMES = frozenset({"Buffer", "ElasticBuffer", "calculate_elastic_buffer_size", "_LegacyBufferPerfTensors",
+                          "_LegacyBufferPerfConfig", "_benchmark_legacy_buffer"})
+
+
+def _load_native():
+    try:
+        return importlib.import_module("mooncake._ep")
+    except ModuleNotFoundError as err:
+        if err.name != "mooncake._ep":
+            raise
+        return None
+
+
+_native = _load_native()
+HAS_NATIVE_RUNTIME = _native is not None
+if _native is not None:
+    globals().update({n: getattr(_native, n) for n in dir(_native) if not n.startswith("__")})
+# The PG module's names, as the reference re-exports them.
+globals().update({n: getattr(_pg, n) for n in _pg.__all__ if n not in globals()})
+
+
+def __getattr__(name: str):
+    if name in NATIVE_NAMES:
+        raise ImportError(
+            f"mooncake.ep.{name} is part of the native EP runtime (mooncake._ep), which this build does not "
+            "include. Use mooncake.mooncake_ep_buffer.Buffer (the collective path, CPU and CUDA tensors); "
+            "see docs/ep.md.")
+    raise AttributeError(f"module 'mooncake.ep' has no attribute {name!r}")

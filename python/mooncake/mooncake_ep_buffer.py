@@ -1,0 +1,382 @@
+"""Expert-parallel dispatch/combine: ``Buffer``, the DeepEP low-latency
+programming model plus ``active_ranks`` and ``timeout_us``.
+
+    from mooncake.mooncake_ep_buffer import Buffer
+    buffer = Buffer(group, Buffer.get_ep_buffer_size_hint(T, H, group.size(), E))
+    recv_x, recv_count, handle, event, hook = buffer.dispatch(x, topk_idx, active_ranks, T, E, timeout_us)
+    ...  # expert e = rank * L + le computes on recv_x[le, :recv_count[le]]
+    out, event, hook = buffer.combine(expert_out, topk_idx, topk_weights, active_ranks, timeout_us, handle)
+
+This version runs the *collective path*: built only from the group's own
+operations (``all_to_all_single``, point-to-point) and tensor operations, so
+it works on CPU tensors over a ``mooncake-cpu`` group and on CUDA tensors
+over a ``mooncake`` group, at any world size. Layouts, row order, the
+per-call agreement behind ``timeout_us``, and what differs from the
+reference are in docs/ep.md.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import torch
+import torch.distributed as dist
+
+import mooncake.ep  # noqa: F401 - the loading rule: fails clearly when mooncake.pg is not built
+from mooncake._ep_collective import checks
+from mooncake._ep_collective.events import EventHandle, EventOverlap
+from mooncake._ep_collective.exchange import Exchange
+from mooncake._ep_collective.fp8 import CHANNELS_PER_SCALE, quantize
+from mooncake._ep_collective.handle import DispatchHandle, DispatchState
+from mooncake._ep_collective.presence import Presence, mask_of, ranks_of
+from mooncake._ep_collective.routing import (SendPlan, bitmap_bytes, block_begins, pack_bits, plan_sends, segments,
+                                              token_rows, unpack_bits)
+from mooncake._ep_collective.sizes import ep_buffer_size_hint
+
+__all__ = ["Buffer", "EventOverlap", "EventHandle"]
+
+_STORE_PREFIX = "mooncake_ep"
+
+
+def _control_device(group) -> torch.device:
+    """A device the group's collectives accept, for the few values of connect()."""
+    for kind in ("cpu", "cuda"):
+        try:
+            group._get_backend(torch.device(kind))
+        except RuntimeError:
+            continue
+        return torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
+    return torch.device("cpu")
+
+
+def _group_mask_reader(group, num_ranks: int):
+    """The process group's own active mask as a bit mask (a Mooncake group
+    deactivates dead or stalled ranks); all ranks for any other backend."""
+    everyone = (1 << num_ranks) - 1
+    try:
+        from mooncake import pg  # noqa: PLC0415
+
+        pg.get_active_ranks(group)
+    except (TypeError, RuntimeError, AttributeError, ImportError):
+        return lambda: everyone
+
+    def read() -> int:
+        return mask_of(r for r, bit in enumerate(pg.get_active_ranks(group).tolist()[:num_ranks]) if bit)
+
+    return read
+
+
+class _Connection:
+    """One connect(): the agreement namespace and call counter every rank shares."""
+
+    def __init__(self, buffer: "Buffer", uid: int):
+        self.buffer = buffer
+        self.uid = uid
+        self.calls = 0
+        store = dist.PrefixStore(f"{_STORE_PREFIX}/{uid:x}", dist.distributed_c10d._get_default_store())
+        self.alive = _group_mask_reader(buffer.group, buffer.group_size)
+        self.presence = Presence(store, buffer.rank, buffer.group_size, self.alive)
+        self.exchange = Exchange(buffer.group, buffer.rank, buffer.group_size)
+
+    def begin_call(self, mask: torch.Tensor, timeout_us: int) -> list[int]:
+        """Agrees on the ranks this rank exchanges with in this call; clears, in
+        ``mask``, the entries of the ranks it will not hear from, and returns the
+        participants ([] when the caller masked this rank itself: it takes no part)."""
+        self.calls += 1
+        call = self.calls
+        me = self.buffer.rank
+        local = mask.tolist()
+        if not local[me]:
+            return []
+        decided = self.presence.agree(call, mask_of(r for r, bit in enumerate(local) if bit), timeout_us)
+        self.presence.forget_old_calls(call)
+        updated = [bit if decided >> r & 1 else 0 for r, bit in enumerate(local)]
+        if updated != local:
+            mask.copy_(torch.tensor(updated, dtype=torch.int32))
+        return ranks_of(decided)
+
+    def end_call(self, mask: torch.Tensor, participants: list[int]) -> list[bool]:
+        """Masks participants the process group dropped during the exchange; returns the final mask."""
+        alive = self.alive()
+        local = mask.tolist()
+        updated = [bit if alive >> r & 1 else 0 for r, bit in enumerate(local)]
+        if updated != local:
+            mask.copy_(torch.tensor(updated, dtype=torch.int32))
+        return [bool(b) for b in updated]
+
+
+class Buffer:
+    """Dispatch/combine over ``group`` (a Mooncake process group, or any group
+    whose backend has all_to_all_single and point-to-point)."""
+
+    def __init__(self, group, num_ep_buffer_bytes: int = 0, disable_p2p: bool = False):
+        if not isinstance(group, dist.ProcessGroup):
+            raise TypeError(f"group: must be a torch.distributed ProcessGroup, got {type(group).__name__}")
+        self.group = group
+        self.rank = group.rank()
+        self.group_size = group.size()
+        # 0 means "sized on demand": the collective path allocates per call.
+        self.num_ep_buffer_bytes = checks.check_buffer(num_ep_buffer_bytes)
+        self.disable_p2p = bool(disable_p2p)  # no effect on the collective path
+        # The reference's flag for "no fast path here": this version has only the collective path.
+        self._use_fallback = True
+        self._connection: _Connection | None = None
+        self.connect()
+
+    # ------------------------------------------------------------------ setup
+    @staticmethod
+    def get_ep_buffer_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                                num_experts: int) -> int:
+        return ep_buffer_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
+
+    def connect(self, is_update: bool = False) -> None:
+        """Collective over the group: agrees on a fresh namespace for the call
+        agreement and restarts call numbering, so nothing of an earlier
+        connection (or of a process this one replaced) is ever read."""
+        del is_update  # same steps either way on the collective path
+        token = torch.tensor([secrets.randbits(62)], dtype=torch.int64, device=_control_device(self.group))
+        dist.all_reduce(token, op=dist.ReduceOp.MAX, group=self.group)
+        self._connection = _Connection(self, int(token.item()))
+
+    def update_ep_member(self) -> None:
+        """Call on every member after the group's membership changed (a rank
+        replaced or rejoined); handles of earlier dispatches become invalid."""
+        self.connect(True)
+
+    # ------------------------------------------------------------ dispatch
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, active_ranks: torch.Tensor | None,
+                 num_max_dispatch_tokens_per_rank: int, num_experts: int, timeout_us: int = -1,
+                 use_fp8: bool | None = None, async_finish: bool = False, return_recv_hook: bool = False):
+        """Sends every token to the ranks owning its top-k experts.
+
+        Returns ``(recv_x, recv_count, handle, event, hook)``: ``recv_x`` is
+        ``[L, R * T, hidden]`` bf16, or with ``use_fp8`` (default True, as in
+        the reference) a tuple of e4m3 data and float32 scales ``[L, R * T,
+        hidden / 128]``; rows of local expert ``le`` are ``recv_x[le,
+        :recv_count[le]]``, ordered by source rank, then token.
+        """
+        num_ranks = self.group_size
+        checks.check_tokens(x)
+        num_tokens, hidden = x.shape
+        checks.check_dispatch_shape(num_tokens, num_max_dispatch_tokens_per_rank, num_experts, num_ranks)
+        checks.check_topk_idx(topk_idx, num_tokens, num_experts, x.device)
+        timeout_us = checks.check_timeout(timeout_us)
+        checks.check_sync_mode(async_finish, return_recv_hook)
+        checks.check_buffer_size(self.num_ep_buffer_bytes, num_max_dispatch_tokens_per_rank, hidden, num_ranks,
+                                 num_experts)
+        use_fp8 = True if use_fp8 is None else bool(use_fp8)
+        mask = self._mask(active_ranks)
+
+        conn = self._connection
+        num_local = num_experts // num_ranks
+        slots = num_ranks * num_max_dispatch_tokens_per_rank
+        device = x.device
+        participants = conn.begin_call(mask, timeout_us)
+
+        num_topk = topk_idx.size(1)
+        if participants:
+            plan, rows, sources = self._send_tokens(x, topk_idx, mask, participants, num_local, use_fp8)
+        else:  # this rank takes no part: it sends nothing and receives nothing
+            nobody = torch.zeros(num_ranks, dtype=torch.bool, device=device)
+            plan, rows, sources = plan_sends(topk_idx, num_ranks, num_local, nobody), None, None
+        final = conn.end_call(mask, participants) if participants else [bool(b) for b in mask.tolist()]
+
+        src_info = torch.full((num_local, slots), -1, dtype=torch.int32, device=device)
+        if use_fp8:
+            # Allocated and written as bytes: not every device kernel takes float8 tensors.
+            data = torch.empty(num_local, slots, hidden, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+            # Scales are stored token-major per group, [L, hidden / 128, R * T], as the kernels write them.
+            scales = torch.empty(num_local, hidden // CHANNELS_PER_SCALE, slots, dtype=torch.float32,
+                                 device=device).transpose(1, 2)
+            recv_x = (data, scales)
+        else:
+            # Rows past each count are left unwritten, as in the reference.
+            data = torch.empty(num_local, slots, hidden, dtype=torch.bfloat16, device=device)
+            recv_x = data
+        kept = torch.zeros(num_ranks, num_local, dtype=torch.int64, device=device)
+        if rows is not None and rows.size(0):
+            # Rows of a source the group dropped during the exchange are not used.
+            rows, sources = self._from_live_sources(rows, sources, final)
+            payload_bytes = hidden if use_fp8 else 2 * hidden
+            scale_bytes = 4 * (hidden // CHANNELS_PER_SCALE) if use_fp8 else 0
+            index_at = payload_bytes + scale_bytes
+            picked = unpack_bits(rows[:, index_at + 4:index_at + 4 + bitmap_bytes(num_local)], num_local)
+            # One entry per (local expert, row), by local expert, then row: rows
+            # are already by source, then token, so blocks come out in layout order.
+            le, row = torch.nonzero(picked.t(), as_tuple=True)
+            kept = torch.bincount(sources[row] * num_local + le, minlength=num_ranks * num_local).view(
+                num_ranks, num_local)
+            per_expert = kept.sum(0)
+            slot = torch.arange(le.numel(), device=device) - (torch.cumsum(per_expert, 0) - per_expert)[le]
+            # Payloads move as int64 words (rows are 8-byte aligned; see _send_tokens): a
+            # byte-wise copy of the same rows is several times slower on CPU.
+            words = rows.view(torch.int64)
+            payload_words = payload_bytes // 8
+            data.view(torch.int64).view(num_local, slots, payload_words)[le, slot] = words[row, :payload_words]
+            if use_fp8:
+                scales[le, slot] = rows[row, payload_bytes:index_at].view(torch.float32)
+            src_info[le, slot] = rows[row, index_at:index_at + 4].view(torch.int32).squeeze(1)
+        begins = block_begins(kept)
+        recv_count = kept.sum(0).to(torch.int32)
+        layout_range = (begins << 32) | kept.t()
+
+        state = DispatchState(connection=conn, call=conn.calls, topk_idx=topk_idx.clone(), num_topk=num_topk,
+                              plan=plan, kept_counts=kept, begins=begins)
+        handle = DispatchHandle(src_info, layout_range, num_max_dispatch_tokens_per_rank, hidden, num_experts, state)
+        event = self._event(async_finish, device, (x, topk_idx, recv_x, recv_count, src_info, layout_range))
+        return recv_x, recv_count, handle, event, self._hook(return_recv_hook)
+
+    def _send_tokens(self, x, topk_idx, mask, participants, num_local, use_fp8):
+        """The two exchanges of dispatch: (1) every pair of participants swaps
+        whether it accepts rows from the other and how many it has for it;
+        (2) rows move between pairs that accept each other, one per (token,
+        destination rank): payload, token index, bitmap of picked local experts.
+        Returns the pick plan of what was sent (for combine), the rows received
+        (bytes, by source then token) and each row's source rank."""
+        conn = self._connection
+        num_ranks = self.group_size
+        device = x.device
+        willing = torch.tensor(mask.tolist(), dtype=torch.bool, device=device)
+        offer = token_rows(topk_idx, num_ranks, num_local, willing)
+        header = torch.stack([willing.to(torch.int64), offer.per_rank], dim=1)
+        answer = conn.exchange.same_size_blocks(header, participants)
+        mutual = willing & answer[:, 0].bool()
+        outgoing = offer if bool(torch.equal(mutual, willing)) else token_rows(topk_idx, num_ranks, num_local, mutual)
+        incoming = answer[:, 1] * mutual
+
+        tokens = outgoing.token
+        if use_fp8:
+            q, s = quantize(x)
+            parts = [q.view(torch.uint8)[tokens], s[tokens].view(torch.uint8)]
+        else:
+            parts = [x[tokens].view(torch.uint8)]
+        parts.append(tokens.to(torch.int32).unsqueeze(1).view(torch.uint8))
+        parts.append(pack_bits(outgoing.experts))
+        unaligned = sum(p.size(1) for p in parts) % 8
+        if unaligned:  # whole int64 words per row, so the receiver copies payloads word-wise
+            parts.append(torch.zeros(tokens.numel(), 8 - unaligned, dtype=torch.uint8, device=device))
+        send = torch.cat(parts, dim=1)
+        recv_counts = incoming.tolist()
+        rows = conn.exchange.rows(send, outgoing.per_rank.tolist(), recv_counts, participants)
+        sources = torch.repeat_interleave(torch.arange(num_ranks, device=device), incoming,
+                                          output_size=rows.size(0))
+        return plan_sends(topk_idx, num_ranks, num_local, mutual), rows, sources
+
+    @staticmethod
+    def _from_live_sources(rows, sources, final):
+        if all(final):
+            return rows, sources
+        live = torch.tensor(final, dtype=torch.bool, device=rows.device)[sources]
+        return rows[live], sources[live]
+
+    # ------------------------------------------------------------- combine
+    def combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                active_ranks: torch.Tensor | None, timeout_us: int, handle, zero_copy: bool = False,
+                async_finish: bool = False, return_recv_hook: bool = False, out: torch.Tensor | None = None):
+        """Sends each expert output row back to its token's rank and reduces there:
+        ``out[t] = sum over picks k of topk_weights[t, k] * y[t, k]`` in float32,
+        rounded to bf16 once, over picks that are not -1 and whose expert's rank is
+        active. Returns ``(combined_x, event, hook)``."""
+        state = self._state_of(handle)
+        _, _, tokens_per_rank, hidden, num_experts = handle
+        num_ranks = self.group_size
+        num_local = num_experts // num_ranks
+        slots = num_ranks * tokens_per_rank
+        checks.check_combine_inputs(x, topk_idx, topk_weights, out, (num_local, slots, hidden), state)
+        timeout_us = checks.check_timeout(timeout_us)
+        checks.check_sync_mode(async_finish, return_recv_hook)
+        checks.check_buffer_size(self.num_ep_buffer_bytes, tokens_per_rank, hidden, num_ranks, num_experts)
+        source = x
+        if zero_copy:
+            if state.next_combine_buffer is None:
+                raise ValueError("zero_copy: True needs the buffer of get_next_combine_buffer(handle), "
+                                 "filled with the expert outputs, before combine")
+            source = state.next_combine_buffer
+        mask = self._mask(active_ranks)
+        conn = self._connection
+        participants = conn.begin_call(mask, timeout_us)
+        num_tokens, num_topk = topk_idx.shape
+        device = x.device
+        total = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=device)
+        if participants:
+            picks, rows = self._return_rows(source.reshape(num_local * slots, hidden).contiguous(), state, participants,
+                                            num_local, slots)
+            final = conn.end_call(mask, participants)
+            # A returned row counts when its expert's rank is still active.
+            active_now = torch.tensor(final, dtype=torch.bool, device=device)
+            owner_active = active_now[topk_idx.reshape(-1)[picks] // num_local]
+            picks, rows = picks[owner_active], rows[owner_active]
+            token, slot = picks // num_topk, picks % num_topk
+            weights = topk_weights[token, slot].unsqueeze(1)
+            # One top-k slot after another (a token has at most one row per slot):
+            # multiply, then add, in float32, so every token sums its picks in slot
+            # order, whatever the device, and the result is reproducible.
+            for k in range(num_topk):
+                in_slot = torch.nonzero(slot == k).squeeze(1)
+                if in_slot.numel():
+                    total.index_add_(0, token[in_slot], rows[in_slot].float() * weights[in_slot])
+        combined = out if out is not None else torch.empty(num_tokens, hidden, dtype=torch.bfloat16, device=device)
+        combined.copy_(total)
+        event = self._event(async_finish, device, (x, topk_idx, topk_weights, combined))
+        return combined, event, self._hook(return_recv_hook)
+
+    def _return_rows(self, source, state: DispatchState, participants, num_local, slots):
+        """Expert side: rows of each source rank go back in the order they came.
+        Token side: rows come back along the plan; returns the picks (flat
+        positions) they answer and the rows."""
+        conn = self._connection
+        num_ranks = self.group_size
+        device = source.device
+        taking_part = torch.zeros(num_ranks, dtype=torch.bool, device=device)
+        taking_part[participants] = True
+        seg = segments(state.kept_counts, state.begins)
+        to_send = taking_part[seg.source]
+        # Rows move as int64 words (hidden is a multiple of 128): faster than bf16 elements on CPU.
+        send = source.view(torch.int64)[(seg.local_expert * slots + seg.slot)[to_send]].view(torch.bfloat16)
+        send_counts = (state.kept_counts.sum(1) * taking_part).tolist()
+        plan: SendPlan = state.plan
+        comes_back = taking_part[plan.experts // num_local]
+        recv_counts = (plan.counts.sum(1) * taking_part).tolist()
+        got = conn.exchange.rows(send, send_counts, recv_counts, participants)
+        return plan.picks[comes_back], got
+
+    def get_next_combine_buffer(self, handle) -> torch.Tensor:
+        """A bf16 [L, R * T, hidden] tensor to write expert outputs into; then
+        ``combine(..., handle, zero_copy=True)`` reads them from there."""
+        state = self._state_of(handle)
+        src_info, _, tokens_per_rank, hidden, num_experts = handle
+        if state.next_combine_buffer is None:
+            state.next_combine_buffer = torch.empty(num_experts // self.group_size,
+                                                    self.group_size * tokens_per_rank, hidden,
+                                                    dtype=torch.bfloat16, device=src_info.device)
+        return state.next_combine_buffer
+
+    # ------------------------------------------------------------- helpers
+    def _state_of(self, handle) -> DispatchState:
+        if not isinstance(handle, DispatchHandle):
+            raise TypeError("handle: must be the handle returned by this Buffer's dispatch, "
+                            f"got {type(handle).__name__}")
+        state = handle.state
+        if state.connection is not self._connection:
+            if state.connection.buffer is self:
+                raise ValueError("handle: comes from a dispatch before update_ep_member(); dispatch again")
+            raise ValueError("handle: belongs to a dispatch of another Buffer")
+        return state
+
+    def _mask(self, active_ranks):
+        mask = checks.check_active_ranks(active_ranks, self.group_size)
+        if mask is None:
+            alive = self._connection.alive()
+            mask = torch.tensor([alive >> r & 1 for r in range(self.group_size)], dtype=torch.int32)
+        return mask
+
+    @staticmethod
+    def _event(async_finish: bool, device, tensors) -> EventOverlap:
+        if async_finish:
+            return EventOverlap(EventHandle(device), tensors)
+        return EventOverlap(None)
+
+    @staticmethod
+    def _hook(return_recv_hook: bool):
+        # Everything was received before returning; the hook only keeps the API.
+        return (lambda: None) if return_recv_hook else None

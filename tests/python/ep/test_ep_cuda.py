@@ -1,0 +1,53 @@
+"""The dispatch/combine grid and a late rank, on CUDA tensors over the
+``mooncake`` CUDA backend: the same collective path and the same checks as
+the CPU tests (test_ep_grid.py, test_ep_failures.py). Ranks share the GPUs
+round-robin (several ranks on one GPU is fine: the backend's data plane uses
+CUDA IPC). Skipped without a GPU."""
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from _ep_refs import GRID, Case
+from _ep_rounds import RANK_ENV, buffer_of, run_grid, run_round
+from _harness import World
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason="needs a CUDA GPU: these run the CPU tests' checks on CUDA tensors over the "
+                              "'mooncake' CUDA backend (CI has no GPU)"),
+]
+
+
+def _pick_gpu(rank, size):
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+
+
+def _world(size):
+    return World(size, gloo=False, env=RANK_ENV, backend="mooncake", before_init=_pick_gpu)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_dispatch_combine_grid_on_cuda(world_size):
+    with _world(world_size) as world:
+        assert world.run(run_grid, GRID, "cuda", timeout=240) == [len(GRID)] * world_size
+
+
+def _late_rank_on_cuda(ctx, late, stall_s, timeout_us):
+    case = Case(hidden=256, experts_per_rank=3, num_topk=4, tokens=6, masked=0.1, fp8=True)
+    buffer_of(ctx)
+    dist.barrier()
+    expect = [0 if r == late else 1 for r in range(ctx.size)]
+    if ctx.rank == late:
+        time.sleep(stall_s)
+    run_round(ctx, case, timeout_us=timeout_us, expect_active=expect, device="cuda")
+    run_round(ctx, case, active=[1] * ctx.size, timeout_us=-1, device="cuda")
+    return True
+
+
+def test_late_rank_on_cuda_is_masked_and_rejoins():
+    with _world(3) as world:
+        assert world.run(_late_rank_on_cuda, 1, 3.0, 1_000_000, timeout=120) == [True] * 3
