@@ -40,7 +40,9 @@ def _late_rank_on_cuda(ctx, late, stall_s, timeout_us):
     case = Case(hidden=256, experts_per_rank=3, num_topk=4, tokens=6, masked=0.1, fp8=True)
     buffer_of(ctx)
     dist.barrier()
-    expect = [0 if r == late else 1 for r in range(ctx.size)]
+    # The others mask the late rank; the late rank, left out, masks them and goes on alone.
+    expect = ([1 if r == late else 0 for r in range(ctx.size)] if ctx.rank == late
+              else [0 if r == late else 1 for r in range(ctx.size)])
     if ctx.rank == late:
         time.sleep(stall_s)
     run_round(ctx, case, timeout_us=timeout_us, expect_active=expect, device="cuda")
