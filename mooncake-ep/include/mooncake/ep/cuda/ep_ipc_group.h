@@ -1,0 +1,115 @@
+// Expert-parallel low-latency dispatch and combine between the processes of
+// one host, over CUDA IPC, ordered on the caller's stream. Torch-free: every
+// tensor is a device pointer with the layout written next to it. Several
+// ranks may share one GPU (the tests run that way).
+//
+// Semantics are those of the collective path (docs/ep.md): rows of a local
+// expert are ordered by source rank, then token index at the source; FP8 is
+// e4m3 with one float32 scale per token per 128 channels; combine weights at
+// the token's rank in float32, one pick after another in top-k order, and
+// rounds to bf16 once. The two paths agree bit for bit. Design, layouts and
+// signals: docs/ep-kernels.md.
+//
+// Every rank owns one receive region in device memory, exported with CUDA
+// IPC and mapped by every peer; senders write rows straight into the
+// destination's region and then raise a signal word that carries the call's
+// sequence number (release); receivers wait for it (acquire), bounded by the
+// call's timeout, and mask a source that does not come in time.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace mooncake::ep::cuda {
+
+constexpr int kMaxEpRanks = 32;  // ranks of one group on one host (kernel arguments hold a pointer per rank)
+
+struct EpIpcGroupOptions {
+  int max_tokens_per_rank = 0;  // T: the most tokens one rank dispatches in one call
+  int hidden = 0;               // H: a multiple of 128
+  int num_experts = 0;          // E: a multiple of the number of ranks
+  int device = -1;              // CUDA ordinal in this process; -1: the current device
+  // How long open() and the destructor wait for the peers.
+  std::chrono::milliseconds attach_timeout{std::chrono::seconds(60)};
+};
+
+// Device bytes of one rank's receive region for these sizes (both parities).
+size_t epReceiveRegionBytes(int max_tokens_per_rank, int hidden, int num_experts, int num_ranks);
+
+// Inputs and outputs of dispatch, all in device memory of the group's device.
+// L = E / R local experts, S = R * T rows per local expert.
+struct DispatchArgs {
+  const void* x = nullptr;            // bf16 [num_tokens, H]
+  const int64_t* topk_idx = nullptr;  // [num_tokens, num_topk], entries in [-1, E); -1 = no expert
+  int num_tokens = 0;                 // <= T
+  int num_topk = 0;
+  int32_t* active_ranks = nullptr;  // [R], read and updated: a source that times out is set to 0
+  int64_t timeout_us = -1;          // -1: wait as long as the peer process lives
+  bool use_fp8 = false;
+  void* recv_x = nullptr;          // bf16 [L, S, H], or with use_fp8 e4m3 bytes [L, S, H]
+  float* recv_scales = nullptr;    // use_fp8 only: float32 stored as [L, H / 128, S]
+  int32_t* recv_count = nullptr;   // [L]
+  int32_t* src_info = nullptr;     // [L, S]: token index at the source rank; -1 past the count
+  int64_t* layout_range = nullptr;  // [L, R]: (begin << 32) | count of each source's rows
+};
+
+// Inputs and outputs of combine. y, src_info and layout_range are in the row
+// order of the dispatch they answer; topk_idx is the one that dispatch sent.
+struct CombineArgs {
+  const void* y = nullptr;  // bf16 [L, S, H]: expert outputs (rows past each count are never read)
+  const int32_t* src_info = nullptr;
+  const int64_t* layout_range = nullptr;
+  const int64_t* topk_idx = nullptr;      // [num_tokens, num_topk]
+  const float* topk_weights = nullptr;    // [num_tokens, num_topk]
+  int num_tokens = 0;
+  int num_topk = 0;
+  int32_t* active_ranks = nullptr;
+  int64_t timeout_us = -1;
+  void* out = nullptr;  // bf16 [num_tokens, H]
+};
+
+class EpIpcGroup {
+ public:
+  // Collective: rank 0 creates the control block `name` (a POSIX shm name,
+  // "/..."), every rank allocates and exports its receive region and maps
+  // every peer's. Returns null and sets *error when that fails. Every rank
+  // must pass the same sizes.
+  static std::unique_ptr<EpIpcGroup> open(const std::string& name, int rank, int num_ranks,
+                                          const EpIpcGroupOptions& options, std::string* error);
+  // Collective when the peers are alive (bounded by attach_timeout): waits
+  // for this rank's work on the device, then for every live peer, so that no
+  // peer writes into a region being freed.
+  ~EpIpcGroup();
+  EpIpcGroup(const EpIpcGroup&) = delete;
+  EpIpcGroup& operator=(const EpIpcGroup&) = delete;
+
+  int rank() const;
+  int numRanks() const;
+  int device() const;
+  const EpIpcGroupOptions& options() const;
+
+  // Enqueue on `stream`; nothing blocks the host. Every rank must issue the
+  // same sequence of dispatch and combine calls (the sequence number pairs
+  // them). Returns false with *error when the arguments are invalid (nothing
+  // is enqueued then) or a launch failed.
+  bool dispatch(const DispatchArgs& args, cudaStream_t stream, std::string* error);
+  bool combine(const CombineArgs& args, cudaStream_t stream, std::string* error);
+
+  // Releases every wait of this rank's kernels, now and later: they treat
+  // every peer they still wait for as timed out. For a caller that gives up
+  // on a call with timeout_us = -1.
+  void abortWaits();
+
+  struct State;
+
+ private:
+  explicit EpIpcGroup(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace mooncake::ep::cuda

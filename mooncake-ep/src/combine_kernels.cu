@@ -1,0 +1,112 @@
+// Combine in three kernels on the caller's stream:
+//   send    one block per (token rank d, local expert le): the rows of d's
+//           segment in le's block (layout_range of the dispatch) go to d's
+//           region, slot (parity, global expert, token index at d from
+//           src_info); then the signal of (parity, global expert) on d.
+//   wait    one block: waits for the signal of every global expert from its
+//           owner, bounded; a late owner is masked.
+//   reduce  one block per token: out[t] = sum over k, in k order, of
+//           w[t, k] * row(expert of pick k, t), float32 multiply then add,
+//           rounded to bf16 once; picks that are -1 or whose owner is masked
+//           (after the wait) are skipped. The collective path's arithmetic.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "kernel_args.h"
+#include "signals.cuh"
+
+namespace mooncake::ep::cuda {
+namespace {
+
+constexpr int kSendThreads = 512;
+constexpr int kWaitThreads = 1024;
+constexpr int kWarp = 32;
+constexpr int kChannelsPerThread = 8;  // one 16-byte load of bf16
+
+__global__ void __launch_bounds__(kSendThreads) combineSendKernel(EpKernelContext ctx, CombineArgs args) {
+  const RegionLayout& lay = ctx.layout;
+  const int dest = blockIdx.x / lay.L, le = blockIdx.x % lay.L;
+  // One decision for the whole block (it meets at a barrier below).
+  const bool skip = threadIdx.x == 0 && skipDestination(args.active_ranks, ctx.escape, ctx.rank, dest);
+  if (__syncthreads_or(skip)) return;
+  char* region = ctx.regions[dest];
+  const int expert = ctx.rank * lay.L + le;
+  const size_t rows_per_expert = static_cast<size_t>(lay.R) * lay.T;
+  const int64_t range = args.layout_range[le * lay.R + dest];
+  const int begin = static_cast<int>(range >> 32), count = static_cast<int>(range & 0xffffffff);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  constexpr int kWarps = kSendThreads / kWarp;
+  const size_t vectors = static_cast<size_t>(lay.H) * 2 / 16;
+  for (int i = warp; i < count; i += kWarps) {
+    const size_t row = le * rows_per_expert + begin + i;
+    const int token = args.src_info[row];
+    if (token < 0 || token >= lay.T) continue;  // not a dispatch handle's row: never write out of the slot table
+    const int4* src = reinterpret_cast<const int4*>(static_cast<const __nv_bfloat16*>(args.y) + row * lay.H);
+    int4* dst = reinterpret_cast<int4*>(region + lay.combineRow(ctx.parity, expert, token));
+    for (size_t v = lane; v < vectors; v += kWarp) dst[v] = src[v];
+  }
+  // Rows visible at system scope before the signal (release).
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    publishSignal(region, lay.combineSignal(ctx.parity, expert), ctx.sequence, static_cast<uint32_t>(count));
+  }
+}
+
+__global__ void __launch_bounds__(kWaitThreads) combineWaitKernel(EpKernelContext ctx, CombineArgs args) {
+  const RegionLayout& lay = ctx.layout;
+  if (loadActive(args.active_ranks + ctx.rank) == 0) return;  // no part in this call: the output is zero
+  const char* region = ctx.regions[ctx.rank];
+  const uint64_t start = globaltimer_ns();
+  for (int expert = threadIdx.x; expert < lay.E; expert += blockDim.x) {
+    // The count is not needed: the rows are addressed by token.
+    waitSignal(region, lay.combineSignal(ctx.parity, expert), ctx.sequence, expert / lay.L, args.active_ranks,
+               ctx.escape, start, ctx.timeout_ns);
+  }
+}
+
+__global__ void combineReduceKernel(EpKernelContext ctx, CombineArgs args) {
+  const RegionLayout& lay = ctx.layout;
+  const int token = blockIdx.x;
+  const bool self_active = loadActive(args.active_ranks + ctx.rank) != 0;
+  const char* region = ctx.regions[ctx.rank];
+  for (int c = threadIdx.x * kChannelsPerThread; c < lay.H; c += blockDim.x * kChannelsPerThread) {
+    float acc[kChannelsPerThread];
+    for (int i = 0; i < kChannelsPerThread; ++i) acc[i] = 0.0f;
+    for (int k = 0; self_active && k < args.num_topk; ++k) {
+      const int64_t expert = args.topk_idx[static_cast<size_t>(token) * args.num_topk + k];
+      if (expert < 0 || loadActive(args.active_ranks + expert / lay.L) == 0) continue;
+      const float w = args.topk_weights[static_cast<size_t>(token) * args.num_topk + k];
+      // Written by the owner before its signal, which the wait kernel
+      // acquired before this kernel began (stream order). Loaded through L2
+      // only, where the owner's stores land, never from a stale L1 line.
+      const int4 raw = __ldcg(reinterpret_cast<const int4*>(
+          region + lay.combineRow(ctx.parity, static_cast<int>(expert), token) + static_cast<size_t>(c) * 2));
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+      for (int i = 0; i < kChannelsPerThread / 2; ++i) {
+        // Multiply, then add, each rounded: never fused into an FMA.
+        acc[2 * i] = __fadd_rn(acc[2 * i], __fmul_rn(__low2float(pairs[i]), w));
+        acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], __fmul_rn(__high2float(pairs[i]), w));
+      }
+    }
+    int4 packed;
+    __nv_bfloat162* out_pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
+    for (int i = 0; i < kChannelsPerThread / 2; ++i) out_pairs[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+    *reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(args.out) + static_cast<size_t>(token) * lay.H + c) = packed;
+  }
+}
+
+}  // namespace
+
+cudaError_t launchCombine(const EpKernelContext& ctx, const CombineArgs& args, cudaStream_t stream) {
+  combineSendKernel<<<ctx.layout.E, kSendThreads, 0, stream>>>(ctx, args);
+  combineWaitKernel<<<1, kWaitThreads, 0, stream>>>(ctx, args);
+  if (args.num_tokens > 0) {
+    const int threads = std::min(1024, ctx.layout.H / kChannelsPerThread);
+    combineReduceKernel<<<args.num_tokens, threads, 0, stream>>>(ctx, args);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace mooncake::ep::cuda

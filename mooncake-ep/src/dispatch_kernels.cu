@@ -1,0 +1,185 @@
+// Dispatch in three kernels on the caller's stream:
+//   send  one block per global expert e (destination rank d = e / L): scans
+//         this rank's tokens in order, and writes each token that picked e
+//         into d's region, slot (parity, local expert, this rank, n-th token
+//         that picked e); then publishes the count with the call's sequence.
+//         Slots in token order make every (source, expert) segment ordered by
+//         token, deterministically, without atomics.
+//   wait  one block: waits for every (local expert, source) signal, bounded;
+//         then lays the segments out by source rank (layout_range,
+//         recv_count) from the final mask.
+//   copy  one block per (local expert, source): moves the segment's rows
+//         from the receive region into recv_x / recv_scales / src_info, and
+//         fills src_info past the count with -1.
+#include <cuda_bf16.h>
+
+#include "fp8_quant.cuh"
+#include "kernel_args.h"
+#include "signals.cuh"
+
+namespace mooncake::ep::cuda {
+namespace {
+
+constexpr int kSendThreads = 512;
+constexpr int kWaitThreads = 1024;
+constexpr int kCopyThreads = 512;
+constexpr int kWarp = 32;
+
+__device__ __forceinline__ bool picks(const int64_t* topk_idx, int token, int num_topk, int expert) {
+  for (int k = 0; k < num_topk; ++k) {
+    if (topk_idx[static_cast<size_t>(token) * num_topk + k] == expert) return true;
+  }
+  return false;
+}
+
+// 16-byte copy of `bytes` (a multiple of 16) by one warp.
+__device__ __forceinline__ void warpCopy(void* dst, const void* src, size_t bytes, int lane) {
+  int4* d = static_cast<int4*>(dst);
+  const int4* s = static_cast<const int4*>(src);
+  for (size_t i = lane; i < bytes / 16; i += kWarp) d[i] = s[i];
+}
+
+// The same out of the receive region, which peers write: loads cached in L2
+// only (the point of coherence for this GPU, where the peers' stores land),
+// never in a possibly stale L1 line of an earlier call.
+__device__ __forceinline__ void warpCopyFromRegion(void* dst, const void* src, size_t bytes, int lane) {
+  int4* d = static_cast<int4*>(dst);
+  const int4* s = static_cast<const int4*>(src);
+  for (size_t i = lane; i < bytes / 16; i += kWarp) d[i] = __ldcg(s + i);
+}
+
+__global__ void __launch_bounds__(kSendThreads) dispatchSendKernel(EpKernelContext ctx, DispatchArgs args) {
+  const RegionLayout& lay = ctx.layout;
+  const int expert = blockIdx.x, dest = expert / lay.L, le = expert % lay.L;
+  // Nothing goes to a rank this rank masks, and a rank masked by its own
+  // caller takes no part at all: not even signals (the peers then give up
+  // on it, or skip it if they mask it too).
+  // One decision for the whole block (it meets at barriers below).
+  const bool skip = threadIdx.x == 0 && skipDestination(args.active_ranks, ctx.escape, ctx.rank, dest);
+  if (__syncthreads_or(skip)) return;
+  char* region = ctx.regions[dest];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  constexpr int kWarps = kSendThreads / kWarp;
+  __shared__ int warp_totals[kWarps];
+  __shared__ int chunk_tokens[kSendThreads];
+  __shared__ int sent_before;  // tokens of earlier chunks that picked `expert`
+  if (threadIdx.x == 0) sent_before = 0;
+  __syncthreads();
+  for (int base = 0; base < args.num_tokens; base += kSendThreads) {
+    // Slot of each picking token in this chunk: an exclusive scan in token order.
+    const int token = base + threadIdx.x;
+    const bool picked = token < args.num_tokens && picks(args.topk_idx, token, args.num_topk, expert);
+    const unsigned ballot = __ballot_sync(0xffffffffu, picked);
+    if (lane == 0) warp_totals[warp] = __popc(ballot);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      before += w < warp ? warp_totals[w] : 0;
+      total += warp_totals[w];
+    }
+    if (picked) chunk_tokens[before + __popc(ballot & ((1u << lane) - 1))] = token;
+    __syncthreads();
+    for (int i = warp; i < total; i += kWarps) {
+      const int t = chunk_tokens[i];
+      char* message = region + lay.dispatchMessage(ctx.parity, le, ctx.rank, sent_before + i);
+      const auto* src = static_cast<const __nv_bfloat16*>(args.x) + static_cast<size_t>(t) * lay.H;
+      if (lane == 0) *reinterpret_cast<int32_t*>(message) = t;
+      char* payload = message + kMessageHeaderBytes;
+      if (args.use_fp8) {
+        quantizeTokenWarp(src, reinterpret_cast<uint8_t*>(payload), reinterpret_cast<float*>(payload + lay.H), lay.H,
+                          lane);
+      } else {
+        warpCopy(payload, src, 2 * static_cast<size_t>(lay.H), lane);
+      }
+    }
+    __syncthreads();  // chunk_tokens and warp_totals are reused by the next chunk
+    if (threadIdx.x == 0) sent_before += total;
+    __syncthreads();
+  }
+  // Every thread's rows visible at system scope, then one release store.
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    publishSignal(region, lay.dispatchSignal(ctx.parity, le, ctx.rank), ctx.sequence,
+                  static_cast<uint32_t>(sent_before));
+  }
+}
+
+__global__ void __launch_bounds__(kWaitThreads) dispatchWaitKernel(EpKernelContext ctx, DispatchArgs args) {
+  const RegionLayout& lay = ctx.layout;
+  const char* region = ctx.regions[ctx.rank];
+  const bool self_active = loadActive(args.active_ranks + ctx.rank) != 0;
+  const uint64_t start = globaltimer_ns();
+  // Pass 1: each (local expert, source) pair's count, or 0 when given up;
+  // layout_range holds the bare counts meanwhile.
+  for (int pair = threadIdx.x; pair < lay.L * lay.R; pair += blockDim.x) {
+    const int le = pair / lay.R, src = pair % lay.R;
+    int count = 0;
+    if (self_active) {
+      count = waitSignal(region, lay.dispatchSignal(ctx.parity, le, src), ctx.sequence, src, args.active_ranks,
+                         ctx.escape, start, ctx.timeout_ns);
+    }
+    // A count never exceeds T (a sender has at most T tokens); the clamp
+    // keeps a rank that was handed a different T from writing out of bounds.
+    args.layout_range[pair] = count < 0 ? 0 : min(count, lay.T);
+  }
+  __syncthreads();  // every wait is over: the mask is final for this call
+  // Pass 2: segments one after another by source rank; a source masked by
+  // now contributes nothing to any expert, even where its signal came.
+  for (int le = threadIdx.x; le < lay.L; le += blockDim.x) {
+    int64_t begin = 0;
+    for (int src = 0; src < lay.R; ++src) {
+      const int64_t count = loadActive(args.active_ranks + src) != 0 ? args.layout_range[le * lay.R + src] : 0;
+      args.layout_range[le * lay.R + src] = begin << 32 | count;
+      begin += count;
+    }
+    args.recv_count[le] = static_cast<int32_t>(begin);
+  }
+}
+
+__global__ void __launch_bounds__(kCopyThreads) dispatchCopyKernel(EpKernelContext ctx, DispatchArgs args) {
+  const RegionLayout& lay = ctx.layout;
+  const int le = blockIdx.x, src = blockIdx.y;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  constexpr int kWarps = kCopyThreads / kWarp;
+  const size_t rows_per_expert = static_cast<size_t>(lay.R) * lay.T;
+  const int64_t range = args.layout_range[le * lay.R + src];
+  const int begin = static_cast<int>(range >> 32), count = static_cast<int>(range & 0xffffffff);
+  const char* region = ctx.regions[ctx.rank];
+  // The wait kernel's acquire loads ended before this kernel began (stream
+  // order), so the rows are visible here (read through L2, see warpCopyFromRegion).
+  for (int i = warp; i < count; i += kWarps) {
+    const char* message = region + lay.dispatchMessage(ctx.parity, le, src, i);
+    const size_t row = le * rows_per_expert + begin + i;
+    if (lane == 0) args.src_info[row] = __ldcg(reinterpret_cast<const int32_t*>(message));
+    const char* payload = message + kMessageHeaderBytes;
+    if (args.use_fp8) {
+      warpCopyFromRegion(static_cast<uint8_t*>(args.recv_x) + row * lay.H, payload, lay.H, lane);
+      const float* scales = reinterpret_cast<const float*>(payload + lay.H);
+      for (int g = lane; g < lay.H / kChannelsPerScale; g += kWarp) {
+        args.recv_scales[(static_cast<size_t>(le) * (lay.H / kChannelsPerScale) + g) * rows_per_expert + begin + i] =
+            __ldcg(scales + g);
+      }
+    } else {
+      warpCopyFromRegion(static_cast<__nv_bfloat16*>(args.recv_x) + row * lay.H, payload,
+                         2 * static_cast<size_t>(lay.H), lane);
+    }
+  }
+  // Rows past the count have no source: src_info -1 (recv_x stays unwritten).
+  const int total = args.recv_count[le];
+  for (size_t j = static_cast<size_t>(total) + static_cast<size_t>(src) * blockDim.x + threadIdx.x;
+       j < rows_per_expert; j += static_cast<size_t>(lay.R) * blockDim.x) {
+    args.src_info[le * rows_per_expert + j] = -1;
+  }
+}
+
+}  // namespace
+
+cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args, cudaStream_t stream) {
+  dispatchSendKernel<<<ctx.layout.E, kSendThreads, 0, stream>>>(ctx, args);
+  dispatchWaitKernel<<<1, kWaitThreads, 0, stream>>>(ctx, args);
+  dispatchCopyKernel<<<dim3(ctx.layout.L, ctx.layout.R), kCopyThreads, 0, stream>>>(ctx, args);
+  return cudaGetLastError();
+}
+
+}  // namespace mooncake::ep::cuda

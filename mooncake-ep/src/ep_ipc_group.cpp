@@ -1,0 +1,244 @@
+// EpIpcGroup: opening (receive region, IPC exchange), closing (a handshake
+// so that no peer writes into a region being freed), argument checks, and
+// the per-call sequence numbers. The kernels are in dispatch_kernels.cu and
+// combine_kernels.cu.
+#include "mooncake/ep/cuda/ep_ipc_group.h"
+
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "ep_control_block.h"
+#include "kernel_args.h"
+
+namespace mooncake::ep::cuda {
+namespace {
+
+std::string cudaWhat(const char* call, cudaError_t err) {
+  cudaGetLastError();  // clear it: the next call must not report it again
+  return std::string(call) + ": " + cudaGetErrorString(err);
+}
+
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    cudaGetDevice(&saved_);
+    if (saved_ != device) cudaSetDevice(device);
+  }
+  ~DeviceScope() {
+    int now = -1;
+    cudaGetDevice(&now);
+    if (now != saved_) cudaSetDevice(saved_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int saved_ = -1;
+};
+
+std::string checkSizes(int rank, int num_ranks, const EpIpcGroupOptions& o) {
+  if (num_ranks < 1 || num_ranks > kMaxEpRanks || rank < 0 || rank >= num_ranks) {
+    return "invalid rank/size (at most " + std::to_string(kMaxEpRanks) + " ranks)";
+  }
+  if (o.max_tokens_per_rank < 1 || o.hidden < kChannelsPerScale || o.hidden % kChannelsPerScale != 0 ||
+      o.hidden > 8192) {
+    return "max_tokens_per_rank must be >= 1 and hidden a multiple of 128 up to 8192";
+  }
+  if (o.num_experts < num_ranks || o.num_experts % num_ranks != 0) {
+    return "num_experts must be a positive multiple of the number of ranks";
+  }
+  return {};
+}
+
+}  // namespace
+
+size_t epReceiveRegionBytes(int max_tokens_per_rank, int hidden, int num_experts, int num_ranks) {
+  return RegionLayout::make(max_tokens_per_rank, hidden, num_experts, num_ranks).total;
+}
+
+struct EpIpcGroup::State {
+  int rank = 0;
+  int num_ranks = 0;
+  int device = 0;
+  EpIpcGroupOptions options;
+  RegionLayout layout;
+  char* region = nullptr;            // this rank's receive region
+  std::vector<char*> peer_regions;   // every rank's, as mapped here
+  std::unique_ptr<EpControlBlock> control;
+  std::mutex mutex;                  // calls are numbered one at a time
+  uint32_t dispatch_sequence = 0;    // of the last dispatch; the first is 1
+  uint32_t combine_sequence = 0;
+
+  // Sequence numbers skip 0, the value of a signal word nobody wrote yet.
+  static uint32_t next(uint32_t& sequence) {
+    if (++sequence == 0) ++sequence;
+    return sequence;
+  }
+
+  EpKernelContext context(uint32_t sequence, int64_t timeout_us) const {
+    EpKernelContext ctx;
+    ctx.layout = layout;
+    ctx.rank = rank;
+    ctx.sequence = sequence;
+    ctx.parity = static_cast<int>(sequence & 1);
+    for (int r = 0; r < num_ranks; ++r) ctx.regions[r] = peer_regions[r];
+    ctx.escape.departed = control->deviceDeparted();
+    ctx.escape.abort = control->deviceAbort();
+    ctx.timeout_ns = timeout_us < 0 ? -1 : timeout_us * 1000;
+    return ctx;
+  }
+
+  ~State() {
+    for (int q = 0; q < static_cast<int>(peer_regions.size()); ++q) {
+      if (q != rank && peer_regions[q] != nullptr) cudaIpcCloseMemHandle(peer_regions[q]);
+    }
+    if (region != nullptr) cudaFree(region);
+    control.reset();
+  }
+};
+
+std::unique_ptr<EpIpcGroup> EpIpcGroup::open(const std::string& name, int rank, int num_ranks,
+                                             const EpIpcGroupOptions& options, std::string* error) {
+  auto state = std::make_unique<State>();
+  auto fail = [&](const std::string& why) -> std::unique_ptr<EpIpcGroup> {
+    if (error) *error = "EP IPC group '" + name + "' (rank " + std::to_string(rank) + "): " + why;
+    return nullptr;
+  };
+  if (std::string why = checkSizes(rank, num_ranks, options); !why.empty()) return fail(why);
+  state->rank = rank;
+  state->num_ranks = num_ranks;
+  state->options = options;
+  cudaError_t err = cudaSuccess;
+  if (options.device >= 0) {
+    state->device = options.device;
+  } else if ((err = cudaGetDevice(&state->device)) != cudaSuccess) {
+    return fail(cudaWhat("cudaGetDevice", err));
+  }
+  DeviceScope scope(state->device);
+  state->layout = RegionLayout::make(options.max_tokens_per_rank, options.hidden, options.num_experts, num_ranks);
+  if ((err = cudaMalloc(reinterpret_cast<void**>(&state->region), state->layout.total)) != cudaSuccess) {
+    return fail(cudaWhat("cudaMalloc of the receive region", err));
+  }
+  // Signals must read 0 (no sequence) before any peer can write into the
+  // region: zero it and wait before publishing the handle. Rows need no
+  // clearing: a row is read only after a signal says it was written.
+  if ((err = cudaMemset(state->region, 0, state->layout.dispatch_rows)) != cudaSuccess ||
+      (err = cudaDeviceSynchronize()) != cudaSuccess) {
+    return fail(cudaWhat("cudaMemset", err));
+  }
+  EpControlBlock::Identity identity;
+  identity.device = state->device;
+  identity.region_bytes = state->layout.total;
+  if (num_ranks > 1) {
+    cudaIpcMemHandle_t handle;
+    static_assert(sizeof(handle) == kIpcHandleBytes);
+    if ((err = cudaIpcGetMemHandle(&handle, state->region)) != cudaSuccess) {
+      return fail(cudaWhat("cudaIpcGetMemHandle", err));
+    }
+    std::memcpy(identity.region_handle, &handle, sizeof(handle));
+  }
+  std::string why;
+  state->control = EpControlBlock::open(name, rank, num_ranks, options, identity, &why);
+  if (!state->control) {
+    if (error) *error = why;
+    return nullptr;
+  }
+  if (!(why = state->control->registerWithCuda()).empty()) return fail(why);
+  state->peer_regions.assign(num_ranks, nullptr);
+  state->peer_regions[rank] = state->region;
+  for (int q = 0; q < num_ranks; ++q) {
+    if (q == rank) continue;
+    cudaIpcMemHandle_t handle;
+    std::memcpy(&handle, state->control->slot(q).region_handle, sizeof(handle));
+    void* mapped = nullptr;
+    // Lazy peer access: ranks on other GPUs of the host are reached through it.
+    if ((err = cudaIpcOpenMemHandle(&mapped, handle, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess) {
+      // The peers that did open wait for this rank in calls: mark it gone.
+      state->control->header().departed[rank].store(1, std::memory_order_release);
+      return fail("opening the receive region of rank " + std::to_string(q) + ": " +
+                  cudaWhat("cudaIpcOpenMemHandle", err));
+    }
+    state->peer_regions[q] = static_cast<char*>(mapped);
+  }
+  return std::unique_ptr<EpIpcGroup>(new EpIpcGroup(std::move(state)));
+}
+
+EpIpcGroup::EpIpcGroup(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+EpIpcGroup::~EpIpcGroup() {
+  State& g = *state_;
+  DeviceScope scope(g.device);
+  // This rank's kernels end before anything is unmapped. A wait with no
+  // timeout for a live peer that never calls would not: closing releases
+  // every wait still pending (abortWaits).
+  abortWaits();
+  cudaDeviceSynchronize();
+  if (g.num_ranks > 1) {
+    const auto deadline = std::chrono::steady_clock::now() + g.options.attach_timeout;
+    // Phase 1: every live peer's kernels are done too, so nobody writes into
+    // any region any more: close the mappings. Phase 2: nobody maps this
+    // rank's region any more: free it.
+    g.control->closePhase(1, deadline);
+    for (int q = 0; q < g.num_ranks; ++q) {
+      if (q != g.rank && g.peer_regions[q] != nullptr) cudaIpcCloseMemHandle(g.peer_regions[q]);
+      g.peer_regions[q] = nullptr;
+    }
+    g.control->closePhase(2, deadline);
+  }
+  state_.reset();
+}
+
+int EpIpcGroup::rank() const { return state_->rank; }
+int EpIpcGroup::numRanks() const { return state_->num_ranks; }
+int EpIpcGroup::device() const { return state_->device; }
+const EpIpcGroupOptions& EpIpcGroup::options() const { return state_->options; }
+
+void EpIpcGroup::abortWaits() { state_->control->slot(state_->rank).abort.store(1, std::memory_order_release); }
+
+bool EpIpcGroup::dispatch(const DispatchArgs& args, cudaStream_t stream, std::string* error) {
+  State& g = *state_;
+  auto fail = [&](const std::string& why) {
+    if (error) *error = "EP dispatch: " + why;
+    return false;
+  };
+  if (args.num_tokens < 0 || args.num_tokens > g.layout.T) return fail("num_tokens must be in [0, max_tokens_per_rank]");
+  if (args.num_topk < 0 || (args.num_tokens > 0 && args.num_topk > 0 && args.topk_idx == nullptr) ||
+      (args.num_tokens > 0 && args.x == nullptr)) {
+    return fail("x and topk_idx are required");
+  }
+  if (args.active_ranks == nullptr || args.recv_x == nullptr || args.recv_count == nullptr ||
+      args.src_info == nullptr || args.layout_range == nullptr || (args.use_fp8 && args.recv_scales == nullptr)) {
+    return fail("active_ranks and every output are required (recv_scales with use_fp8)");
+  }
+  if (args.timeout_us < -1) return fail("timeout_us must be -1 or >= 0");
+  std::lock_guard lock(g.mutex);
+  DeviceScope scope(g.device);
+  const cudaError_t err = launchDispatch(g.context(State::next(g.dispatch_sequence), args.timeout_us), args, stream);
+  if (err != cudaSuccess) return fail(cudaWhat("launch", err));
+  return true;
+}
+
+bool EpIpcGroup::combine(const CombineArgs& args, cudaStream_t stream, std::string* error) {
+  State& g = *state_;
+  auto fail = [&](const std::string& why) {
+    if (error) *error = "EP combine: " + why;
+    return false;
+  };
+  if (args.num_tokens < 0 || args.num_tokens > g.layout.T) return fail("num_tokens must be in [0, max_tokens_per_rank]");
+  if (args.num_topk < 0 || (args.num_tokens > 0 && (args.topk_idx == nullptr || args.topk_weights == nullptr ||
+                                                    args.out == nullptr))) {
+    return fail("topk_idx, topk_weights and out are required");
+  }
+  if (args.y == nullptr || args.src_info == nullptr || args.layout_range == nullptr || args.active_ranks == nullptr) {
+    return fail("y, the dispatch handle (src_info, layout_range) and active_ranks are required");
+  }
+  if (args.timeout_us < -1) return fail("timeout_us must be -1 or >= 0");
+  std::lock_guard lock(g.mutex);
+  DeviceScope scope(g.device);
+  const cudaError_t err = launchCombine(g.context(State::next(g.combine_sequence), args.timeout_us), args, stream);
+  if (err != cudaSuccess) return fail(cudaWhat("launch", err));
+  return true;
+}
+
+}  // namespace mooncake::ep::cuda

@@ -1,0 +1,35 @@
+// What the host passes to the EP kernels (by value). Pointers to peers'
+// regions are this process's IPC mappings; the rank's own is its allocation.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "mooncake/ep/cuda/ep_ipc_group.h"
+#include "region_layout.h"
+
+namespace mooncake::ep::cuda {
+
+// Where a waiting kernel learns that it need not wait any longer for a peer:
+// its process exited (set by this rank's watchdog thread), or this rank's
+// caller gave up (abortWaits). Host-mapped words of the control block.
+struct WaitEscape {
+  const uint32_t* departed = nullptr;  // [R]
+  const uint32_t* abort = nullptr;     // one word
+};
+
+struct EpKernelContext {
+  RegionLayout layout;
+  int rank = 0;
+  uint32_t sequence = 0;  // of this call, >= 1
+  int parity = 0;         // sequence & 1
+  char* regions[kMaxEpRanks] = {};  // every rank's receive region as this process addresses it
+  WaitEscape escape;
+  int64_t timeout_ns = -1;  // -1: no deadline
+};
+
+cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args, cudaStream_t stream);
+cudaError_t launchCombine(const EpKernelContext& ctx, const CombineArgs& args, cudaStream_t stream);
+
+}  // namespace mooncake::ep::cuda

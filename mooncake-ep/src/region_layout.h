@@ -1,0 +1,70 @@
+// Layout of one rank's receive region (device memory, exported with CUDA
+// IPC). Every rank computes the same offsets from the same sizes, so a
+// sender finds a slot in a peer's region at the offset it would have in its
+// own. Each part exists twice, by call parity: consecutive calls use
+// different halves, so a fast sender of call n+1 never overwrites rows that a
+// slow receiver still copies out of call n (see docs/ep-kernels.md for why
+// two halves are enough).
+//
+//   dispatch signals [2][L][R] uint64   (parity, local expert, source rank)
+//   combine signals  [2][E]    uint64   (parity, global expert of the sender)
+//   dispatch rows    [2][L][R][T] messages of msg_stride bytes:
+//                      int32 token index at the source, 12 bytes padding,
+//                      then bf16 [H], or e4m3 [H] followed by float32 [H / 128]
+//   combine rows     [2][E][T] bf16 [H]  (global expert, token index at the owner)
+//
+// A signal word is (sequence << 32) | count: one 64-bit store publishes both,
+// and a word left from an earlier call never matches the current sequence,
+// so signals are never cleared.
+#pragma once
+
+#include <cuda_runtime_api.h>  // __host__ __device__ in host-only translation units
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mooncake::ep::cuda {
+
+constexpr size_t kMessageHeaderBytes = 16;  // keeps the payload 16-byte aligned
+constexpr int kChannelsPerScale = 128;
+
+struct RegionLayout {
+  int T = 0, H = 0, E = 0, R = 0, L = 0;
+  size_t msg_stride = 0;
+  size_t dispatch_signals = 0, combine_signals = 0, dispatch_rows = 0, combine_rows = 0, total = 0;
+
+  static RegionLayout make(int tokens, int hidden, int experts, int ranks) {
+    RegionLayout l;
+    l.T = tokens;
+    l.H = hidden;
+    l.E = experts;
+    l.R = ranks;
+    l.L = experts / ranks;
+    // The bf16 payload bounds the FP8 one (H + H / 32 <= 2H): one stride for both.
+    l.msg_stride = kMessageHeaderBytes + 2 * static_cast<size_t>(hidden);
+    auto align = [](size_t n) { return (n + 4095) / 4096 * 4096; };
+    l.dispatch_signals = 0;
+    l.combine_signals = l.dispatch_signals + 2 * static_cast<size_t>(l.L) * ranks * sizeof(uint64_t);
+    l.dispatch_rows = align(l.combine_signals + 2 * static_cast<size_t>(experts) * sizeof(uint64_t));
+    const size_t dispatch_half = static_cast<size_t>(l.L) * ranks * tokens * l.msg_stride;
+    l.combine_rows = align(l.dispatch_rows + 2 * dispatch_half);
+    const size_t combine_half = static_cast<size_t>(experts) * tokens * 2 * hidden;
+    l.total = align(l.combine_rows + 2 * combine_half);
+    return l;
+  }
+
+  __host__ __device__ size_t dispatchSignal(int parity, int le, int src) const {
+    return dispatch_signals + ((static_cast<size_t>(parity) * L + le) * R + src) * sizeof(uint64_t);
+  }
+  __host__ __device__ size_t combineSignal(int parity, int expert) const {
+    return combine_signals + (static_cast<size_t>(parity) * E + expert) * sizeof(uint64_t);
+  }
+  __host__ __device__ size_t dispatchMessage(int parity, int le, int src, int slot) const {
+    return dispatch_rows + (((static_cast<size_t>(parity) * L + le) * R + src) * T + slot) * msg_stride;
+  }
+  __host__ __device__ size_t combineRow(int parity, int expert, int token) const {
+    return combine_rows + ((static_cast<size_t>(parity) * E + expert) * T + token) * 2 * static_cast<size_t>(H);
+  }
+};
+
+}  // namespace mooncake::ep::cuda

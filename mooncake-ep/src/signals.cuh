@@ -1,0 +1,92 @@
+// Signal words between ranks and the bounded wait on them. The ordering of
+// each access is in its name (the process group's device_ordering.cuh, plus
+// the 64-bit forms the signal words need):
+//   a sender writes its rows with plain stores, makes them visible at system
+//   scope (fence), and only then publishes (sequence << 32) | count with a
+//   release store: a receiver that reads that value with an acquire load is
+//   guaranteed to see the rows. System scope, because the peer is another
+//   process (another context, maybe another GPU over NVLink).
+#pragma once
+
+#include <cstdint>
+
+#include "device_ordering.cuh"
+#include "kernel_args.h"
+
+namespace mooncake::ep::cuda {
+
+using mooncake::pg::cuda::globaltimer_ns;
+using mooncake::pg::cuda::ld_relaxed_sys;
+
+__device__ __forceinline__ uint64_t ld_acquire_sys_u64(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_release_sys_u64(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// active_ranks entries: relaxed at system scope, so that a mask the caller
+// keeps in host-mapped memory works too; several threads may write 0 at once.
+__device__ __forceinline__ int32_t loadActive(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.relaxed.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void maskRank(int32_t* p) {
+  asm volatile("st.relaxed.sys.global.s32 [%0], %1;" ::"l"(p), "r"(0) : "memory");
+}
+
+// Whether a sender skips destination `dest`: this rank or `dest` is masked,
+// or `dest`'s process is gone (its memory may no longer be backed).
+__device__ __forceinline__ bool skipDestination(const int32_t* active_ranks, const WaitEscape& escape, int rank,
+                                                int dest) {
+  return loadActive(active_ranks + rank) == 0 || loadActive(active_ranks + dest) == 0 ||
+         (escape.departed != nullptr && ld_relaxed_sys(escape.departed + dest) != 0);
+}
+
+__device__ __forceinline__ uint64_t signalValue(uint32_t sequence, uint32_t count) {
+  return static_cast<uint64_t>(sequence) << 32 | count;
+}
+
+// The sender's side, by one thread after the whole block wrote its rows and
+// each of its threads ran __threadfence_system() (so the rows are visible at
+// system scope before this store can be seen).
+__device__ __forceinline__ void publishSignal(char* region, size_t offset, uint32_t sequence, uint32_t count) {
+  st_release_sys_u64(reinterpret_cast<uint64_t*>(region + offset), signalValue(sequence, count));
+}
+
+// Waits until the signal word carries `sequence` and returns its count, or
+// returns -1 once `src` is given up on: its active_ranks entry is 0 (set by
+// the caller, or by another waiting thread), its process exited, the caller
+// aborted the waits, or the deadline (start_ns + timeout_ns) passed; in the
+// last three cases this thread masks it. A signal that has arrived is taken
+// even when the source was masked meanwhile; the caller decides from the
+// final mask whether its rows count. Never traps, never spins unbounded
+// (with timeout_ns = -1 the wait ends when the peer's process exits).
+__device__ __forceinline__ int waitSignal(const char* region, size_t offset, uint32_t sequence, int src,
+                                          int32_t* active_ranks, const WaitEscape& escape, uint64_t start_ns,
+                                          int64_t timeout_ns) {
+  const uint64_t* word = reinterpret_cast<const uint64_t*>(region + offset);
+  for (uint32_t spin = 0;; ++spin) {
+    const uint64_t v = ld_acquire_sys_u64(word);  // acquire: the rows written before it are visible after
+    if (static_cast<uint32_t>(v >> 32) == sequence) return static_cast<int>(static_cast<uint32_t>(v));
+    if (loadActive(active_ranks + src) == 0) return -1;
+    if ((spin & 15) == 15) {  // the host-mapped words cost a PCIe read: look less often
+      const bool gone = (escape.departed != nullptr && ld_relaxed_sys(escape.departed + src) != 0) ||
+                        (escape.abort != nullptr && ld_relaxed_sys(escape.abort) != 0);
+      const bool late = timeout_ns >= 0 && globaltimer_ns() - start_ns > static_cast<uint64_t>(timeout_ns);
+      if (gone || late) {
+        maskRank(active_ranks + src);
+        return -1;
+      }
+    }
+    // Other ranks' kernels may share this GPU (time-sliced between
+    // processes): back off a little instead of hammering L2.
+    __nanosleep(128);
+  }
+}
+
+}  // namespace mooncake::ep::cuda

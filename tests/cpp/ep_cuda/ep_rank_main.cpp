@@ -1,0 +1,76 @@
+// One rank of an EP kernel test, a program of its own so that every rank
+// starts CUDA afresh in its own process (test_ep_ipc_group.cpp starts them).
+//
+//   ep_cuda_rank <scenario> <group name> <rank> <world> [key=value ...]
+//   scenarios: exchange, absent, late, masked, dead
+//   keys: tokens=T hidden=H local_experts=L topk=K seed=N calls=N
+//
+// Exit status 0 when every check passed on this rank; reasons go to stderr.
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "ep_rank_scenarios.h"
+
+using namespace mooncake::ep::cuda;
+using namespace mooncake::ep::cuda::testing;
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: %s <scenario> <name> <rank> <world> [key=value ...]\n", argv[0]);
+    return 2;
+  }
+  const std::string scenario = argv[1], name = argv[2];
+  const int rank = std::atoi(argv[3]), world = std::atoi(argv[4]);
+  std::map<std::string, std::string> keys;
+  for (int i = 5; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const size_t eq = arg.find('=');
+    if (eq != std::string::npos) keys[arg.substr(0, eq)] = arg.substr(eq + 1);
+  }
+  auto key = [&](const char* k, long fallback) { return keys.count(k) ? std::stol(keys[k]) : fallback; };
+  Sizes s;
+  s.R = world;
+  s.T = static_cast<int>(key("tokens", 24));
+  s.H = static_cast<int>(key("hidden", 384));
+  s.L = static_cast<int>(key("local_experts", 3));
+  s.K = static_cast<int>(key("topk", 4));
+  const uint64_t seed = static_cast<uint64_t>(key("seed", 1));
+
+  if (cudaSetDevice(0) != cudaSuccess) {
+    std::fprintf(stderr, "rank %d: no CUDA device\n", rank);
+    return 3;
+  }
+  EpIpcGroupOptions options;
+  options.max_tokens_per_rank = s.T;
+  options.hidden = s.H;
+  options.num_experts = s.E();
+  options.attach_timeout = std::chrono::seconds(30);
+  std::string error;
+  std::unique_ptr<EpIpcGroup> group = EpIpcGroup::open(name, rank, world, options, &error);
+  if (!group) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, error.c_str());
+    return 4;
+  }
+  int failures = 0;
+  if (scenario == "exchange") {
+    failures = exchangeScenario(*group, s, seed, static_cast<int>(key("calls", 4)));
+  } else if (scenario == "absent") {
+    failures = absentRankScenario(*group, s, seed);
+  } else if (scenario == "late") {
+    failures = lateRankScenario(*group, s, seed);
+  } else if (scenario == "masked") {
+    failures = maskedRankScenario(*group, s, seed);
+  } else if (scenario == "dead") {
+    failures = deadRankScenario(*group, s, seed);
+  } else {
+    std::fprintf(stderr, "unknown scenario '%s'\n", scenario.c_str());
+    failures = 1;
+  }
+  if (failures == 0) std::fprintf(stderr, "rank %d: %s passed\n", rank, scenario.c_str());
+  group.reset();  // collective close while the others are still here
+  return failures == 0 ? 0 : 1;
+}
