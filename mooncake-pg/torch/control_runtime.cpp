@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <thread>
+
+#include <c10/util/Logging.h>
 
 #include "settings.h"
 
@@ -13,6 +16,16 @@ namespace mooncake::pg {
 namespace {
 
 constexpr const char* kCoordinatorKey = "mooncake_pg/coordinator";
+// The global rank whose process serves as coordinator (set with the address;
+// a successor that took over sets both, where the store survived).
+constexpr const char* kCoordinatorRankKey = "mooncake_pg/coordinator_rank";
+
+bool failoverEnabled() {
+  const char* text = std::getenv("MOONCAKE_PG_COORDINATOR_FAILOVER");
+  return text == nullptr || std::string(text) != "0";
+}
+
+std::vector<uint8_t> bytes(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
 
 c10::intrusive_ptr<c10d::Store> rootStore(c10::intrusive_ptr<c10d::Store> store) {
   while (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(store.get())) store = prefixed->getUnderlyingStore();
@@ -31,6 +44,8 @@ std::chrono::milliseconds envMs(const char* name, std::chrono::milliseconds fall
 
 struct ControlRuntime {
   std::mutex mutex;
+  // This process's coordinator: serving in global rank 0's process, a
+  // standby (a candidate successor) in the others.
   std::unique_ptr<Coordinator> coordinator;
   std::unique_ptr<Agent> agent;
   int global_rank = -1;
@@ -51,6 +66,7 @@ ControlOptions controlOptions() {
   o.heartbeat_timeout = envMs("MOONCAKE_PG_HEARTBEAT_TIMEOUT_MS", o.heartbeat_timeout);
   o.ack_timeout = envMs("MOONCAKE_PG_VIEW_ACK_TIMEOUT_MS", o.ack_timeout);
   o.link_timeout = envMs("MOONCAKE_PG_LINK_TIMEOUT_MS", o.link_timeout);
+  o.failover_timeout = envMs("MOONCAKE_PG_FAILOVER_TIMEOUT_MS", o.heartbeat_timeout);
   const int64_t window_us = settings().fault_reconciliation_window_us.load();
   if (window_us >= 0) o.reconciliation_window = std::chrono::milliseconds(window_us / 1000);
   return o;
@@ -62,14 +78,41 @@ Agent& controlAgent(const c10::intrusive_ptr<c10d::Store>& store, int global_ran
   c10::intrusive_ptr<c10d::Store> root = rootStore(store);
   const ControlOptions options = controlOptions();
   std::string error;
+  if (!r.coordinator && (global_rank == 0 || failoverEnabled())) {
+    r.coordinator = Coordinator::standby(settings().host_ip, options, global_rank, &error);
+    TORCH_CHECK(r.coordinator != nullptr, "mooncake: cannot start the membership coordinator: ", error);
+    // A take-over tells later processes (joiners, a replacement of global
+    // rank 0) where the coordinator is now, if the store survived; off the
+    // Agent's thread, since a store in the lost process may not answer.
+    r.coordinator->onTakeOver([root, global_rank](const std::string& address) {
+      std::thread([root, global_rank, address] {
+        try {
+          root->set(kCoordinatorKey, bytes(address));
+          root->set(kCoordinatorRankKey, bytes(std::to_string(global_rank)));
+        } catch (const c10::Error& e) {
+          LOG(WARNING) << "mooncake: could not publish the new coordinator's address in the store (it may have "
+                       << "died with the old coordinator): " << e.what_without_backtrace();
+        } catch (const std::exception& e) {
+          LOG(WARNING) << "mooncake: could not publish the new coordinator's address in the store: " << e.what();
+        } catch (...) {
+        }
+      }).detach();
+    });
+  }
   if (global_rank == 0) {
-    if (!r.coordinator) {
-      r.coordinator = Coordinator::start(settings().host_ip, options, &error);
-      TORCH_CHECK(r.coordinator != nullptr, "mooncake: cannot start the membership coordinator: ", error);
+    // Unless a successor took over from an earlier global rank 0 (this
+    // process replaces it), this process serves. Every time: a job torn
+    // down and initialised again has a new store.
+    bool taken_over = false;
+    if (!r.coordinator->serving() && root->check({kCoordinatorRankKey})) {
+      std::vector<uint8_t> v = root->get(kCoordinatorRankKey);
+      taken_over = std::string(v.begin(), v.end()) != "0";
     }
-    // Every time: a job torn down and initialised again has a new store.
-    const std::string address = r.coordinator->address();
-    root->set(kCoordinatorKey, std::vector<uint8_t>(address.begin(), address.end()));
+    if (!taken_over) {
+      r.coordinator->activate();
+      root->set(kCoordinatorKey, bytes(r.coordinator->address()));
+      root->set(kCoordinatorRankKey, bytes("0"));
+    }
   }
   if (r.agent && r.global_rank == global_rank) return *r.agent;
   TORCH_CHECK(!r.agent, "mooncake: this process joined the control plane as global rank ", r.global_rank,
@@ -88,7 +131,7 @@ Agent& controlAgent(const c10::intrusive_ptr<c10d::Store>& store, int global_ran
     }
     root->setTimeout(deadline_guard);
   }
-  r.agent = Agent::connect(address, global_rank, options, &error);
+  r.agent = Agent::connect(address, global_rank, options, &error, failoverEnabled() ? r.coordinator.get() : nullptr);
   TORCH_CHECK(r.agent != nullptr, "mooncake: cannot join the membership coordinator at ", address, ": ", error);
   r.global_rank = global_rank;
   return *r.agent;

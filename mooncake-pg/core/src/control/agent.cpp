@@ -4,6 +4,14 @@
 // for a Coordinator that went silent. Calls are synchronous request/reply
 // with deadlines; a lost connection fails every pending call at once, and is
 // then told to each group's loss listener (on the heartbeat thread).
+//
+// Failover (control_plane.h, "Coordinator failover"): a broken connection
+// first fails the calls in flight, then the heartbeat thread tries the
+// candidate successors the Coordinator last announced, in order (taking over
+// with this process's standby when its turn comes), rejoining with every
+// registration and newest view. A new reader thread serves the new
+// connection; only when no candidate takes this Agent back is the loss
+// final and told to the loss listeners.
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -27,8 +35,8 @@ namespace {
 
 class AgentImpl final : public Agent {
  public:
-  AgentImpl(const std::string& address, int global_rank, const ControlOptions& options)
-      : address_(address), global_rank_(global_rank), options_(options) {}
+  AgentImpl(const std::string& address, int global_rank, const ControlOptions& options, Coordinator* standby)
+      : address_(address), global_rank_(global_rank), options_(options), standby_(standby) {}
 
   ~AgentImpl() override {
     {
@@ -36,7 +44,10 @@ class AgentImpl final : public Agent {
       stopping_ = true;
       changed_.notify_all();
     }
-    ::shutdown(fd_.get(), SHUT_RDWR);  // the Coordinator sees the end of stream at once; wakes the reader
+    {
+      std::lock_guard<std::mutex> serialize(send_mutex_);  // a failover replaces fd_ under it
+      ::shutdown(fd_.get(), SHUT_RDWR);  // the Coordinator sees the end of stream at once; wakes the reader
+    }
     if (heartbeat_.joinable()) heartbeat_.join();
     if (reader_.joinable()) {
       if (onReaderThread()) {
@@ -64,6 +75,7 @@ class AgentImpl final : public Agent {
  private:
   struct GroupSlot {
     int seat = -1;
+    GroupRegistration registration;  // as registered: sent again to a successor coordinator
     ViewListener listener;
     LossListener on_loss;
     GroupView view;                 // the newest view (set before its listener runs)
@@ -84,9 +96,26 @@ class AgentImpl final : public Agent {
   bool onHeartbeatThread() const { return std::this_thread::get_id() == heartbeat_.get_id(); }
   bool send(const Message& message, std::string* error);
   // Sends a request (its id is assigned here) and waits for the reply.
+  // With `resend`, a call whose connection broke is sent again to the
+  // successor once the failover completed (before the deadline).
   template <class Request>
-  bool call(Request request, TimePoint deadline, Message* reply, std::string* error);
+  bool call(Request request, TimePoint deadline, Message* reply, std::string* error, bool resend = false);
+  // The connection is broken: calls in flight fail, the heartbeat thread fails over.
   void loseConnection(const std::string& why);
+  std::string currentAddress() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return address_;
+  }
+  std::string standbyAddress() const { return standby_ != nullptr ? standby_->address() : std::string(); }
+  // Connects to `address`, says `hello` (and sends `rejoins`), and waits for
+  // the answer. On success *fd and *decoder hold the connection.
+  bool greet(const std::string& address, const Hello& hello, const std::vector<Rejoin>& rejoins,
+             TimePoint connect_deadline, TimePoint answer_deadline, UniqueFd* fd, FrameDecoder* decoder,
+             std::string* error);
+  // On the heartbeat thread, once the connection broke: the old reader is
+  // joined, then the candidates are tried. True with a new connection (and
+  // reader); false with *final_why.
+  bool failover(const std::string& why, std::string* final_why);
 
   void readLoop();
   void heartbeatLoop();
@@ -99,17 +128,22 @@ class AgentImpl final : public Agent {
   // to the listener first. Returns the group's newest epoch.
   uint64_t deliver(const GroupView& view, bool notify);
 
-  const std::string address_;
+  std::string address_;  // the coordinator's; changes with a failover (under send_mutex_ and mutex_)
   const int global_rank_;
   const ControlOptions options_;
-  UniqueFd fd_;
-  FrameDecoder decoder_;   // used by start(), then only by the reader thread
+  Coordinator* const standby_;
+  UniqueFd fd_;            // replaced by a failover, under send_mutex_ and mutex_
+  FrameDecoder decoder_;   // used by start() and failover(), then only by the reader thread
   std::mutex send_mutex_;  // one frame at a time on the socket; taken before mutex_, never after
   mutable std::mutex mutex_;
   std::condition_variable changed_;  // any call completed, view delivered, connection lost, stopping
   bool stopping_ = false;
-  bool lost_ = false;
+  bool lost_ = false;  // for good: no failover took this Agent back
   std::string lost_reason_;
+  bool broken_ = false;  // the connection broke; a failover is pending
+  std::string broken_reason_;
+  uint64_t generation_ = 0;  // of the connection: one more per failover
+  Standbys standbys_;        // the candidate successors, as last announced
   RequestId next_request_id_ = 1;
   std::map<RequestId, PendingCall> calls_;
   std::map<std::string, std::shared_ptr<GroupSlot>> groups_;
@@ -123,55 +157,12 @@ class AgentImpl final : public Agent {
 };
 
 bool AgentImpl::start(std::string* error) {
-  std::string host;
-  uint16_t port = 0;
-  if (!splitHostPort(address_, &host, &port)) {
-    *error = "invalid coordinator address '" + address_ + "' (expected host:port)";
-    return false;
-  }
-  std::string why;
-  fd_ = connectTo(host, port, Clock::now() + options_.request_timeout, &why);
-  if (!fd_.valid()) {
-    *error = "cannot connect to the coordinator at " + address_ + ": " + why;
-    return false;
-  }
-  std::vector<uint8_t> hello = encodeFrame(Hello{global_rank_, static_cast<int32_t>(::getpid())});
-  if (!sendAll(fd_.get(), hello.data(), hello.size(), Clock::now() + options_.request_timeout, &why)) {
-    *error = "cannot greet the coordinator at " + address_ + ": " + why;
-    return false;
-  }
   // A replacement may wait up to heartbeat_timeout for its predecessor to be
   // declared gone.
-  TimePoint deadline = answerDeadline(options_.heartbeat_timeout);
-  for (;;) {
-    Message message;
-    DecodeResult result = decoder_.next(&message, &why);
-    if (result == DecodeResult::kError) {
-      *error = "bad answer from the coordinator at " + address_ + ": " + why;
-      return false;
-    }
-    if (result == DecodeResult::kFrame) {
-      if (std::holds_alternative<Heartbeat>(message)) continue;
-      const Reply* reply = std::get_if<Reply>(&message);
-      if (reply == nullptr) {
-        *error = std::string("unexpected ") + messageName(message) + " from the coordinator at " + address_;
-        return false;
-      }
-      if (!reply->error.empty()) {
-        *error = "the coordinator at " + address_ + " refused global rank " + std::to_string(global_rank_) + ": " +
-                 reply->error;
-        return false;
-      }
-      break;
-    }
-    uint8_t buffer[4096];
-    ssize_t n = receiveSome(fd_.get(), buffer, sizeof(buffer), deadline, &why);
-    if (n <= 0) {
-      *error = "no answer from the coordinator at " + address_ + " to the connection of global rank " +
-               std::to_string(global_rank_) + ": " + (n == 0 ? "connection closed" : why);
-      return false;
-    }
-    decoder_.append(buffer, static_cast<size_t>(n));
+  Hello hello{global_rank_, static_cast<int32_t>(::getpid()), standbyAddress(), false, 0};
+  if (!greet(address_, hello, {}, Clock::now() + options_.request_timeout, answerDeadline(options_.heartbeat_timeout),
+             &fd_, &decoder_, error)) {
+    return false;
   }
   last_heard_ = Clock::now();
   reader_ = std::thread([this] { readLoop(); });
@@ -179,13 +170,141 @@ bool AgentImpl::start(std::string* error) {
   return true;
 }
 
+bool AgentImpl::greet(const std::string& address, const Hello& hello, const std::vector<Rejoin>& rejoins,
+                      TimePoint connect_deadline, TimePoint answer_deadline, UniqueFd* fd_out, FrameDecoder* decoder,
+                      std::string* error) {
+  std::string host;
+  uint16_t port = 0;
+  if (!splitHostPort(address, &host, &port)) {
+    *error = "invalid coordinator address '" + address + "' (expected host:port)";
+    return false;
+  }
+  std::string why;
+  UniqueFd fd = connectTo(host, port, connect_deadline, &why);
+  if (!fd.valid()) {
+    *error = "cannot connect to the coordinator at " + address + ": " + why;
+    return false;
+  }
+  std::vector<uint8_t> frames = encodeFrame(hello);
+  for (const Rejoin& rejoin : rejoins) {
+    std::vector<uint8_t> frame = encodeFrame(rejoin);
+    frames.insert(frames.end(), frame.begin(), frame.end());
+  }
+  if (!sendAll(fd.get(), frames.data(), frames.size(), connect_deadline, &why)) {
+    *error = "cannot greet the coordinator at " + address + ": " + why;
+    return false;
+  }
+  for (;;) {
+    Message message;
+    DecodeResult result = decoder->next(&message, &why);
+    if (result == DecodeResult::kError) {
+      *error = "bad answer from the coordinator at " + address + ": " + why;
+      return false;
+    }
+    if (result == DecodeResult::kFrame) {
+      if (std::holds_alternative<Heartbeat>(message)) continue;
+      const Reply* reply = std::get_if<Reply>(&message);
+      if (reply == nullptr) {
+        *error = std::string("unexpected ") + messageName(message) + " from the coordinator at " + address;
+        return false;
+      }
+      if (!reply->error.empty()) {
+        *error = "the coordinator at " + address + " refused global rank " + std::to_string(global_rank_) + ": " +
+                 reply->error;
+        return false;
+      }
+      break;
+    }
+    uint8_t buffer[4096];
+    ssize_t n = receiveSome(fd.get(), buffer, sizeof(buffer), answer_deadline, &why);
+    if (n <= 0) {
+      *error = "no answer from the coordinator at " + address + " to the connection of global rank " +
+               std::to_string(global_rank_) + ": " + (n == 0 ? "connection closed" : why);
+      return false;
+    }
+    decoder->append(buffer, static_cast<size_t>(n));
+  }
+  *fd_out = std::move(fd);
+  return true;
+}
+
+bool AgentImpl::failover(const std::string& why, std::string* final_why) {
+  if (reader_.joinable()) reader_.join();  // its socket was shut down: it ends (after a running listener)
+  Standbys standbys;
+  std::vector<Rejoin> rejoins;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return false;
+    standbys = standbys_;
+    for (const auto& [key, slot] : groups_) {
+      if (slot->view.epoch == 0 || slot->view.members.empty()) continue;  // not formed yet: lost with the coordinator
+      rejoins.push_back({slot->registration, slot->view});
+    }
+  }
+  *final_why = why;
+  if (test_faults::controlCut()) {
+    *final_why += " (cut off from the control plane: no failover)";
+    return false;
+  }
+  if (standbys.ranks.empty()) return false;
+  std::vector<int> expected(standbys.ranks.begin(), standbys.ranks.end());
+  MC_LOG(Warning) << "control plane agent (global rank " << global_rank_ << "): " << why
+                  << "; failing over (candidates: global ranks " << listText(expected) << ")";
+  std::string tried;
+  for (size_t i = 0; i < standbys.ranks.size(); ++i) {
+    const int rank = standbys.ranks[i];
+    std::string address = standbys.addresses[i];
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return false;
+    }
+    if (rank == global_rank_) {
+      if (standby_ == nullptr) continue;
+      standby_->takeOver(expected, standbys.coordinator_rank);  // this process is the next in line: its standby serves
+      address = standby_->address();
+    }
+    Hello hello{global_rank_, static_cast<int32_t>(::getpid()), standbyAddress(), true,
+                static_cast<uint32_t>(rejoins.size())};
+    const TimePoint now = Clock::now();
+    UniqueFd fd;
+    FrameDecoder decoder;
+    std::string error;
+    if (!greet(address, hello, rejoins, now + std::min(options_.heartbeat_timeout, options_.failover_timeout),
+               now + options_.failover_timeout + options_.heartbeat_timeout, &fd, &decoder, &error)) {
+      MC_LOG(Warning) << "control plane agent (global rank " << global_rank_ << "): candidate global rank " << rank
+                      << ": " << error;
+      tried += (tried.empty() ? "" : "; ") + std::string("global rank ") + std::to_string(rank) + ": " + error;
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> serialize(send_mutex_);
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return false;  // fd closes here: the successor sees this process leave
+      fd_ = std::move(fd);
+      decoder_ = std::move(decoder);
+      address_ = address;
+      ++generation_;
+      broken_ = false;
+      broken_reason_.clear();
+      last_heard_ = Clock::now();
+      changed_.notify_all();
+    }
+    MC_LOG(Warning) << "control plane agent (global rank " << global_rank_ << "): failed over to the coordinator "
+                    << "of global rank " << rank << " at " << address;
+    reader_ = std::thread([this] { readLoop(); });
+    return true;
+  }
+  *final_why = why + "; no successor coordinator took this process back (" + tried + ")";
+  return false;
+}
+
 bool AgentImpl::send(const Message& message, std::string* error) {
   std::vector<uint8_t> frame = encodeFrame(message);
   std::lock_guard<std::mutex> serialize(send_mutex_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (lost_) {
-      *error = lost_reason_;
+    if (lost_ || broken_) {
+      *error = lost_ ? lost_reason_ : broken_reason_;
       return false;
     }
   }
@@ -194,46 +313,67 @@ bool AgentImpl::send(const Message& message, std::string* error) {
   if (sendAll(fd_.get(), frame.data(), frame.size(), Clock::now() + options_.request_timeout, &why)) return true;
   loseConnection("cannot send to the coordinator at " + address_ + ": " + why);
   std::lock_guard<std::mutex> lock(mutex_);
-  *error = lost_reason_;
+  *error = lost_ ? lost_reason_ : broken_reason_;
   return false;
 }
 
 template <class Request>
-bool AgentImpl::call(Request request, TimePoint deadline, Message* reply, std::string* error) {
+bool AgentImpl::call(Request request, TimePoint deadline, Message* reply, std::string* error, bool resend) {
   if (onReaderThread()) {
     *error = "called from a view listener (the agent's reader thread), where waiting for an answer would deadlock";
     return false;
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    request.request_id = next_request_id_++;
-    calls_[request.request_id];
+  for (;;) {
+    RequestId id = 0;
+    uint64_t generation = 0;
+    {
+      // A failover in progress: wait for its outcome (bounded).
+      std::unique_lock<std::mutex> lock(mutex_);
+      changed_.wait_until(lock, deadline, [&] { return !broken_ || lost_ || stopping_; });
+      if (lost_ || stopping_ || broken_) {
+        *error = lost_       ? lost_reason_
+                 : stopping_ ? "the agent is shutting down"
+                             : broken_reason_ + " (no successor coordinator took over in time)";
+        return false;
+      }
+      id = request.request_id = next_request_id_++;
+      calls_[id];
+      generation = generation_;
+    }
+    bool sent = send(request, error);
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (sent) {
+      changed_.wait_until(lock, deadline, [&] {
+        return calls_[id].done || lost_ || stopping_ || broken_ || generation_ != generation;
+      });
+    }
+    PendingCall outcome = std::move(calls_[id]);
+    calls_.erase(id);
+    if (outcome.done) {
+      *reply = std::move(outcome.reply);
+      return true;
+    }
+    const bool failing_over = !lost_ && !stopping_ && (broken_ || generation_ != generation);
+    if (resend && failing_over && Clock::now() < deadline) continue;  // to the successor
+    if (sent) {
+      *error = lost_       ? lost_reason_
+               : stopping_ ? "the agent is shutting down"
+               : broken_   ? broken_reason_
+               : generation_ != generation
+                   ? "the coordinator was lost during the call (this process failed over to " + address_ + ")"
+                   : "no answer from the coordinator at " + address_ + " in time";
+    }
+    return false;
   }
-  RequestId id = request.request_id;
-  bool sent = send(request, error);
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (sent) changed_.wait_until(lock, deadline, [&] { return calls_[id].done || lost_ || stopping_; });
-  PendingCall outcome = std::move(calls_[id]);
-  calls_.erase(id);
-  if (outcome.done) {
-    *reply = std::move(outcome.reply);
-    return true;
-  }
-  if (sent) {
-    *error = lost_       ? lost_reason_
-             : stopping_ ? "the agent is shutting down"
-                         : "no answer from the coordinator at " + address_ + " in time";
-  }
-  return false;
 }
 
 void AgentImpl::loseConnection(const std::string& why) {
   bool quiet;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (lost_) return;
-    lost_ = true;
-    lost_reason_ = why;
+    if (lost_ || broken_) return;
+    broken_ = true;
+    broken_reason_ = why;
     quiet = stopping_;
     changed_.notify_all();
   }
@@ -266,7 +406,7 @@ void AgentImpl::readLoop() {
         // the silence at the deadline, as it would on a real cut.
         if (n <= 0) {
           std::unique_lock<std::mutex> lock(mutex_);
-          changed_.wait(lock, [&] { return stopping_ || lost_; });
+          changed_.wait(lock, [&] { return stopping_ || lost_ || broken_; });
           return;
         }
         continue;
@@ -293,8 +433,21 @@ void AgentImpl::heartbeatLoop() {
   try {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stopping_ && !lost_) {
-      changed_.wait_for(lock, options_.heartbeat_interval, [&] { return stopping_ || lost_; });
+      changed_.wait_for(lock, options_.heartbeat_interval, [&] { return stopping_ || lost_ || broken_; });
       if (stopping_ || lost_) return;
+      if (broken_) {
+        const std::string why = broken_reason_;
+        lock.unlock();
+        std::string final_why;
+        bool recovered = failover(why, &final_why);
+        lock.lock();
+        if (!recovered && !stopping_) {
+          lost_ = true;
+          lost_reason_ = final_why;
+          changed_.notify_all();
+        }
+        continue;
+      }
       // A listener that runs long keeps the reader from reading: only
       // silence while the reader is free to hear counts against the
       // Coordinator.
@@ -304,9 +457,10 @@ void AgentImpl::heartbeatLoop() {
       if (silent) {
         loseConnection("no sign of life from the coordinator at " + address_ + " for " +
                        millisecondsText(options_.heartbeat_timeout));
-        return;
+        lock.lock();
+        continue;  // to the failover
       }
-      std::string ignored;  // a failed send loses the connection, which ends this loop
+      std::string ignored;  // a failed send breaks the connection: the next round fails over
       send(Heartbeat{}, &ignored);
       lock.lock();
     }
@@ -379,6 +533,9 @@ void AgentImpl::handle(Message message) {
     complete(sync->request_id, std::move(message));
   } else if (auto* proposal = std::get_if<ProposeReply>(&message)) {
     complete(proposal->request_id, std::move(message));
+  } else if (auto* standbys = std::get_if<Standbys>(&message)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    standbys_ = std::move(*standbys);
   } else if (!std::holds_alternative<Heartbeat>(message)) {
     loseConnection(std::string("protocol violation: the coordinator sent a ") + messageName(message));
   }
@@ -438,6 +595,7 @@ bool AgentImpl::registerGroup(const GroupRegistration& registration, ViewListene
   };
   auto slot = std::make_shared<GroupSlot>();
   slot->seat = registration.rank;
+  slot->registration = registration;
   slot->listener = std::move(on_view);
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -515,7 +673,7 @@ SyncResult AgentImpl::syncAfterFailure(const std::string& key, const std::vector
   std::string why;
   TimePoint deadline = answerDeadline(options_.reconciliation_window + options_.request_timeout);
   const SyncReply* reply = nullptr;
-  if (call(SyncRequest{0, key, ranks}, deadline, &answer, &why)) {
+  if (call(SyncRequest{0, key, ranks}, deadline, &answer, &why, /*resend=*/true)) {
     reply = std::get_if<SyncReply>(&answer);
     if (reply == nullptr) why = "unexpected answer from the coordinator";
   }
@@ -602,10 +760,10 @@ GroupView AgentImpl::view(const std::string& key) const {
 }  // namespace control
 
 std::unique_ptr<Agent> Agent::connect(const std::string& address, int global_rank, const ControlOptions& options,
-                                      std::string* error) {
+                                      std::string* error, Coordinator* standby) {
   std::string why;
   try {
-    auto agent = std::make_unique<control::AgentImpl>(address, global_rank, options);
+    auto agent = std::make_unique<control::AgentImpl>(address, global_rank, options, standby);
     if (agent->start(&why)) return agent;
   } catch (const std::exception& e) {  // e.g. no thread could be started
     why = std::string("cannot start the agent: ") + e.what();

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -47,10 +48,18 @@ class CoordinatorImpl final : public Coordinator {
     if (::write(wake_.get(), &one, sizeof(one)) < 0) {
       // Nothing else to do: the loop also wakes at its next deadline.
     }
-    if (thread_.joinable()) thread_.join();
+    std::thread thread;
+    {
+      std::lock_guard<std::mutex> lock(start_mutex_);
+      thread.swap(thread_);
+    }
+    if (thread.joinable()) thread.join();
   }
 
-  bool start(const std::string& host, std::string* error) {
+  void setHostRank(int global_rank) { state_.setHostRank(global_rank); }
+
+  // Binds the listener; with `serve`, serves at once.
+  bool start(const std::string& host, std::string* error, bool serve = true) {
     uint16_t port = 0;
     listener_ = listenOn(host, &port, error);
     if (!listener_.valid()) return false;
@@ -60,11 +69,48 @@ class CoordinatorImpl final : public Coordinator {
       return false;
     }
     address_ = joinHostPort(host, port);
-    thread_ = std::thread([this] { run(); });
+    if (serve) activate();
     return true;
   }
 
   std::string address() const override { return address_; }
+
+  void activate() override {
+    std::lock_guard<std::mutex> lock(start_mutex_);
+    if (thread_.joinable() || stopping_) return;
+    thread_ = std::thread([this] { run(); });
+  }
+
+  void takeOver(const std::vector<int>& candidates, int lost_rank) override {
+    TakeOverListener listener;
+    {
+      std::lock_guard<std::mutex> lock(start_mutex_);
+      if (thread_.joinable() || stopping_) return;
+      // Before the thread starts: nothing else touches the state yet.
+      state_.beginTakeOver(Clock::now(), candidates, lost_rank);
+      thread_ = std::thread([this] { run(); });
+      listener = take_over_listener_;
+    }
+    if (listener) {
+      try {
+        listener(address_);
+      } catch (const std::exception& e) {
+        MC_LOG(Warning) << "control plane coordinator: take-over listener threw: " << e.what();
+      } catch (...) {
+        MC_LOG(Warning) << "control plane coordinator: take-over listener threw";
+      }
+    }
+  }
+
+  bool serving() const override {
+    std::lock_guard<std::mutex> lock(start_mutex_);
+    return thread_.joinable();
+  }
+
+  void onTakeOver(TakeOverListener listener) override {
+    std::lock_guard<std::mutex> lock(start_mutex_);
+    take_over_listener_ = std::move(listener);
+  }
 
  private:
   struct Connection {
@@ -230,7 +276,9 @@ class CoordinatorImpl final : public Coordinator {
   UniqueFd wake_;
   std::string address_;
   std::atomic<bool> stopping_{false};
+  mutable std::mutex start_mutex_;  // guards thread_ (started once) and take_over_listener_
   std::thread thread_;
+  TakeOverListener take_over_listener_;
   std::map<SessionId, Connection> connections_;
   SessionId next_session_ = 1;
   TimePoint next_heartbeat_;
@@ -249,6 +297,20 @@ std::unique_ptr<Coordinator> Coordinator::start(const std::string& host, const C
     why = e.what();
   }
   if (error != nullptr) *error = "cannot start the control-plane coordinator on " + host + ": " + why;
+  return nullptr;
+}
+
+std::unique_ptr<Coordinator> Coordinator::standby(const std::string& host, const ControlOptions& options,
+                                                  int host_global_rank, std::string* error) {
+  std::string why;
+  try {
+    auto coordinator = std::make_unique<control::CoordinatorImpl>(options);
+    coordinator->setHostRank(host_global_rank);
+    if (coordinator->start(host, &why, /*serve=*/false)) return coordinator;
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  if (error != nullptr) *error = "cannot start the standby control-plane coordinator on " + host + ": " + why;
   return nullptr;
 }
 

@@ -33,8 +33,11 @@ void CoordinatorState::onMessage(TimePoint now, SessionId session, Message messa
   sender.last_seen = now;
   if (!sender.accepted) {
     const Hello* hello = std::get_if<Hello>(&message);
+    const Rejoin* rejoin = std::get_if<Rejoin>(&message);
     if (hello != nullptr && sender.global_rank < 0) {
       handleHello(now, session, *hello, effects);
+    } else if (rejoin != nullptr && sender.resume) {
+      handleRejoin(now, session, *rejoin, effects);
     } else {
       goOffline(now, {session}, std::string("protocol violation: ") + messageName(message) + " before being accepted",
                 effects);
@@ -82,6 +85,24 @@ void CoordinatorState::handleHello(TimePoint now, SessionId session, const Hello
   }
   Session& s = sessions_.at(session);
   s.global_rank = hello.global_rank;
+  s.standby = hello.standby;
+  std::string refusal = refuse_all_;
+  if (refusal.empty() && recovery_ && !hello.resume) {
+    refusal = "this coordinator is taking over from a lost one; new processes can connect once it serves";
+  }
+  if (refusal.empty() && !recovery_ && hello.resume) {
+    refusal = "this coordinator is not taking over from a lost one (any more): a failover, if there was one, "
+              "completed without this process";
+  }
+  if (!refusal.empty()) {
+    effects->sends.push_back({session, Reply{0, refusal, {}}});
+    goOffline(now, {session}, "refused: " + refusal, effects);
+    return;
+  }
+  if (hello.resume) {
+    handleResumeHello(now, session, hello, effects);
+    return;
+  }
   if (online_by_global_rank_.count(hello.global_rank) == 0) {
     accept(now, session, effects);
     return;
@@ -100,6 +121,30 @@ void CoordinatorState::accept(TimePoint now, SessionId session, Effects* effects
   s.last_seen = now;
   online_by_global_rank_[s.global_rank] = session;
   effects->sends.push_back({session, Reply{0, "", {}}});
+  tellStandbys(effects, session);
+}
+
+void CoordinatorState::tellStandbys(Effects* effects, SessionId to) {
+  // The lowest candidates only: enough to survive the loss of several at
+  // once, and small enough to tell everyone whenever they change.
+  constexpr size_t kMaxCandidates = 8;
+  Standbys standbys;
+  standbys.coordinator_rank = host_rank_;
+  for (const auto& [global_rank, session] : online_by_global_rank_) {
+    const Session& s = sessions_.at(session);
+    if (global_rank == host_rank_ || s.standby.empty()) continue;
+    if (standbys.ranks.size() == kMaxCandidates) break;
+    standbys.ranks.push_back(global_rank);
+    standbys.addresses.push_back(s.standby);
+  }
+  bool changed = !told_standbys_ || told_standbys_->ranks != standbys.ranks ||
+                 told_standbys_->addresses != standbys.addresses;
+  if (!changed) {
+    if (to != 0) effects->sends.push_back({to, standbys});
+    return;
+  }
+  told_standbys_ = standbys;
+  for (const auto& [global_rank, session] : online_by_global_rank_) effects->sends.push_back({session, standbys});
 }
 
 void CoordinatorState::goOffline(TimePoint now, const std::vector<SessionId>& sessions, const std::string& why,
@@ -154,12 +199,13 @@ void CoordinatorState::goOffline(TimePoint now, const std::vector<SessionId>& se
   // Replacements that waited for these global ranks can be accepted now.
   for (const auto& [session, global_rank] : gone) {
     for (auto& [id, waiting] : sessions_) {
-      if (!waiting.accepted && waiting.global_rank == global_rank) {
+      if (!waiting.accepted && !waiting.resume && waiting.global_rank == global_rank) {
         accept(now, id, effects);
         break;
       }
     }
   }
+  tellStandbys(effects);
 }
 
 void CoordinatorState::handleAck(TimePoint now, SessionId session, const ViewAck& ack, Effects* effects) {
@@ -241,6 +287,7 @@ void CoordinatorState::reply(Effects* effects, const PendingCall& call, std::str
 }
 
 void CoordinatorState::onTimer(TimePoint now, Effects* effects) {
+  if (recovery_ && now >= recovery_->deadline) finishTakeOver(now, /*deadline_passed=*/true, effects);
   expireWaitingRegistrations(now, effects);
   std::vector<SessionId> silent;
   std::vector<SessionId> expired;
@@ -293,7 +340,7 @@ void CoordinatorState::onTimer(TimePoint now, Effects* effects) {
 }
 
 TimePoint CoordinatorState::nextDeadline() const {
-  TimePoint next = TimePoint::max();
+  TimePoint next = recovery_ ? recovery_->deadline : TimePoint::max();
   for (const auto& [id, s] : sessions_) {
     next = std::min(next, s.accepted ? s.last_seen + options_.heartbeat_timeout : s.deadline);
   }

@@ -62,6 +62,20 @@ class CoordinatorState {
   // The state of the process of `global_rank` (control_plane.h, "Link evidence").
   RankState rankState(int global_rank) const;
 
+  // Failover (control_plane.h, "Coordinator failover").
+  // The global rank of the process hosting this coordinator: left out of the
+  // candidate successors told to the Agents (-1: unknown).
+  void setHostRank(int global_rank) { host_rank_ = global_rank; }
+  // This coordinator takes over from the lost one of `lost_rank`'s process.
+  // The processes expected to rejoin are the `candidates` and every process
+  // a rejoined view shows online (but `lost_rank`). Until they all have
+  // rejoined (Hello with resume, then its Rejoins), or failover_timeout has
+  // passed, nothing else is served; then, with a strict majority of them,
+  // the groups are rebuilt from what they reported and every rejoined
+  // process is accepted; without, everyone is refused, now and later.
+  void beginTakeOver(TimePoint now, const std::vector<int>& candidates, int lost_rank);
+  bool recovering() const { return recovery_.has_value(); }
+
  private:
   struct Session {
     int global_rank = -1;   // set by Hello
@@ -70,6 +84,12 @@ class CoordinatorState {
     TimePoint deadline;
     TimePoint last_seen;
     std::map<std::string, uint64_t> acked_epochs;  // group key -> newest acknowledged epoch
+    std::string standby;                           // its standby coordinator ("" = none)
+    // A rejoining process (Hello with resume): the Rejoins it announced, and
+    // those received so far.
+    bool resume = false;
+    uint32_t rejoins_expected = 0;
+    std::vector<Rejoin> rejoins;
   };
 
   struct Seat {
@@ -154,6 +174,15 @@ class CoordinatorState {
   static void reply(Effects* effects, const PendingCall& call, std::string error,
                     std::optional<GroupView> view = std::nullopt);
 
+  // The candidate successors, to every accepted session (or only `to`).
+  void tellStandbys(Effects* effects, SessionId to = 0);
+  // Failover (coordinator_takeover.cpp)
+  void handleResumeHello(TimePoint now, SessionId session, const Hello& hello, Effects* effects);
+  void handleRejoin(TimePoint now, SessionId session, const Rejoin& rejoin, Effects* effects);
+  // Ends the take-over when every expected process rejoined or `deadline_passed`.
+  void finishTakeOver(TimePoint now, bool deadline_passed, Effects* effects);
+  void rebuildGroups(TimePoint now, const std::vector<SessionId>& rejoined, Effects* effects);
+
   // Registration (coordinator_registration.cpp)
   void handleRegister(TimePoint now, SessionId session, const RegisterGroupRequest& request, Effects* effects,
                       std::optional<TimePoint> waiting_since_deadline = std::nullopt);
@@ -203,6 +232,17 @@ class CoordinatorState {
 
   const ControlOptions options_;
   const std::string incarnation_;
+  int host_rank_ = -1;
+  struct Recovery {
+    std::set<int> candidates;
+    int lost_rank = -1;
+    TimePoint deadline;
+  };
+  // The candidates told last (at most kMaxCandidates): told again to
+  // everyone only when they change.
+  std::optional<Standbys> told_standbys_;
+  std::optional<Recovery> recovery_;  // taking over, not serving yet
+  std::string refuse_all_;            // a take-over without majority: why everyone is refused
   uint64_t groups_created_ = 0;
   std::map<SessionId, Session> sessions_;           // connected
   std::map<int, SessionId> online_by_global_rank_;  // accepted sessions

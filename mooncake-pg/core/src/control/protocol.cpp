@@ -29,7 +29,7 @@ void fields(A& a, ProposeViewUpdateResponse& r) {
 }
 template <class A>
 void fields(A& a, Hello& m) {
-  a(m.global_rank), a(m.pid);
+  a(m.global_rank), a(m.pid), a(m.standby), a(m.resume), a(m.rejoins);
 }
 template <class A>
 void fields(A& a, Reply& m) {
@@ -80,6 +80,15 @@ void fields(A& a, ViewAck& m) {
 template <class A>
 void fields(A& a, LinkReport& m) {
   a(m.key), a(m.reached), a(m.unreached);
+}
+template <class A>
+void fields(A& a, Rejoin& m) {
+  a(m.registration), a(m.view);
+}
+template <class A>
+void fields(A& a, Standbys& m) {
+  a(m.coordinator_rank), a(m.ranks), a(m.addresses);
+  a.require(m.ranks.size() == m.addresses.size());
 }
 
 // The largest valid value of each enum on the wire (all travel as one byte).
@@ -256,7 +265,8 @@ const char* messageName(const Message& message) {
   static const char* const kNames[] = {
       "Hello",         "Reply",       "Heartbeat", "RegisterGroupRequest", "UnregisterGroupRequest",
       "FailureReport", "SyncRequest", "SyncReply", "JoinRequest",          "ProposeRequest",
-      "ProposeReply",  "ViewPush",    "ViewAck",   "LinkReport"};
+      "ProposeReply",  "ViewPush",    "ViewAck",   "LinkReport",           "Rejoin",
+      "Standbys"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == std::variant_size_v<Message>, "a name per message");
   return kNames[message.index()];
 }

@@ -20,7 +20,7 @@
 namespace mooncake::pg::control {
 
 constexpr uint32_t kFrameMagic = 0x4350434d;  // "MCPC" in memory order
-constexpr uint16_t kProtocolVersion = 2;
+constexpr uint16_t kProtocolVersion = 3;
 constexpr size_t kFrameHeaderBytes = 12;
 constexpr uint32_t kMaxPayloadBytes = 16u << 20;
 
@@ -31,6 +31,14 @@ using RequestId = uint64_t;
 struct Hello {
   int32_t global_rank = -1;
   int32_t pid = 0;  // for log lines only
+  // The address of this process's standby coordinator ("" for none): a
+  // candidate successor should the coordinator be lost.
+  std::string standby;
+  // Failover: this process was registered with a coordinator that was lost,
+  // and rejoins a successor. `rejoins` Rejoin messages follow the Hello; the
+  // Hello is answered once the successor has rebuilt its state.
+  bool resume = false;
+  uint32_t rejoins = 0;
 };
 // The answer to Hello, registerGroup, unregisterGroup and joinGroup. An empty
 // error means success.
@@ -95,11 +103,28 @@ struct LinkReport {
   std::vector<int32_t> unreached;
 };
 
+// Agent -> successor coordinator, after a Hello with resume: one group this
+// process holds a seat of, as registered, and the newest view it has.
+struct Rejoin {
+  GroupRegistration registration;
+  GroupView view;
+};
+
+// Coordinator -> Agent, whenever the set of online processes changes: the
+// candidate successors (online processes with a standby, but the
+// coordinator's own), by ascending global rank, and the global rank of the
+// process that hosts the coordinator (-1: unknown).
+struct Standbys {
+  int32_t coordinator_rank = -1;
+  std::vector<int32_t> ranks;
+  std::vector<std::string> addresses;
+};
+
 // The index of a message in this variant is its tag on the wire: append new
 // messages at the end and never reorder.
 using Message = std::variant<Hello, Reply, Heartbeat, RegisterGroupRequest, UnregisterGroupRequest, FailureReport,
                              SyncRequest, SyncReply, JoinRequest, ProposeRequest, ProposeReply, ViewPush, ViewAck,
-                             LinkReport>;
+                             LinkReport, Rejoin, Standbys>;
 
 const char* messageName(const Message& message);
 

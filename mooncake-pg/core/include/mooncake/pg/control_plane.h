@@ -38,6 +38,33 @@
 // process that holds an Active, Inactive or AwaitingActivation seat of the
 // group, and acknowledged after the listener returns.
 //
+// Coordinator failover: every process may host a standby coordinator,
+// listening from the start; its address travels in the Agent's Hello and the
+// coordinator tells every Agent the ordered candidates (Standbys: the
+// lowest 8 online processes with a standby, by global rank, without the
+// coordinator's own process; told again to everyone only when they change).
+// An Agent that loses the coordinator (closed, or silent for
+// heartbeat_timeout) does not give up at once: it tries the candidates of
+// the last list in order; when its own process's turn comes, it has its
+// standby take over and connects to it. Each attempt is bounded (connect,
+// then failover_timeout + heartbeat_timeout for the answer). The successor
+// waits up to failover_timeout for the processes of its last list, and
+// every process the rejoined views show online, to rejoin (each sends its
+// registrations and newest views), continues every group's epochs above the
+// highest reported, keeps its uid, and treats every process that did not
+// rejoin (the old coordinator's first) as gone: their seats go through the
+// normal failure path (Inactive where the group deactivates on failure), in
+// one new view per group. A successor that does not hear from a strict
+// majority of the processes it waited for refuses everyone: a process cut off alone cannot
+// found a membership of its own. Calls in flight when the connection broke
+// fail (syncAfterFailure is sent again to the successor); calls made during
+// the failover wait for it. Only when no candidate takes the Agent back is
+// the loss final (LossListener). A process cut off by the test hook
+// (test_faults.h) never fails over. Limits: the successor and the old
+// coordinator lost together leaves the next candidate to take over only after
+// the successor's attempt timed out; registrations, proposals and joins in
+// flight are lost with the old coordinator.
+//
 // The data plane stays out of here: endpoints are opaque strings that the
 // data plane publishes and reads back from views.
 #pragma once
@@ -98,15 +125,40 @@ struct ControlOptions {
   // How long an activation whose targets are ready waits for the link
   // evidence it still lacks before it is rejected.
   std::chrono::milliseconds link_timeout{5000};
+  // Failover (see "Coordinator failover" above): how long a successor waits
+  // for the processes of the last membership to rejoin it, and, plus
+  // heartbeat_timeout, how long an Agent waits for one candidate's answer.
+  std::chrono::milliseconds failover_timeout{1000};
 };
 
 class Coordinator {
  public:
-  // Listens on `host`:0 (an ephemeral port). Null with *error on failure.
+  // Listens on `host`:0 (an ephemeral port) and serves at once. Null with
+  // *error on failure.
   static std::unique_ptr<Coordinator> start(const std::string& host, const ControlOptions& options,
                                             std::string* error);
+  // A standby in the process of `host_global_rank`: listens on `host`:0 now
+  // (so its address can be handed out before any failure) but serves
+  // nothing (connections wait in the backlog) until activate() or takeOver().
+  static std::unique_ptr<Coordinator> standby(const std::string& host, const ControlOptions& options,
+                                              int host_global_rank, std::string* error);
   virtual ~Coordinator() = default;
   virtual std::string address() const = 0;  // "host:port", what agents connect to
+  // A standby starts serving as the job's first coordinator. Idempotent.
+  virtual void activate() = 0;
+  // A standby takes over from the lost coordinator in `lost_rank`'s process
+  // (the Agent of its own process calls this when the failover order makes
+  // it the successor): it waits up to failover_timeout for the `candidates`
+  // (global ranks, its own included) and every process their views show
+  // online (but `lost_rank`) to rejoin, then, if a strict majority of them
+  // did, rebuilds the groups from what they report and serves; without a
+  // majority it refuses everyone (this process is probably the one cut
+  // off). Idempotent.
+  virtual void takeOver(const std::vector<int>& candidates, int lost_rank) = 0;
+  virtual bool serving() const = 0;  // activated or taken over
+  // Called once, on the caller's thread of takeOver, with this coordinator's address.
+  using TakeOverListener = std::function<void(const std::string& address)>;
+  virtual void onTakeOver(TakeOverListener listener) = 0;
 };
 
 struct GroupRegistration {
@@ -127,8 +179,11 @@ class Agent {
   // Connects this process (global rank `global_rank`) to the Coordinator at
   // `address`. A previous process of the same global rank must be offline
   // first; the Agent waits up to heartbeat_timeout for that, then fails.
+  // `standby` (may be null; must outlive the Agent): this process's standby
+  // coordinator, offered to the others as a candidate successor and taken
+  // over by this Agent when the failover order names this process.
   static std::unique_ptr<Agent> connect(const std::string& address, int global_rank, const ControlOptions& options,
-                                        std::string* error);
+                                        std::string* error, Coordinator* standby = nullptr);
   virtual ~Agent() = default;  // disconnects: the Coordinator sees the process leave
 
   using ViewListener = std::function<void(const GroupView&)>;
