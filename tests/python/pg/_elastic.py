@@ -137,3 +137,16 @@ def poll(predicate, timeout=30.0, interval=0.02):
         if time.monotonic() > deadline:
             raise TimeoutError("condition not reached in time")
         time.sleep(interval)
+
+
+def replacement_joins(ctx):
+    """A replacement process (started with is_extension): joins the group,
+    then runs a full-world all_reduce and says what it got."""
+    import torch
+    import torch.distributed as dist
+
+    ctx.say(("before join", dist.get_world_size()))
+    ctx.pg.join_group(dist.group.WORLD)
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)
+    ctx.say(("full", t.item(), ctx.pg.get_active_ranks(dist.group.WORLD).tolist()))

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _elastic import Job, poll
+from _elastic import Job, poll, replacement_joins
 from _harness import HOST
 
 pytestmark = pytest.mark.timeout(120)
@@ -68,14 +68,6 @@ def _survivor_or_victim(ctx):
     ctx.say(("full", t.item(), ctx.pg.get_active_ranks(_world()).tolist()))
 
 
-def _replacement(ctx):
-    ctx.say(("before join", dist.get_world_size()))
-    ctx.pg.join_group(_world())
-    t = torch.tensor([float(ctx.rank + 1)])
-    dist.all_reduce(t)
-    ctx.say(("full", t.item(), ctx.pg.get_active_ranks(_world()).tolist()))
-
-
 def test_the_survivors_go_on_when_rank_0_and_its_coordinator_are_killed():
     world = 4
     env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
@@ -87,7 +79,7 @@ def test_the_survivors_go_on_when_rank_0_and_its_coordinator_are_killed():
         assert not procs[0].is_alive() and procs[0].exitcode == -signal.SIGKILL, procs[0].exitcode
         for r in range(1, world):
             assert job.events[f"degraded{r}"].wait(30), r
-        job.start(_replacement, 0, world, spec=(world, True))
+        job.start(replacement_joins, 0, world, spec=(world, True))
         got = job.collect(world, timeout=60)
         del store
     _check_survivors(got, world)

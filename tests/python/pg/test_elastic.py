@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _elastic import Job, die, poll
+from _elastic import Job, die, poll, replacement_joins
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -128,14 +128,6 @@ def _recovery_survivor(ctx):
     ctx.say(("full", t.item(), ctx.pg.get_active_ranks(_world()).tolist()))
 
 
-def _recovery_replacement(ctx):
-    ctx.say(("before join", dist.get_world_size()))
-    ctx.pg.join_group(_world())
-    t = torch.tensor([float(ctx.rank + 1)])
-    dist.all_reduce(t)
-    ctx.say(("full", t.item(), ctx.pg.get_active_ranks(_world()).tolist()))
-
-
 def test_recovery_by_a_replacement_process():
     world = 4
     with Job(event_names=["degraded"]) as job:
@@ -143,7 +135,7 @@ def test_recovery_by_a_replacement_process():
         procs[1].join(30)
         assert not procs[1].is_alive()
         assert job.events["degraded"].wait(30)
-        job.start(_recovery_replacement, 1, world, spec=(world, True))
+        job.start(replacement_joins, 1, world, spec=(world, True))
         got = job.collect(world)
     for r in (0, 2, 3):
         said = got[r][0]
