@@ -12,6 +12,7 @@
 #include "mooncake/te/host_identity.h"
 #include "settings.h"
 #include "tensor_checks.h"
+#include "without_gil.h"
 
 namespace mooncake::pg {
 namespace {
@@ -30,8 +31,6 @@ size_t envBytes(const char* name, size_t fallback) {
 // A tensor the core can read and write as one block: `t` itself when it is
 // contiguous, else a contiguous copy (written back by the caller).
 at::Tensor contiguousOf(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
-
-size_t bytesOf(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
 
 thread_local std::function<std::string()> current_gate;
 
@@ -113,20 +112,11 @@ P2pChannel& MooncakeCpuBackend::p2p(const char* op) {
 MooncakeCpuBackend::~MooncakeCpuBackend() { shutdown(); }
 
 void MooncakeCpuBackend::shutdown() {
-  // Our threads may be dropping tensors that Python created, which takes the
-  // GIL: never wait for them while holding it (Python destroys groups with
-  // the GIL held).
-  auto stop = [this] {
+  runWithoutGil([this] {
     queue_.stop();
     if (membership_) membership_->shutdown();  // leaves the seat; drops the plane and the channels
     p2p_.reset();
-  };
-  if (Py_IsInitialized() && PyGILState_Check()) {
-    pybind11::gil_scoped_release release;
-    stop();
-  } else {
-    stop();
-  }
+  });
 }
 
 OpResult MooncakeCpuBackend::runCollective(const std::function<OpResult()>& body) {
@@ -134,10 +124,7 @@ OpResult MooncakeCpuBackend::runCollective(const std::function<OpResult()>& body
     try {
       return body();
     } catch (const std::exception& e) {  // never let an error escape the worker thread
-      OpResult r;
-      r.ok = false;
-      r.error = e.what();
-      return r;
+      return OpResult::failure(e.what());
     }
   };
   OpResult result = attempt();
@@ -192,20 +179,14 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::enqueue(c10d::OpType type, st
     if (gate) {
       std::string why = gate();
       if (!why.empty()) {
-        OpResult r;
-        r.ok = false;
-        r.error = why;
-        work->complete(r);
+        work->complete(OpResult::failure(why));
         return;
       }
     }
     work->complete(runCollective(body));
   };
   if ((!may_run_inline || !queue_.runInlineIfIdle(run)) && !queue_.push(run)) {
-    OpResult r;
-    r.ok = false;
-    r.error = "the process group was shut down";
-    work->complete(r);
+    work->complete(OpResult::failure("the process group was shut down"));
   }
   return work;
 }
@@ -571,12 +552,9 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::recv(std::vector<at::Tensor>&
 
 bool MooncakeCpuBackend::peerIsActive(int peer, const c10::intrusive_ptr<MooncakeWork>& work) {
   if (membership_->isActive(peer)) return true;
-  OpResult r;
-  r.ok = false;
-  r.error = "rank " + std::to_string(peer) + " is not active in this group (epoch " +
-            std::to_string(membership_->epoch()) + ")";
-  r.failed_ranks.push_back(peer);
-  work->complete(r);
+  work->complete(OpResult::failure("rank " + std::to_string(peer) + " is not active in this group (epoch " +
+                                        std::to_string(membership_->epoch()) + ")",
+                                    {peer}));
   return false;
 }
 

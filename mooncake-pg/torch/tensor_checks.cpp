@@ -58,11 +58,17 @@ void checkCpuDense(const at::Tensor& t, const char* op, const char* arg) {
                     t.layout());
 }
 
-const at::Tensor& checkSingle(const std::vector<at::Tensor>& tensors, const char* op, const char* arg) {
+const at::Tensor& checkOne(const std::vector<at::Tensor>& tensors, const char* op, const char* arg) {
   TORCH_CHECK_VALUE(tensors.size() == 1, op, ": expects exactly one tensor in ", arg, ", got ", tensors.size());
-  checkCpuDense(tensors[0], op, arg);
   return tensors[0];
 }
+
+const at::Tensor& checkSingle(const std::vector<at::Tensor>& tensors, const char* op, const char* arg) {
+  checkCpuDense(checkOne(tensors, op, arg), op, arg);
+  return tensors[0];
+}
+
+size_t bytesOf(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
 
 void checkSameKind(const at::Tensor& a, const at::Tensor& b, const char* op, const char* arg_a, const char* arg_b) {
   checkCpuDense(b, op, arg_b);
@@ -88,8 +94,7 @@ void checkCudaDense(const at::Tensor& t, int device, const char* op, const char*
 void splitLayout(const at::Tensor& t, const std::vector<int64_t>& splits, int world, const char* op, const char* arg,
                  std::vector<size_t>& offsets, std::vector<size_t>& bytes) {
   const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
-  const size_t total_bytes = static_cast<size_t>(t.numel()) * t.element_size();
-  const size_t row_bytes = rows == 0 ? 0 : total_bytes / rows;
+  const size_t row_bytes = rows == 0 ? 0 : bytesOf(t) / rows;
   std::vector<int64_t> s = splits;
   if (s.empty()) {
     TORCH_CHECK_VALUE(rows % world == 0, op, ": without split sizes, ", arg, ".size(0) (", rows,

@@ -24,7 +24,11 @@ WireType wireTypeOf(const at::Tensor& t, const char* op, const char* arg);
 ReduceOp reduceOpOf(const c10d::ReduceOp& op, const at::Tensor& t, const WireType& w, const char* opname);
 
 void checkCpuDense(const at::Tensor& t, const char* op, const char* arg);
+// The one tensor of `tensors` (torch passes lists where an operation takes one).
+const at::Tensor& checkOne(const std::vector<at::Tensor>& tensors, const char* op, const char* arg);
+// checkOne, and the tensor is a dense CPU tensor.
 const at::Tensor& checkSingle(const std::vector<at::Tensor>& tensors, const char* op, const char* arg);
+size_t bytesOf(const at::Tensor& t);
 void checkSameKind(const at::Tensor& a, const at::Tensor& b, const char* op, const char* arg_a, const char* arg_b);
 void checkRank(int64_t rank, int size, const char* op, const char* arg);
 

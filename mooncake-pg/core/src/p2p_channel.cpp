@@ -148,10 +148,7 @@ class P2pChannel::Impl {
   // Reopens, at the peer's epoch, lanes a peer reopened at a later epoch.
   void followReopens();
   OpResult failure(int peer, const std::string& why) const {
-    OpResult r;
-    r.ok = false;
-    r.error = why;
-    r.failed_ranks = peers_[peer].failure_ranks;
+    OpResult r = OpResult::failure(why, peers_[peer].failure_ranks);
     if (r.failed_ranks.empty() && peers_[peer].failure_blames_peer) r.failed_ranks.push_back(peer);
     r.mismatch = peers_[peer].failure_mismatch;
     r.timed_out = peers_[peer].failure_timed_out;

@@ -1,14 +1,12 @@
 #include "cuda_backend.h"
 
 #include <c10/cuda/CUDAGuard.h>
-#include <torch/csrc/utils/pybind.h>
 
 #include "../tensor_checks.h"
+#include "../without_gil.h"
 
 namespace mooncake::pg {
 namespace {
-
-size_t bytesOf(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
 
 // CPU tensors of a "mooncake" group go to the host backend, as they would to
 // Gloo beside NCCL (torch's object collectives use them, e.g.
@@ -47,16 +45,9 @@ MooncakeCudaBackend::MooncakeCudaBackend(c10::intrusive_ptr<MooncakeCpuBackend> 
 MooncakeCudaBackend::~MooncakeCudaBackend() { shutdown(); }
 
 void MooncakeCudaBackend::shutdown() {
-  // The watcher may complete Works that Python holds: never join it with the GIL.
-  auto stop = [this] {
-    if (fast_) fast_->shutdown();
-  };
-  if (Py_IsInitialized() && PyGILState_Check()) {
-    pybind11::gil_scoped_release release;
-    stop();
-  } else {
-    stop();
-  }
+  runWithoutGil([this] {
+    if (fast_) fast_->shutdown();  // its watcher completes Works that Python holds
+  });
 }
 
 void MooncakeCudaBackend::checkTensor(const at::Tensor& t, const char* op, const char* arg) {
@@ -101,8 +92,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::alone(c10d::OpType type, std
 c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                               const c10d::AllreduceOptions& opts) {
   if (onCpu(tensors)) return host_->allreduce(tensors, opts);
-  TORCH_CHECK_VALUE(tensors.size() == 1, "all_reduce: expects exactly one tensor, got ", tensors.size());
-  at::Tensor t = tensors[0];
+  at::Tensor t = checkOne(tensors, "all_reduce", "tensor");
   checkTensor(t, "all_reduce", "tensor");
   const WireType w = wireTypeOf(t, "all_reduce", "tensor");
   const ReduceOp op = reduceOpOf(opts.reduceOp, t, w, "all_reduce");
@@ -145,8 +135,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::allreduce_coalesced(std::vec
 c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                               const c10d::BroadcastOptions& opts) {
   if (onCpu(tensors)) return host_->broadcast(tensors, opts);
-  TORCH_CHECK_VALUE(tensors.size() == 1, "broadcast: expects exactly one tensor, got ", tensors.size());
-  at::Tensor t = tensors[0];
+  at::Tensor t = checkOne(tensors, "broadcast", "tensor");
   checkTensor(t, "broadcast", "tensor");
   wireTypeOf(t, "broadcast", "tensor");
   checkRank(opts.rootRank, worldSize(), "broadcast", "src");
@@ -164,8 +153,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::broadcast(std::vector<at::Te
 c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::reduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::ReduceOptions& opts) {
   if (onCpu(tensors)) return host_->reduce(tensors, opts);
-  TORCH_CHECK_VALUE(tensors.size() == 1, "reduce: expects exactly one tensor, got ", tensors.size());
-  at::Tensor t = tensors[0];
+  at::Tensor t = checkOne(tensors, "reduce", "tensor");
   checkTensor(t, "reduce", "tensor");
   const WireType w = wireTypeOf(t, "reduce", "tensor");
   const ReduceOp op = reduceOpOf(opts.reduceOp, t, w, "reduce");
@@ -380,7 +368,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::gather(std::vector<std::vect
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::GatherOptions& opts) {
   if (onCpu(inputs)) return host_->gather(outputs, inputs, opts);
-  TORCH_CHECK_VALUE(inputs.size() == 1, "gather: expects exactly one input tensor, got ", inputs.size());
+  checkOne(inputs, "gather", "tensor");
   checkTensor(inputs[0], "gather", "tensor");
   std::vector<at::Tensor> list = outputs.empty() ? std::vector<at::Tensor>{} : outputs[0];
   for (const at::Tensor& t : list) checkTensor(t, "gather", "gather_list[i]");
@@ -395,7 +383,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::scatter(std::vector<at::Tens
                                                             std::vector<std::vector<at::Tensor>>& inputs,
                                                             const c10d::ScatterOptions& opts) {
   if (onCpu(outputs)) return host_->scatter(outputs, inputs, opts);
-  TORCH_CHECK_VALUE(outputs.size() == 1, "scatter: expects exactly one output tensor, got ", outputs.size());
+  checkOne(outputs, "scatter", "tensor");
   checkTensor(outputs[0], "scatter", "tensor");
   std::vector<at::Tensor> list = inputs.empty() ? std::vector<at::Tensor>{} : inputs[0];
   for (const at::Tensor& t : list) checkTensor(t, "scatter", "scatter_list[i]");
@@ -412,7 +400,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::barrier(const c10d::BarrierO
 
 c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   if (onCpu(tensors)) return host_->send(tensors, dst_rank, tag);
-  TORCH_CHECK_VALUE(tensors.size() == 1, "send: expects exactly one tensor, got ", tensors.size());
+  checkOne(tensors, "send", "tensor");
   checkTensor(tensors[0], "send", "tensor");
   return staged(c10d::OpType::SEND, "send", tensors, {}, [&](auto& in, auto&) {
     return host_->send(in, dst_rank, tag);
@@ -421,7 +409,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::send(std::vector<at::Tensor>
 
 c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   if (onCpu(tensors)) return host_->recv(tensors, src_rank, tag);
-  TORCH_CHECK_VALUE(tensors.size() == 1, "recv: expects exactly one tensor, got ", tensors.size());
+  checkOne(tensors, "recv", "tensor");
   checkTensor(tensors[0], "recv", "tensor");
   return staged(c10d::OpType::RECV, "recv", {}, tensors, [&](auto&, auto& out) {
     return host_->recv(out, src_rank, tag);

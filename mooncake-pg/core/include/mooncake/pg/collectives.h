@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mooncake/pg/types.h"
@@ -29,6 +30,15 @@ struct OpResult {
   // may well be alive and simply not sending (application logic), so this
   // is the caller's to judge, not failure evidence for the membership.
   bool timed_out = false;
+
+  // A failed outcome with its reason and the ranks at fault.
+  static OpResult failure(std::string why, std::vector<int> ranks = {}) {
+    OpResult r;
+    r.ok = false;
+    r.error = std::move(why);
+    r.failed_ranks = std::move(ranks);
+    return r;
+  }
 };
 
 class Collectives {
