@@ -9,29 +9,21 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <map>
 #include <string>
 
 #include "ep_rank_scenarios.h"
+#include "rank_args.h"
 
 using namespace mooncake::ep::cuda;
 using namespace mooncake::ep::cuda::testing;
 
 int main(int argc, char** argv) {
-  if (argc < 5) {
-    std::fprintf(stderr, "usage: %s <scenario> <name> <rank> <world> [key=value ...]\n", argv[0]);
-    return 2;
-  }
-  const std::string scenario = argv[1], name = argv[2];
-  const int rank = std::atoi(argv[3]), world = std::atoi(argv[4]);
-  std::map<std::string, std::string> keys;
-  for (int i = 5; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const size_t eq = arg.find('=');
-    if (eq != std::string::npos) keys[arg.substr(0, eq)] = arg.substr(eq + 1);
-  }
-  auto key = [&](const char* k, long fallback) { return keys.count(k) ? std::stol(keys[k]) : fallback; };
+  mooncake::testing::RankArgs args;
+  if (!mooncake::testing::parseRankArgs(argc, argv, &args)) return 2;
+  const std::string& scenario = args.scenario;
+  const std::string& name = args.name;
+  const int rank = args.rank, world = args.world;
+  auto key = [&](const char* k, long fallback) { return args.has(k) ? std::stol(args.get(k)) : fallback; };
   Sizes s;
   s.R = world;
   s.T = static_cast<int>(key("tokens", 24));

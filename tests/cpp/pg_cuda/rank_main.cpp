@@ -9,10 +9,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <map>
 #include <string>
 
+#include "rank_args.h"
 #include "rank_support.h"
 
 using namespace mooncake::pg::cuda;
@@ -34,24 +33,17 @@ int runScenario(const std::string& scenario, CudaIpcGroup& group) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 5) {
-    std::fprintf(stderr, "usage: %s <scenario> <name> <rank> <world> [key=value ...]\n", argv[0]);
-    return 2;
-  }
-  const std::string scenario = argv[1], name = argv[2];
-  const int rank = std::atoi(argv[3]), world = std::atoi(argv[4]);
-  std::map<std::string, std::string> keys;
-  for (int i = 5; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const size_t eq = arg.find('=');
-    if (eq != std::string::npos) keys[arg.substr(0, eq)] = arg.substr(eq + 1);
-  }
+  mooncake::testing::RankArgs args;
+  if (!mooncake::testing::parseRankArgs(argc, argv, &args)) return 2;
+  const std::string& scenario = args.scenario;
+  const std::string& name = args.name;
+  const int rank = args.rank, world = args.world;
   CudaIpcGroupOptions options;
-  if (keys.count("staging")) options.staging_bytes = std::stoull(keys["staging"]);
-  if (keys.count("one_shot")) options.one_shot_bytes = std::stoull(keys["one_shot"]);
-  if (keys.count("timeout_ms")) options.timeout = std::chrono::milliseconds(std::stoll(keys["timeout_ms"]));
-  if (keys["sync"] == "kernels") options.sync = SyncMode::kKernels;
-  if (keys["sync"] == "memops") options.sync = SyncMode::kStreamMemOps;
+  if (args.has("staging")) options.staging_bytes = std::stoull(args.get("staging"));
+  if (args.has("one_shot")) options.one_shot_bytes = std::stoull(args.get("one_shot"));
+  if (args.has("timeout_ms")) options.timeout = std::chrono::milliseconds(std::stoll(args.get("timeout_ms")));
+  if (args.get("sync") == "kernels") options.sync = SyncMode::kKernels;
+  if (args.get("sync") == "memops") options.sync = SyncMode::kStreamMemOps;
   options.attach_timeout = std::chrono::seconds(60);
 
   if (cudaSetDevice(0) != cudaSuccess) {
