@@ -29,7 +29,7 @@ def main(src: str, dst: str) -> None:
             xs = [c + (i - 0.5) * width for c in range(len(configs))]
             ax.bar(xs, [median.get((*cfg, impl, phase), 0.0) for cfg in configs], width, label=label)
         ax.set_xticks(range(len(configs)))
-        ax.set_xticklabels([f"{w} ranks\nT={t} H={h} k={k}" for w, t, h, k in configs], fontsize=7)
+        ax.set_xticklabels([f"{w} ranks\nT={t}\nH={h}\nk={k}" for w, t, h, k in configs], fontsize=7)
         ax.set_title(f"{phase}, bf16, mooncake-cpu (2-core VM)")
         ax.set_ylabel("median ms, slowest rank")
         ax.grid(True, axis="y", alpha=0.3)
