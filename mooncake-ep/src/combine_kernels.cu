@@ -9,6 +9,8 @@
 //           w[t, k] * row(expert of pick k, t), float32 multiply then add,
 //           rounded to bf16 once; picks that are -1 or whose owner is masked
 //           (after the wait) are skipped. The collective path's arithmetic.
+// The send kernel is the call's first half, wait and reduce its second
+// (EpStages); each half takes its call number from the device counters.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -27,9 +29,16 @@ constexpr int kChannelsPerThread = 8;  // one 16-byte load of bf16
 __global__ void __launch_bounds__(kSendThreads) combineSendKernel(EpKernelContext ctx, CombineArgs args) {
   const RegionLayout& lay = ctx.layout;
   const int dest = blockIdx.x / lay.L, le = blockIdx.x % lay.L;
+  CallCounters* counters = &ctx.counters->combine;
+  __shared__ uint32_t sequence;
+  if (threadIdx.x == 0) sequence = sendSequence(counters);
   // One decision for the whole block (it meets at a barrier below).
   const bool skip = threadIdx.x == 0 && skipDestination(args.active_ranks, ctx.escape, ctx.rank, dest);
-  if (__syncthreads_or(skip)) return;
+  if (__syncthreads_or(skip)) {
+    if (threadIdx.x == 0) finishSendBlock(counters, sequence);
+    return;
+  }
+  const int parity = static_cast<int>(sequence & 1);
   char* region = ctx.regions[dest];
   const int expert = ctx.rank * lay.L + le;
   const size_t rows_per_expert = static_cast<size_t>(lay.R) * lay.T;
@@ -43,25 +52,30 @@ __global__ void __launch_bounds__(kSendThreads) combineSendKernel(EpKernelContex
     const int token = args.src_info[row];
     if (token < 0 || token >= lay.T) continue;  // not a dispatch handle's row: never write out of the slot table
     const int4* src = reinterpret_cast<const int4*>(static_cast<const __nv_bfloat16*>(args.y) + row * lay.H);
-    int4* dst = reinterpret_cast<int4*>(region + lay.combineRow(ctx.parity, expert, token));
+    int4* dst = reinterpret_cast<int4*>(region + lay.combineRow(parity, expert, token));
     for (size_t v = lane; v < vectors; v += kWarp) dst[v] = src[v];
   }
   // Rows visible at system scope before the signal (release).
   __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
-    publishSignal(region, lay.combineSignal(ctx.parity, expert), ctx.sequence, static_cast<uint32_t>(count));
+    publishSignal(region, lay.combineSignal(parity, expert), sequence, static_cast<uint32_t>(count));
+    finishSendBlock(counters, sequence);
   }
 }
 
 __global__ void __launch_bounds__(kWaitThreads) combineWaitKernel(EpKernelContext ctx, CombineArgs args) {
   const RegionLayout& lay = ctx.layout;
+  __shared__ uint32_t sequence;
+  if (threadIdx.x == 0) sequence = beginReceive(&ctx.counters->combine);  // numbered even when taking no part
+  __syncthreads();
   if (loadActive(args.active_ranks + ctx.rank) == 0) return;  // no part in this call: the output is zero
+  const int parity = static_cast<int>(sequence & 1);
   const char* region = ctx.regions[ctx.rank];
   const uint64_t start = globaltimer_ns();
   for (int expert = threadIdx.x; expert < lay.E; expert += blockDim.x) {
     // The count is not needed: the rows are addressed by token.
-    waitSignal(region, lay.combineSignal(ctx.parity, expert), ctx.sequence, expert / lay.L, args.active_ranks,
+    waitSignal(region, lay.combineSignal(parity, expert), sequence, expert / lay.L, args.active_ranks,
                ctx.escape, start, ctx.timeout_ns);
   }
 }
@@ -71,18 +85,21 @@ __global__ void combineReduceKernel(EpKernelContext ctx, CombineArgs args) {
   const int token = blockIdx.x;
   const bool self_active = loadActive(args.active_ranks + ctx.rank) != 0;
   const char* region = ctx.regions[ctx.rank];
+  const int parity = static_cast<int>(receivedSequence(&ctx.counters->combine) & 1);
   for (int c = threadIdx.x * kChannelsPerThread; c < lay.H; c += blockDim.x * kChannelsPerThread) {
     float acc[kChannelsPerThread];
     for (int i = 0; i < kChannelsPerThread; ++i) acc[i] = 0.0f;
     for (int k = 0; self_active && k < args.num_topk; ++k) {
       const int64_t expert = args.topk_idx[static_cast<size_t>(token) * args.num_topk + k];
-      if (expert < 0 || loadActive(args.active_ranks + expert / lay.L) == 0) continue;
+      // Entries outside [0, E) are not checked on the host (that would
+      // synchronise): they count as -1 here, never as an address.
+      if (expert < 0 || expert >= lay.E || loadActive(args.active_ranks + expert / lay.L) == 0) continue;
       const float w = args.topk_weights[static_cast<size_t>(token) * args.num_topk + k];
       // Written by the owner before its signal, which the wait kernel
       // acquired before this kernel began (stream order). Loaded through L2
       // only, where the owner's stores land, never from a stale L1 line.
       const int4 raw = __ldcg(reinterpret_cast<const int4*>(
-          region + lay.combineRow(ctx.parity, static_cast<int>(expert), token) + static_cast<size_t>(c) * 2));
+          region + lay.combineRow(parity, static_cast<int>(expert), token) + static_cast<size_t>(c) * 2));
       const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
       for (int i = 0; i < kChannelsPerThread / 2; ++i) {
         // Multiply, then add, each rounded: never fused into an FMA.
@@ -99,8 +116,10 @@ __global__ void combineReduceKernel(EpKernelContext ctx, CombineArgs args) {
 
 }  // namespace
 
-cudaError_t launchCombine(const EpKernelContext& ctx, const CombineArgs& args, cudaStream_t stream) {
-  combineSendKernel<<<ctx.layout.E, kSendThreads, 0, stream>>>(ctx, args);
+cudaError_t launchCombine(const EpKernelContext& ctx, const CombineArgs& args, EpStages stages,
+                          cudaStream_t stream) {
+  if (stages != EpStages::kReceiveOnly) combineSendKernel<<<ctx.layout.E, kSendThreads, 0, stream>>>(ctx, args);
+  if (stages == EpStages::kSendOnly) return cudaGetLastError();
   combineWaitKernel<<<1, kWaitThreads, 0, stream>>>(ctx, args);
   if (args.num_tokens > 0) {
     const int threads = std::min(1024, ctx.layout.H / kChannelsPerThread);

@@ -11,6 +11,8 @@
 //   copy  one block per (local expert, source): moves the segment's rows
 //         from the receive region into recv_x / recv_scales / src_info, and
 //         fills src_info past the count with -1.
+// The send kernel is the call's first half, wait and copy its second
+// (EpStages); each half takes its call number from the device counters.
 #include <cuda_bf16.h>
 
 #include "fp8_quant.cuh"
@@ -51,12 +53,19 @@ __device__ __forceinline__ void warpCopyFromRegion(void* dst, const void* src, s
 __global__ void __launch_bounds__(kSendThreads) dispatchSendKernel(EpKernelContext ctx, DispatchArgs args) {
   const RegionLayout& lay = ctx.layout;
   const int expert = blockIdx.x, dest = expert / lay.L, le = expert % lay.L;
+  CallCounters* counters = &ctx.counters->dispatch;
+  __shared__ uint32_t sequence;
+  if (threadIdx.x == 0) sequence = sendSequence(counters);
   // Nothing goes to a rank this rank masks, and a rank masked by its own
   // caller takes no part at all: not even signals (the peers then give up
   // on it, or skip it if they mask it too).
   // One decision for the whole block (it meets at barriers below).
   const bool skip = threadIdx.x == 0 && skipDestination(args.active_ranks, ctx.escape, ctx.rank, dest);
-  if (__syncthreads_or(skip)) return;
+  if (__syncthreads_or(skip)) {
+    if (threadIdx.x == 0) finishSendBlock(counters, sequence);
+    return;
+  }
+  const int parity = static_cast<int>(sequence & 1);
   char* region = ctx.regions[dest];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   constexpr int kWarps = kSendThreads / kWarp;
@@ -81,7 +90,7 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSendKernel(EpKernelConte
     __syncthreads();
     for (int i = warp; i < total; i += kWarps) {
       const int t = chunk_tokens[i];
-      char* message = region + lay.dispatchMessage(ctx.parity, le, ctx.rank, sent_before + i);
+      char* message = region + lay.dispatchMessage(parity, le, ctx.rank, sent_before + i);
       const auto* src = static_cast<const __nv_bfloat16*>(args.x) + static_cast<size_t>(t) * lay.H;
       if (lane == 0) *reinterpret_cast<int32_t*>(message) = t;
       char* payload = message + kMessageHeaderBytes;
@@ -100,13 +109,17 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSendKernel(EpKernelConte
   __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
-    publishSignal(region, lay.dispatchSignal(ctx.parity, le, ctx.rank), ctx.sequence,
-                  static_cast<uint32_t>(sent_before));
+    publishSignal(region, lay.dispatchSignal(parity, le, ctx.rank), sequence, static_cast<uint32_t>(sent_before));
+    finishSendBlock(counters, sequence);
   }
 }
 
 __global__ void __launch_bounds__(kWaitThreads) dispatchWaitKernel(EpKernelContext ctx, DispatchArgs args) {
   const RegionLayout& lay = ctx.layout;
+  __shared__ uint32_t sequence;
+  if (threadIdx.x == 0) sequence = beginReceive(&ctx.counters->dispatch);
+  __syncthreads();
+  const int parity = static_cast<int>(sequence & 1);
   const char* region = ctx.regions[ctx.rank];
   const bool self_active = loadActive(args.active_ranks + ctx.rank) != 0;
   const uint64_t start = globaltimer_ns();
@@ -116,7 +129,7 @@ __global__ void __launch_bounds__(kWaitThreads) dispatchWaitKernel(EpKernelConte
     const int le = pair / lay.R, src = pair % lay.R;
     int count = 0;
     if (self_active) {
-      count = waitSignal(region, lay.dispatchSignal(ctx.parity, le, src), ctx.sequence, src, args.active_ranks,
+      count = waitSignal(region, lay.dispatchSignal(parity, le, src), sequence, src, args.active_ranks,
                          ctx.escape, start, ctx.timeout_ns);
     }
     // A count never exceeds T (a sender has at most T tokens); the clamp
@@ -146,10 +159,11 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchCopyKernel(EpKernelConte
   const int64_t range = args.layout_range[le * lay.R + src];
   const int begin = static_cast<int>(range >> 32), count = static_cast<int>(range & 0xffffffff);
   const char* region = ctx.regions[ctx.rank];
+  const int parity = static_cast<int>(receivedSequence(&ctx.counters->dispatch) & 1);
   // The wait kernel's acquire loads ended before this kernel began (stream
   // order), so the rows are visible here (read through L2, see warpCopyFromRegion).
   for (int i = warp; i < count; i += kWarps) {
-    const char* message = region + lay.dispatchMessage(ctx.parity, le, src, i);
+    const char* message = region + lay.dispatchMessage(parity, le, src, i);
     const size_t row = le * rows_per_expert + begin + i;
     if (lane == 0) args.src_info[row] = __ldcg(reinterpret_cast<const int32_t*>(message));
     const char* payload = message + kMessageHeaderBytes;
@@ -175,10 +189,13 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchCopyKernel(EpKernelConte
 
 }  // namespace
 
-cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args, cudaStream_t stream) {
-  dispatchSendKernel<<<ctx.layout.E, kSendThreads, 0, stream>>>(ctx, args);
-  dispatchWaitKernel<<<1, kWaitThreads, 0, stream>>>(ctx, args);
-  dispatchCopyKernel<<<dim3(ctx.layout.L, ctx.layout.R), kCopyThreads, 0, stream>>>(ctx, args);
+cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args, EpStages stages,
+                           cudaStream_t stream) {
+  if (stages != EpStages::kReceiveOnly) dispatchSendKernel<<<ctx.layout.E, kSendThreads, 0, stream>>>(ctx, args);
+  if (stages != EpStages::kSendOnly) {
+    dispatchWaitKernel<<<1, kWaitThreads, 0, stream>>>(ctx, args);
+    dispatchCopyKernel<<<dim3(ctx.layout.L, ctx.layout.R), kCopyThreads, 0, stream>>>(ctx, args);
+  }
   return cudaGetLastError();
 }
 

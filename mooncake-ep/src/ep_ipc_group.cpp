@@ -1,11 +1,10 @@
 // EpIpcGroup: opening (receive region, IPC exchange), closing (a handshake
-// so that no peer writes into a region being freed), argument checks, and
-// the per-call sequence numbers. The kernels are in dispatch_kernels.cu and
-// combine_kernels.cu.
+// so that no peer writes into a region being freed) and argument checks. The
+// kernels are in dispatch_kernels.cu and combine_kernels.cu; they number the
+// calls themselves (call_sequence.cuh).
 #include "mooncake/ep/cuda/ep_ipc_group.h"
 
 #include <cstring>
-#include <mutex>
 #include <vector>
 
 #include "ep_control_block.h"
@@ -66,22 +65,11 @@ struct EpIpcGroup::State {
   char* region = nullptr;            // this rank's receive region
   std::vector<char*> peer_regions;   // every rank's, as mapped here
   std::unique_ptr<EpControlBlock> control;
-  std::mutex mutex;                  // calls are numbered one at a time
-  uint32_t dispatch_sequence = 0;    // of the last dispatch; the first is 1
-  uint32_t combine_sequence = 0;
-
-  // Sequence numbers skip 0, the value of a signal word nobody wrote yet.
-  static uint32_t next(uint32_t& sequence) {
-    if (++sequence == 0) ++sequence;
-    return sequence;
-  }
-
-  EpKernelContext context(uint32_t sequence, int64_t timeout_us) const {
+  EpKernelContext context(int64_t timeout_us) const {
     EpKernelContext ctx;
     ctx.layout = layout;
     ctx.rank = rank;
-    ctx.sequence = sequence;
-    ctx.parity = static_cast<int>(sequence & 1);
+    ctx.counters = reinterpret_cast<GroupCounters*>(region + layout.counters);
     for (int r = 0; r < num_ranks; ++r) ctx.regions[r] = peer_regions[r];
     ctx.escape.departed = control->deviceDeparted();
     ctx.escape.abort = control->deviceAbort();
@@ -120,7 +108,7 @@ std::unique_ptr<EpIpcGroup> EpIpcGroup::open(const std::string& name, int rank, 
   if ((err = cudaMalloc(reinterpret_cast<void**>(&state->region), state->layout.total)) != cudaSuccess) {
     return fail(cudaWhat("cudaMalloc of the receive region", err));
   }
-  // Signals must read 0 (no sequence) before any peer can write into the
+  // Signals and call counters must read 0 (no sequence) before any peer can write into the
   // region: zero it and wait before publishing the handle. Rows need no
   // clearing: a row is read only after a signal says it was written.
   if ((err = cudaMemset(state->region, 0, state->layout.dispatch_rows)) != cudaSuccess ||
@@ -196,7 +184,7 @@ const EpIpcGroupOptions& EpIpcGroup::options() const { return state_->options; }
 
 void EpIpcGroup::abortWaits() { state_->control->slot(state_->rank).abort.store(1, std::memory_order_release); }
 
-bool EpIpcGroup::dispatch(const DispatchArgs& args, cudaStream_t stream, std::string* error) {
+bool EpIpcGroup::dispatch(const DispatchArgs& args, cudaStream_t stream, std::string* error, EpStages stages) {
   State& g = *state_;
   auto fail = [&](const std::string& why) {
     if (error) *error = "EP dispatch: " + why;
@@ -212,14 +200,13 @@ bool EpIpcGroup::dispatch(const DispatchArgs& args, cudaStream_t stream, std::st
     return fail("active_ranks and every output are required (recv_scales with use_fp8)");
   }
   if (args.timeout_us < -1) return fail("timeout_us must be -1 or >= 0");
-  std::lock_guard lock(g.mutex);
   DeviceScope scope(g.device);
-  const cudaError_t err = launchDispatch(g.context(State::next(g.dispatch_sequence), args.timeout_us), args, stream);
+  const cudaError_t err = launchDispatch(g.context(args.timeout_us), args, stages, stream);
   if (err != cudaSuccess) return fail(cudaWhat("launch", err));
   return true;
 }
 
-bool EpIpcGroup::combine(const CombineArgs& args, cudaStream_t stream, std::string* error) {
+bool EpIpcGroup::combine(const CombineArgs& args, cudaStream_t stream, std::string* error, EpStages stages) {
   State& g = *state_;
   auto fail = [&](const std::string& why) {
     if (error) *error = "EP combine: " + why;
@@ -234,9 +221,8 @@ bool EpIpcGroup::combine(const CombineArgs& args, cudaStream_t stream, std::stri
     return fail("y, the dispatch handle (src_info, layout_range) and active_ranks are required");
   }
   if (args.timeout_us < -1) return fail("timeout_us must be -1 or >= 0");
-  std::lock_guard lock(g.mutex);
   DeviceScope scope(g.device);
-  const cudaError_t err = launchCombine(g.context(State::next(g.combine_sequence), args.timeout_us), args, stream);
+  const cudaError_t err = launchCombine(g.context(args.timeout_us), args, stages, stream);
   if (err != cudaSuccess) return fail(cudaWhat("launch", err));
   return true;
 }

@@ -19,17 +19,18 @@ struct WaitEscape {
   const uint32_t* abort = nullptr;     // one word
 };
 
+struct GroupCounters;  // call_sequence.cuh (device code only)
+
 struct EpKernelContext {
   RegionLayout layout;
   int rank = 0;
-  uint32_t sequence = 0;  // of this call, >= 1
-  int parity = 0;         // sequence & 1
+  GroupCounters* counters = nullptr;  // this rank's call numbers, inside its own region
   char* regions[kMaxEpRanks] = {};  // every rank's receive region as this process addresses it
   WaitEscape escape;
   int64_t timeout_ns = -1;  // -1: no deadline
 };
 
-cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args, cudaStream_t stream);
-cudaError_t launchCombine(const EpKernelContext& ctx, const CombineArgs& args, cudaStream_t stream);
+cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args, EpStages stages, cudaStream_t stream);
+cudaError_t launchCombine(const EpKernelContext& ctx, const CombineArgs& args, EpStages stages, cudaStream_t stream);
 
 }  // namespace mooncake::ep::cuda

@@ -8,6 +8,7 @@
 //
 //   dispatch signals [2][L][R] uint64   (parity, local expert, source rank)
 //   combine signals  [2][E]    uint64   (parity, global expert of the sender)
+//   call counters    GroupCounters       (this rank's own, never written by peers)
 //   dispatch rows    [2][L][R][T] messages of msg_stride bytes:
 //                      int32 token index at the source, 12 bytes padding,
 //                      then bf16 [H], or e4m3 [H] followed by float32 [H / 128]
@@ -27,11 +28,12 @@ namespace mooncake::ep::cuda {
 
 constexpr size_t kMessageHeaderBytes = 16;  // keeps the payload 16-byte aligned
 constexpr int kChannelsPerScale = 128;
+constexpr size_t kCountersBytes = 64;  // GroupCounters (call_sequence.cuh), with room to spare
 
 struct RegionLayout {
   int T = 0, H = 0, E = 0, R = 0, L = 0;
   size_t msg_stride = 0;
-  size_t dispatch_signals = 0, combine_signals = 0, dispatch_rows = 0, combine_rows = 0, total = 0;
+  size_t dispatch_signals = 0, combine_signals = 0, counters = 0, dispatch_rows = 0, combine_rows = 0, total = 0;
 
   static RegionLayout make(int tokens, int hidden, int experts, int ranks) {
     RegionLayout l;
@@ -45,7 +47,8 @@ struct RegionLayout {
     auto align = [](size_t n) { return (n + 4095) / 4096 * 4096; };
     l.dispatch_signals = 0;
     l.combine_signals = l.dispatch_signals + 2 * static_cast<size_t>(l.L) * ranks * sizeof(uint64_t);
-    l.dispatch_rows = align(l.combine_signals + 2 * static_cast<size_t>(experts) * sizeof(uint64_t));
+    l.counters = l.combine_signals + 2 * static_cast<size_t>(experts) * sizeof(uint64_t);
+    l.dispatch_rows = align(l.counters + kCountersBytes);
     const size_t dispatch_half = static_cast<size_t>(l.L) * ranks * tokens * l.msg_stride;
     l.combine_rows = align(l.dispatch_rows + 2 * dispatch_half);
     const size_t combine_half = static_cast<size_t>(experts) * tokens * 2 * hidden;

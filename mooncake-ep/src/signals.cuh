@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "call_sequence.cuh"
 #include "device_ordering.cuh"
 #include "kernel_args.h"
 

@@ -7,17 +7,31 @@ programming model plus ``active_ranks`` and ``timeout_us``.
     ...  # expert e = rank * L + le computes on recv_x[le, :recv_count[le]]
     out, event, hook = buffer.combine(expert_out, topk_idx, topk_weights, active_ranks, timeout_us, handle)
 
-This version runs the *collective path*: built only from the group's own
-operations (``all_to_all_single``, point-to-point) and tensor operations, so
-it works on CPU tensors over a ``mooncake-cpu`` group and on CUDA tensors
-over a ``mooncake`` group, at any world size. Layouts, row order, the
-per-call agreement behind ``timeout_us``, and what differs from the
-reference are in docs/ep.md.
+Two paths, with the same layouts, row order and results (bit for bit in
+BF16; identical FP8 bytes and scales):
+
+- the *fast path* (``buffer.path == "ipc"``): GPU kernels that write straight
+  into the peers' memory through CUDA IPC (``mooncake._ep_ipc``,
+  docs/ep-kernels.md). Chosen at ``connect()`` when every rank of the group
+  runs on one host with CUDA tensors over a ``mooncake`` group;
+- the *collective path*: built only from the group's own operations
+  (``all_to_all_single``, point-to-point) and tensor operations, so it works
+  on CPU tensors over a ``mooncake-cpu`` group and on CUDA tensors over a
+  ``mooncake`` group, at any world size and across hosts.
+
+``buffer.path_reason`` says why a path was chosen (also logged by the
+``mooncake.ep`` logger); ``disable_p2p=True``, ``MOONCAKE_EP_FAST_PATH=0``, or
+setting ``buffer._use_fallback = True`` (the reference's switch) select the
+collective path. Layouts, row order, the per-call agreement behind
+``timeout_us``, and what differs from the reference are in docs/ep.md.
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
 import secrets
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -32,10 +46,23 @@ from mooncake._ep_collective.presence import Presence, mask_of, ranks_of
 from mooncake._ep_collective.routing import (SendPlan, bitmap_bytes, block_begins, pack_bits, plan_sends, segments,
                                               token_rows, unpack_bits)
 from mooncake._ep_collective.sizes import ep_buffer_size_hint
+from mooncake._ep_ipc_path import IpcPath, PathChoice, choose_path
+from mooncake._ep_ipc_path.path import FastPathUnavailable, IpcDispatchState
 
 __all__ = ["Buffer", "EventOverlap", "EventHandle"]
 
 _STORE_PREFIX = "mooncake_ep"
+_log = logging.getLogger("mooncake.ep")
+
+# Fast-path groups still open: closed before the interpreter goes down (the
+# close is a handshake with the peers, which must not run during finalisation).
+_OPEN_FAST_PATHS: "weakref.WeakSet[IpcPath]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_fast_paths() -> None:
+    for path in list(_OPEN_FAST_PATHS):
+        path.close()
 
 
 def _control_device(group) -> torch.device:
@@ -74,6 +101,7 @@ class _Connection:
         self.uid = uid
         self.calls = 0
         store = dist.PrefixStore(f"{_STORE_PREFIX}/{uid:x}", dist.distributed_c10d._get_default_store())
+        self.store = store
         self.alive = _group_mask_reader(buffer.group, buffer.group_size)
         self.presence = Presence(store, buffer.rank, buffer.group_size, self.alive)
         self.exchange = Exchange(buffer.group, buffer.rank, buffer.group_size)
@@ -117,10 +145,11 @@ class Buffer:
         self.group_size = group.size()
         # 0 means "sized on demand": the collective path allocates per call.
         self.num_ep_buffer_bytes = checks.check_buffer(num_ep_buffer_bytes)
-        self.disable_p2p = bool(disable_p2p)  # no effect on the collective path
-        # The reference's flag for "no fast path here": this version has only the collective path.
-        self._use_fallback = True
+        self.disable_p2p = bool(disable_p2p)  # True: the collective path, always
         self._connection: _Connection | None = None
+        self._ipc: IpcPath | None = None
+        self._choice = PathChoice(False, "not connected")
+        self._forced_fallback = False
         self.connect()
 
     # ------------------------------------------------------------------ setup
@@ -133,10 +162,51 @@ class Buffer:
         """Collective over the group: agrees on a fresh namespace for the call
         agreement and restarts call numbering, so nothing of an earlier
         connection (or of a process this one replaced) is ever read."""
-        del is_update  # same steps either way on the collective path
-        token = torch.tensor([secrets.randbits(62)], dtype=torch.int64, device=_control_device(self.group))
+        del is_update  # same steps either way
+        if self._ipc is not None:
+            self._ipc.close()  # collective: the peers close theirs in their connect()
+            self._ipc = None
+        control = _control_device(self.group)
+        token = torch.tensor([secrets.randbits(62)], dtype=torch.int64, device=control)
         dist.all_reduce(token, op=dist.ReduceOp.MAX, group=self.group)
-        self._connection = _Connection(self, int(token.item()))
+        conn = self._connection = _Connection(self, int(token.item()))
+        self._choice = choose_path(conn.store, self.rank, self.group_size, self.disable_p2p, control.type == "cuda",
+                                   conn.alive())
+        if self._choice.fast:
+            self._ipc = IpcPath(conn.store, self.rank, self.group_size, conn.uid)
+            _OPEN_FAST_PATHS.add(self._ipc)
+        if self.rank == 0:
+            _log.info("EP Buffer over %d rank(s): %s path (%s)", self.group_size, self.path, self._choice.reason)
+
+    # ------------------------------------------------------------ the path
+    @property
+    def path(self) -> str:
+        """``"ipc"``: the CUDA IPC kernels; ``"collective"``: the process group's operations."""
+        return "ipc" if self._ipc is not None and not self._forced_fallback else "collective"
+
+    @property
+    def path_reason(self) -> str:
+        if self._forced_fallback:
+            return "_use_fallback was set to True"
+        return self._choice.reason
+
+    @property
+    def _use_fallback(self) -> bool:
+        """The reference's flag: True when the collective path runs. Setting it
+        to True forces the collective path (on every rank alike)."""
+        return self.path != "ipc"
+
+    @_use_fallback.setter
+    def _use_fallback(self, value: bool) -> None:
+        if not value and self._ipc is None:
+            raise ValueError(f"_use_fallback: this connection has no fast path ({self._choice.reason})")
+        self._forced_fallback = bool(value)
+
+    def _fall_back(self, why: str) -> None:
+        """The fast path failed to set up on some rank (every rank learns it at the same call)."""
+        _log.warning("EP Buffer: the CUDA IPC fast path failed to set up (%s); using the collective path", why)
+        self._ipc = None
+        self._choice = PathChoice(False, f"the fast path failed to set up: {why}")
 
     def update_ep_member(self) -> None:
         """Call on every member after the group's membership changed (a rank
@@ -159,12 +229,23 @@ class Buffer:
         checks.check_tokens(x)
         num_tokens, hidden = x.shape
         checks.check_dispatch_shape(num_tokens, num_max_dispatch_tokens_per_rank, num_experts, num_ranks)
-        checks.check_topk_idx(topk_idx, num_tokens, num_experts, x.device)
+        fast = self.path == "ipc"
+        # The fast path never synchronises with the GPU: values go unchecked there.
+        checks.check_topk_idx(topk_idx, num_tokens, num_experts, x.device, values=not fast)
         timeout_us = checks.check_timeout(timeout_us)
         checks.check_sync_mode(async_finish, return_recv_hook)
         checks.check_buffer_size(self.num_ep_buffer_bytes, num_max_dispatch_tokens_per_rank, hidden, num_ranks,
                                  num_experts)
         use_fp8 = True if use_fp8 is None else bool(use_fp8)
+        if fast:
+            active_ranks = checks.check_active_ranks(active_ranks, num_ranks)
+            try:
+                return self._ipc.dispatch(self._connection, x, topk_idx, active_ranks,
+                                          num_max_dispatch_tokens_per_rank, num_experts, timeout_us, use_fp8,
+                                          async_finish, return_recv_hook, DispatchHandle)
+            except FastPathUnavailable as err:
+                self._fall_back(str(err))
+                checks.check_topk_idx(topk_idx, num_tokens, num_experts, x.device)
         mask = self._mask(active_ranks)
 
         conn = self._connection
@@ -282,7 +363,9 @@ class Buffer:
         num_ranks = self.group_size
         num_local = num_experts // num_ranks
         slots = num_ranks * tokens_per_rank
-        checks.check_combine_inputs(x, topk_idx, topk_weights, out, (num_local, slots, hidden), state)
+        fast = isinstance(state, IpcDispatchState)
+        checks.check_combine_inputs(x, topk_idx, topk_weights, out, (num_local, slots, hidden), state,
+                                    values=not fast)
         timeout_us = checks.check_timeout(timeout_us)
         checks.check_sync_mode(async_finish, return_recv_hook)
         checks.check_buffer_size(self.num_ep_buffer_bytes, tokens_per_rank, hidden, num_ranks, num_experts)
@@ -292,6 +375,10 @@ class Buffer:
                 raise ValueError("zero_copy: True needs the buffer of get_next_combine_buffer(handle), "
                                  "filled with the expert outputs, before combine")
             source = state.next_combine_buffer
+        if fast:
+            return self._ipc.combine(state, handle, x, topk_idx, topk_weights,
+                                     checks.check_active_ranks(active_ranks, num_ranks), timeout_us, zero_copy,
+                                     async_finish, return_recv_hook, out)
         mask = self._mask(active_ranks)
         conn = self._connection
         participants = conn.begin_call(mask, timeout_us)
@@ -352,7 +439,7 @@ class Buffer:
         return state.next_combine_buffer
 
     # ------------------------------------------------------------- helpers
-    def _state_of(self, handle) -> DispatchState:
+    def _state_of(self, handle) -> DispatchState | IpcDispatchState:
         if not isinstance(handle, DispatchHandle):
             raise TypeError("handle: must be the handle returned by this Buffer's dispatch, "
                             f"got {type(handle).__name__}")

@@ -62,14 +62,16 @@ def check_tokens(x) -> None:
         raise ValueError(f"x: hidden (x.size(1) = {x.size(1)}) must be a positive multiple of {CHANNELS_PER_SCALE}")
 
 
-def check_topk_idx(topk_idx, num_tokens: int, num_experts: int, device: torch.device) -> None:
+def check_topk_idx(topk_idx, num_tokens: int, num_experts: int, device: torch.device, values: bool = True) -> None:
+    """Shape, dtype and device; with ``values`` also the entries (which reads
+    them: a synchronisation on CUDA, so the fast path skips it)."""
     if not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2 or topk_idx.dtype != torch.int64:
         raise TypeError(f"topk_idx: must be a 2-D int64 tensor [num_tokens, num_topk], got {_describe(topk_idx)}")
     if topk_idx.size(0) != num_tokens:
         raise ValueError(f"topk_idx: must have one row per token of x ({num_tokens}), got {topk_idx.size(0)} rows")
     if topk_idx.device != device:
         raise ValueError(f"topk_idx: must be on the device of x ({device}), got {topk_idx.device}")
-    if topk_idx.numel() == 0:
+    if not values or topk_idx.numel() == 0:
         return
     low, high = int(topk_idx.min()), int(topk_idx.max())
     if low < -1 or high >= num_experts:
@@ -116,7 +118,9 @@ def check_active_ranks(active_ranks, num_ranks: int):
     return active_ranks
 
 
-def check_combine_inputs(x, topk_idx, topk_weights, out, expected_x_shape, state) -> None:
+def check_combine_inputs(x, topk_idx, topk_weights, out, expected_x_shape, state, values: bool = True) -> None:
+    """With ``values``, topk_idx must equal the dispatch's (a synchronisation
+    on CUDA, so the fast path compares shapes only)."""
     if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16 or tuple(x.shape) != expected_x_shape:
         raise TypeError(f"x: must be a bfloat16 tensor of shape {list(expected_x_shape)} "
                         f"[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden] "
@@ -126,7 +130,7 @@ def check_combine_inputs(x, topk_idx, topk_weights, out, expected_x_shape, state
                         f"got {_describe(topk_idx)}")
     if topk_idx.device != state.topk_idx.device:
         raise ValueError(f"topk_idx: must be on the device of the matching dispatch ({state.topk_idx.device})")
-    if tuple(topk_idx.shape) != tuple(state.topk_idx.shape) or not torch.equal(topk_idx, state.topk_idx):
+    if tuple(topk_idx.shape) != tuple(state.topk_idx.shape) or (values and not torch.equal(topk_idx, state.topk_idx)):
         raise ValueError("handle: belongs to a dispatch with other topk_idx; combine must get the handle and the "
                          "topk_idx of the same dispatch")
     if not isinstance(topk_weights, torch.Tensor) or topk_weights.dtype != torch.float32 \

@@ -40,10 +40,19 @@ struct CallResult {
   double dispatch_seconds = 0, combine_seconds = 0;
 };
 
+// Both halves of a call, in one go or (split) as two enqueues.
+template <typename Args>
+bool enqueue(bool (EpIpcGroup::*call)(const Args&, cudaStream_t, std::string*, EpStages), EpIpcGroup& g,
+             const Args& args, cudaStream_t stream, bool split, std::string* error) {
+  if (!split) return (g.*call)(args, stream, error, EpStages::kAll);
+  return (g.*call)(args, stream, error, EpStages::kSendOnly) && (g.*call)(args, stream, error, EpStages::kReceiveOnly);
+}
+
 // One dispatch and one combine of call `call`, checked against the CPU.
 // `expected_active` is the mask the dispatch must end with, and the combine
-// too unless `expected_after_combine` says otherwise.
-CallResult runCall(EpIpcGroup& g, const Sizes& s, uint64_t seed, int call, bool use_fp8, int64_t timeout_us,
+// too unless `expected_after_combine` says otherwise. With `split` each is
+// enqueued in two halves (EpStages).
+CallResult runCall(EpIpcGroup& g, const Sizes& s, uint64_t seed, int call, bool use_fp8, bool split, int64_t timeout_us,
                    Buffers& b, cudaStream_t stream, const std::vector<int>& expected_active,
                    const std::vector<int>* expected_after_combine = nullptr) {
   CallResult result;
@@ -77,7 +86,7 @@ CallResult runCall(EpIpcGroup& g, const Sizes& s, uint64_t seed, int call, bool 
   d.layout_range = reinterpret_cast<int64_t*>(b.layout_range.get());
   std::string error;
   auto start = Clock::now();
-  const bool enqueued = g.dispatch(d, stream, &error);
+  const bool enqueued = enqueue(&EpIpcGroup::dispatch, g, d, stream, split, &error);
   RANK_CHECK(enqueued, "dispatch: %s", error.c_str());
   RANK_CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "dispatch ran: %s", cudaGetErrorString(cudaGetLastError()));
   result.dispatch_seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -154,7 +163,7 @@ CallResult runCall(EpIpcGroup& g, const Sizes& s, uint64_t seed, int call, bool 
   c.timeout_us = timeout_us;
   c.out = b.out.get();
   start = Clock::now();
-  const bool combined = g.combine(c, stream, &error);
+  const bool combined = enqueue(&EpIpcGroup::combine, g, c, stream, split, &error);
   RANK_CHECK(combined, "combine: %s", error.c_str());
   RANK_CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "combine ran: %s", cudaGetErrorString(cudaGetLastError()));
   result.combine_seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -176,7 +185,8 @@ CallResult runCall(EpIpcGroup& g, const Sizes& s, uint64_t seed, int call, bool 
 }  // namespace
 
 // Several calls in a row (both parities, twice), BF16 and FP8 alternating,
-// token counts from 0 to T, masked picks; nobody times out.
+// token counts from 0 to T, masked picks; nobody times out. Every third call
+// is enqueued in two halves.
 int exchangeScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed, int calls) {
   int failures = 0;
   Stream stream;
@@ -184,7 +194,7 @@ int exchangeScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed, int calls) {
   std::vector<int> ones(s.R, 1);
   b.active.upload(std::vector<int32_t>(s.R, 1), stream);
   for (int call = 0; call < calls && failures == 0; ++call) {
-    const CallResult r = runCall(g, s, seed, call, call % 2 == 1, 20'000'000, b, stream, ones);
+    const CallResult r = runCall(g, s, seed, call, call % 2 == 1, call % 3 == 2, 20'000'000, b, stream, ones);
     failures += r.failures;
   }
   return failures;
@@ -204,7 +214,7 @@ int absentRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed) {
   survivors[victim] = 0;
   const int64_t timeout_us = 1'000'000;  // far above the ranks' start skew
   for (int call = 0; call < 3 && failures == 0; ++call) {
-    const CallResult r = runCall(g, s, seed, call, call == 1, timeout_us, b, stream, survivors);
+    const CallResult r = runCall(g, s, seed, call, call == 1, false, timeout_us, b, stream, survivors);
     failures += r.failures;
     const double limit = call == 0 ? 5.0 : 1.0;  // the first call waits out the timeout; the later ones do not wait
     RANK_CHECK(r.dispatch_seconds < limit, "call %d: dispatch took %.3f s", call, r.dispatch_seconds);
@@ -233,7 +243,7 @@ int lateRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed) {
   const std::vector<int> everyone(s.R, 1);
   std::vector<int> alone(s.R, 0);
   alone[victim] = 1;
-  const CallResult r = runCall(g, s, seed, 0, false, 1'000'000, b, stream, everyone, &alone);
+  const CallResult r = runCall(g, s, seed, 0, false, false, 1'000'000, b, stream, everyone, &alone);
   failures += r.failures;
   RANK_CHECK(r.dispatch_seconds < 1.0, "the late dispatch took %.3f s (everything had arrived)", r.dispatch_seconds);
   RANK_CHECK(r.combine_seconds < 5.0, "the late combine took %.3f s", r.combine_seconds);
@@ -252,7 +262,7 @@ int maskedRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed) {
   mask[s.R - 1] = 0;
   b.active.upload(std::vector<int32_t>(mask.begin(), mask.end()), stream);
   for (int call = 0; call < 3 && failures == 0; ++call) {
-    failures += runCall(g, s, seed, call, call == 1, -1, b, stream, mask).failures;
+    failures += runCall(g, s, seed, call, call == 1, false, -1, b, stream, mask).failures;
   }
   return failures;
 }
@@ -276,7 +286,7 @@ int deadRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed) {
   std::vector<int> survivors(s.R, 1);
   survivors[victim] = 0;
   for (int call = 0; call < 2 && failures == 0; ++call) {
-    const CallResult r = runCall(g, s, seed, call, call == 1, -1, b, stream, survivors);
+    const CallResult r = runCall(g, s, seed, call, call == 1, false, -1, b, stream, survivors);
     failures += r.failures;
     RANK_CHECK(r.dispatch_seconds < 2.0, "call %d: dispatch took %.3f s", call, r.dispatch_seconds);
   }

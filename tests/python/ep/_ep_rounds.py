@@ -21,13 +21,13 @@ _BUFFERS: dict = {}
 RANK_ENV = {"OMP_NUM_THREADS": "1"}
 
 
-def buffer_of(ctx, name: str = "default", num_bytes: int = 0):
+def buffer_of(ctx, name: str = "default", num_bytes: int = 0, disable_p2p: bool = False):
     """One Buffer per process and name (constructing one is collective: every
     rank asks for the same names in the same order)."""
     from mooncake.mooncake_ep_buffer import Buffer  # noqa: PLC0415
 
     if name not in _BUFFERS:
-        _BUFFERS[name] = Buffer(dist.group.WORLD, num_bytes)
+        _BUFFERS[name] = Buffer(dist.group.WORLD, num_bytes, disable_p2p=disable_p2p)
     return _BUFFERS[name]
 
 
@@ -93,8 +93,10 @@ def check_dispatch(case: Case, world: int, rank: int, active: list[int], recv_x,
 
 
 def run_round(ctx, case: Case, *, active=None, timeout_us: int = -1, device: str = "cpu", expect_active=None,
-              buffer_name: str = "default"):
-    """One checked round; returns the active mask after dispatch and after combine."""
+              expect_after_combine=None, buffer_name: str = "default"):
+    """One checked round; returns the active mask after dispatch and after
+    combine (``expect_active`` for both, unless ``expect_after_combine`` says
+    otherwise for combine)."""
     world, rank = ctx.size, ctx.rank
     dev = _device(device)
     buffer = buffer_of(ctx, buffer_name)
@@ -139,6 +141,8 @@ def run_round(ctx, case: Case, *, active=None, timeout_us: int = -1, device: str
         hook()
     event.current_stream_wait()
     after_combine = mask.tolist()
+    if expect_after_combine is not None:
+        expect = expect_after_combine
     assert after_combine == expect, f"rank {rank}: active_ranks after combine {after_combine}, want {expect}"
     want = expected_combine(case, world, rank, expect)
     got = combined.cpu()

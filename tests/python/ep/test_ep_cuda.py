@@ -1,8 +1,12 @@
 """The dispatch/combine grid and a late rank, on CUDA tensors over the
-``mooncake`` CUDA backend: the same collective path and the same checks as
-the CPU tests (test_ep_grid.py, test_ep_failures.py). Ranks share the GPUs
-round-robin (several ranks on one GPU is fine: the backend's data plane uses
-CUDA IPC). Skipped without a GPU."""
+``mooncake`` CUDA backend, with the same checks against the dense MoE as the
+CPU tests (test_ep_grid.py, test_ep_failures.py): the grid on both paths
+(the CUDA IPC fast path, chosen by default on one host, and the collective
+path, forced with MOONCAKE_EP_FAST_PATH=0), the late rank on the collective
+path (whose per-call agreement it checks; the fast path's own failure
+semantics are in test_ep_ipc.py). Ranks share the GPUs round-robin (several
+ranks on one GPU is fine: both data planes use CUDA IPC). Skipped without a
+GPU."""
 
 import time
 
@@ -26,14 +30,25 @@ def _pick_gpu(rank, size):
     torch.cuda.set_device(rank % torch.cuda.device_count())
 
 
-def _world(size):
-    return World(size, gloo=False, env=RANK_ENV, backend="mooncake", before_init=_pick_gpu)
+PATH_ENV = {"ipc": "auto", "collective": "0"}
 
 
+def _world(size, path="collective"):
+    return World(size, gloo=False, env={**RANK_ENV, "MOONCAKE_EP_FAST_PATH": PATH_ENV[path]}, backend="mooncake",
+                 before_init=_pick_gpu)
+
+
+def _grid_on(ctx, path):
+    buffer = buffer_of(ctx)
+    assert buffer.path == path, f"rank {ctx.rank}: {buffer.path} path ({buffer.path_reason}), want {path}"
+    return run_grid(ctx, GRID, "cuda")
+
+
+@pytest.mark.parametrize("path", ["ipc", "collective"])
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_dispatch_combine_grid_on_cuda(world_size):
-    with _world(world_size) as world:
-        assert world.run(run_grid, GRID, "cuda", timeout=240) == [len(GRID)] * world_size
+def test_dispatch_combine_grid_on_cuda(world_size, path):
+    with _world(world_size, path) as world:
+        assert world.run(_grid_on, path, timeout=240) == [len(GRID)] * world_size
 
 
 def _late_rank_on_cuda(ctx, late, stall_s, timeout_us):

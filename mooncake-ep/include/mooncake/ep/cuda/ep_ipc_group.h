@@ -73,6 +73,13 @@ struct CombineArgs {
   void* out = nullptr;  // bf16 [num_tokens, H]
 };
 
+// Which kernels of a call to enqueue. kAll: the whole call. kSendOnly then,
+// later, kReceiveOnly with the same arguments: the call in two halves, so
+// that computation can run while the rows travel (the reference's
+// return_recv_hook). At most two calls of a kind may be sent and not yet
+// received (the region has two halves, by call parity).
+enum class EpStages { kAll, kSendOnly, kReceiveOnly };
+
 class EpIpcGroup {
  public:
   // Collective: rank 0 creates the control block `name` (a POSIX shm name,
@@ -93,12 +100,16 @@ class EpIpcGroup {
   int device() const;
   const EpIpcGroupOptions& options() const;
 
-  // Enqueue on `stream`; nothing blocks the host. Every rank must issue the
-  // same sequence of dispatch and combine calls (the sequence number pairs
-  // them). Returns false with *error when the arguments are invalid (nothing
-  // is enqueued then) or a launch failed.
-  bool dispatch(const DispatchArgs& args, cudaStream_t stream, std::string* error);
-  bool combine(const CombineArgs& args, cudaStream_t stream, std::string* error);
+  // Enqueue on `stream`; nothing blocks the host, and nothing the host
+  // passes changes from call to call but the arguments: the kernels number
+  // the calls themselves, in device memory, so a captured CUDA graph can be
+  // replayed. Every rank must issue the same sequence of dispatch and
+  // combine calls (the n-th calls of all ranks pair up). Returns false with
+  // *error when the arguments are invalid (nothing is enqueued then) or a
+  // launch failed.
+  bool dispatch(const DispatchArgs& args, cudaStream_t stream, std::string* error,
+                EpStages stages = EpStages::kAll);
+  bool combine(const CombineArgs& args, cudaStream_t stream, std::string* error, EpStages stages = EpStages::kAll);
 
   // Releases every wait of this rank's kernels, now and later: they treat
   // every peer they still wait for as timed out. For a caller that gives up

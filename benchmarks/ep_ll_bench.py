@@ -1,0 +1,189 @@
+"""EP dispatch and combine in DeepEP's low-latency benchmark style, on CUDA:
+the Buffer's fast path (CUDA IPC kernels), its collective path, and a plain
+device-to-device copy of the same bytes as the bound, in one run.
+
+Every rank times its own calls with CUDA events (a barrier before each
+call, so the ranks start together; the L2 cache flushed with a 256 MiB
+write, as DeepEP does). Bytes follow DeepEP's accounting: per non-masked
+(token, expert) selection, FP8 dispatch moves H + H/128*4 + 16 bytes and
+BF16 combine 2H. A row gives, for one path and phase, the mean over ranks of
+each rank's average, min and max microseconds, and per-rank GB/s from the
+average. The copy bound times copy_ of a buffer of the dispatch's (then the
+combine's) bytes on the rank's own GPU.
+
+    PYTHONPATH=python python3 benchmarks/ep_ll_bench.py --worlds 1 2 4 --csv docs/benchmarks/ep_ll.csv
+
+Several ranks on one GPU time-share it unless MPS runs (nvidia-cuda-mps-control -d):
+label the run with --label (e.g. "mps" / "time-sliced").
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import socket
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+# DeepEP's low-latency test shape: 128 tokens per rank, hidden 7168, 288 experts, top-8.
+TOKENS, HIDDEN, EXPERTS, TOPK = 128, 7168, 288, 8
+FLUSH_BYTES = 256 << 20
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EventTimer:
+    """Average, min and max of one operation, timed with CUDA events."""
+
+    def __init__(self, device):
+        self.device = device
+        self.flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+        self.samples = []
+
+    def time(self, fn):
+        self.flush.zero_()
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        result = fn()
+        end.record()
+        end.synchronize()
+        self.samples.append(start.elapsed_time(end) * 1e3)  # microseconds
+        return result
+
+
+def _rank_main(rank, world, port, args, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from mooncake import pg  # noqa: F401 - registers the backends
+    from mooncake.mooncake_ep_buffer import Buffer
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    device = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group("mooncake", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
+    group = dist.group.WORLD
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(TOKENS, HIDDEN, generator=g).to(torch.bfloat16).to(device)
+    topk = torch.randn(TOKENS, EXPERTS, generator=g).topk(TOPK, dim=1).indices
+    topk[torch.rand(topk.shape, generator=g) < args.masked] = -1
+    topk = topk.to(device)
+    weights = torch.rand(TOKENS, TOPK, generator=g).to(device)
+    active = torch.ones(world, dtype=torch.int32, device=device)
+    selections = int((topk >= 0).sum())
+    dispatch_bytes = selections * (HIDDEN + HIDDEN // 128 * 4 + 16)
+    combine_bytes = selections * 2 * HIDDEN
+    rows = []
+    paths = [("ipc", Buffer(group))]
+    if not args.skip_collective:
+        paths.append(("collective", Buffer(group, disable_p2p=True)))
+    for name, buffer in paths:
+        if buffer.path != name:
+            raise RuntimeError(f"rank {rank}: wanted the {name} path, got {buffer.path} ({buffer.path_reason})")
+        iters = args.iters if name == "ipc" else args.collective_iters
+        dispatch_t, combine_t = EventTimer(device), EventTimer(device)
+        for it in range(args.warmup + iters):
+            recv_x, count, handle, _, _ = dispatch_t.time(
+                lambda: buffer.dispatch(x, topk, active, TOKENS, EXPERTS, -1, use_fp8=True))
+            y = recv_x[0].to(torch.bfloat16)  # the "experts": identity of the FP8 values
+            combine_t.time(lambda: buffer.combine(y, topk, weights, active, -1, handle))
+            if it < args.warmup:
+                dispatch_t.samples.clear()
+                combine_t.samples.clear()
+        rows.append((name, "dispatch", dispatch_t.samples, dispatch_bytes))
+        rows.append((name, "combine", combine_t.samples, combine_bytes))
+    # The bound: the same bytes copied device to device on this rank's GPU.
+    for phase, nbytes in (("dispatch", dispatch_bytes), ("combine", combine_bytes)):
+        src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        timer = EventTimer(device)
+        for it in range(args.warmup + args.iters):
+            timer.time(lambda: dst.copy_(src))
+            if it < args.warmup:
+                timer.samples.clear()
+        rows.append(("d2d-copy", phase, timer.samples, nbytes))
+    queue.put((rank, rows))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _run_world(world, args):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    per_rank = dict(queue.get(timeout=args.timeout) for _ in range(world))
+    for p in procs:
+        p.join(args.timeout)
+    out = []
+    for i, (path, phase, _, _) in enumerate(per_rank[0]):
+        avg = statistics.mean(statistics.mean(per_rank[r][i][2]) for r in range(world))
+        nbytes = statistics.mean(per_rank[r][i][3] for r in range(world))
+        out.append(dict(label=args.label, world=world, tokens=TOKENS, hidden=HIDDEN, experts=EXPERTS, topk=TOPK,
+                        path=path, phase=phase, avg_us=round(avg, 1),
+                        min_us=round(statistics.mean(min(per_rank[r][i][2]) for r in range(world)), 1),
+                        max_us=round(statistics.mean(max(per_rank[r][i][2]) for r in range(world)), 1),
+                        bytes_per_rank=int(nbytes), gbps_per_rank=round(nbytes / avg / 1e3, 2)))
+    return out
+
+
+def _ratios(results):
+    """Per world: fast path vs collective path and vs the copy bound, dispatch + combine."""
+    lines = []
+    for world in sorted({r["world"] for r in results}):
+        total = {}
+        for r in results:
+            if r["world"] == world:
+                total[r["path"]] = total.get(r["path"], 0.0) + r["avg_us"]
+        line = f"world {world}: fast path {total['ipc']:.1f} us (dispatch + combine)"
+        if "collective" in total:
+            line += f", {total['collective'] / total['ipc']:.1f}x faster than the collective path"
+        line += f", {total['ipc'] / total['d2d-copy']:.2f}x the d2d copy bound"
+        lines.append(line)
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--collective-iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--masked", type=float, default=0.0, help="fraction of top-k entries set to -1")
+    ap.add_argument("--skip-collective", action="store_true")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--timeout", type=float, default=500)
+    ap.add_argument("--csv")
+    ap.add_argument("--append", action="store_true", help="append to --csv instead of replacing it")
+    args = ap.parse_args()
+    results = []
+    for world in args.worlds:
+        results += _run_world(world, args)
+    fields = list(results[0])
+    writer = csv.DictWriter(sys.stdout, fields)
+    writer.writeheader()
+    writer.writerows(results)
+    for line in _ratios(results):
+        print(line)
+    if args.csv:
+        exists = os.path.exists(args.csv)
+        with open(args.csv, "a" if args.append else "w", newline="") as f:
+            w = csv.DictWriter(f, fields)
+            if not (args.append and exists):
+                w.writeheader()
+            w.writerows(results)
+
+
+if __name__ == "__main__":
+    main()

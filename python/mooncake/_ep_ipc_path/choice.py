@@ -1,0 +1,94 @@
+"""Which path a Buffer connection uses, decided once per connect() and
+identically on every rank.
+
+Each rank states whether it can take the fast path (the native module is
+built, CUDA works, the group's collectives take CUDA tensors, the caller did
+not turn it off) and where it runs (host name and boot id); it writes that to
+the job's store and reads everybody else's. The fast path is chosen only when
+every rank can take it, all of them on one host. Every rank reads the same
+entries, so every rank decides the same, and the reason for the collective
+path names the rank and the condition.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+ENV_SWITCH = "MOONCAKE_EP_FAST_PATH"  # "auto" (default) or "0"/"off": always the collective path
+STORE_WAIT = timedelta(seconds=60)
+
+
+@dataclass(frozen=True)
+class PathChoice:
+    fast: bool
+    reason: str  # why the collective path (or, for the fast path, what it spans)
+
+
+def _host_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _native_module():
+    try:
+        from mooncake import _ep_ipc  # noqa: PLC0415
+    except ImportError as err:
+        return None, f"the native module mooncake._ep_ipc is not built ({err})"
+    return _ep_ipc, ""
+
+
+def local_conditions(group_size: int, disable_p2p: bool) -> tuple[bool, str]:
+    """(able, why not) for this rank alone."""
+    setting = os.environ.get(ENV_SWITCH, "auto").strip().lower()
+    if setting in ("0", "off", "false", "no", "collective"):
+        return False, f"{ENV_SWITCH}={os.environ[ENV_SWITCH]}"
+    if disable_p2p:
+        return False, "disable_p2p=True"
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    native, why = _native_module()
+    if native is None:
+        return False, why
+    if group_size > native.MAX_RANKS:
+        return False, f"{group_size} ranks, more than the fast path's {native.MAX_RANKS}"
+    return True, ""
+
+
+def choose_path(store, rank: int, group_size: int, disable_p2p: bool, cuda_group: bool, alive: int) -> PathChoice:
+    """Collective over the group's ranks (through ``store``, a prefix store
+    private to this connection). ``alive``: the group's active mask as bits;
+    the fast path needs every rank, so with a rank missing the answer is the
+    collective path, without waiting for it."""
+    if not cuda_group:  # the same on every rank: no need to ask the others
+        return PathChoice(False, "the group's collectives take no CUDA tensors (not a 'mooncake' CUDA group)")
+    able, why = local_conditions(group_size, disable_p2p)
+    mine = {"able": able, "why": why, "host": _host_id(),
+            "device": torch.cuda.current_device() if able else -1}
+    store.set(f"ipc/{rank}", json.dumps(mine))
+    missing = [r for r in range(group_size) if not alive >> r & 1]
+    if missing:
+        return PathChoice(False, f"rank(s) {missing} inactive in the group at connect()")
+    keys = [f"ipc/{r}" for r in range(group_size)]
+    try:
+        store.wait(keys, STORE_WAIT)
+    except RuntimeError as err:  # a rank never stated its conditions
+        return PathChoice(False, f"not every rank stated its conditions within {STORE_WAIT} ({err})")
+    states = [json.loads(store.get(k)) for k in keys]
+    for r, s in enumerate(states):
+        if not s["able"]:
+            return PathChoice(False, f"rank {r}: {s['why']}")
+    hosts = {s["host"] for s in states}
+    if len(hosts) > 1:
+        return PathChoice(False, f"the ranks run on {len(hosts)} hosts; CUDA IPC reaches one host only")
+    devices = sorted({s["device"] for s in states})
+    return PathChoice(True, f"{group_size} rank(s) on one host, GPU(s) {devices}")

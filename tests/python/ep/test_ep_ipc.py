@@ -1,0 +1,292 @@
+"""The CUDA IPC fast path of Buffer (``buffer.path == "ipc"``,
+docs/ep-kernels.md), with 1, 2 or 4 processes sharing one GPU:
+
+- it gives the collective path's results bit for bit, at DeepEP's shape
+  (128 tokens per rank, hidden 7168, 288 experts, top-8, FP8 dispatch, BF16
+  combine) and others (the collective path is itself checked against the
+  dense MoE in test_ep_grid.py / test_ep_cuda.py, which also run the fast
+  path against the dense references);
+- a late rank is masked by the others within the timeout, a dead rank
+  without any timeout, and later calls are right;
+- a captured CUDA graph replays with new inputs; two dispatches may be in
+  flight with return_recv_hook; update_ep_member() rebuilds the peer tables;
+  ``_use_fallback`` switches paths.
+
+Skipped without a GPU (CI has none)."""
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from _ep_refs import Case, expected_combine, expert_fn, inputs_of
+from _ep_rounds import RANK_ENV, buffer_of, check_dispatch, run_round
+from _harness import World
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason="needs a CUDA GPU: the fast path is GPU kernels over CUDA IPC (CI has no GPU)"),
+]
+
+
+def _pick_gpu(rank, size):
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+
+
+def _world(size):
+    return World(size, gloo=False, env=RANK_ENV, backend="mooncake", before_init=_pick_gpu)
+
+
+def _expert_outputs(recv_x, recv_count, rank, fp8):
+    """expert_fn of every received row, vectorised (the same float32 operations
+    row by row); rows past each count are 0."""
+    if fp8:
+        data, scales = recv_x
+        rows = (data.float() * scales.repeat_interleave(128, dim=2)).to(torch.bfloat16)
+    else:
+        rows = recv_x
+    L, slots = rows.shape[:2]
+    experts = torch.arange(rank * L, (rank + 1) * L, device=rows.device)
+    scale = (1.0 + 0.125 * experts.float()).view(L, 1, 1)
+    shift = (0.25 * (experts % 3).float()).view(L, 1, 1)
+    y = (rows.float() * scale - shift).to(torch.bfloat16)
+    valid = torch.arange(slots, device=rows.device).view(1, slots) < recv_count.view(L, 1)
+    return y * valid.unsqueeze(2)
+
+
+# ---------------------------------------------------------------------------
+# The two paths agree bit for bit
+
+# (tokens per rank, hidden, experts per rank at world 1 ... as a total, top-k, masked fraction, fp8)
+DEEPEP = dict(tokens=128, hidden=7168, experts=288, topk=8, masked=0.0)
+SHAPES = [
+    dict(DEEPEP, fp8=True),
+    dict(DEEPEP, fp8=False),
+    dict(tokens=16, hidden=256, experts=24, topk=3, masked=0.2, fp8=True),
+    dict(tokens=40, hidden=2048, experts=8, topk=2, masked=0.0, fp8=False),
+    dict(tokens=5, hidden=128, experts=48, topk=9, masked=0.3, fp8=False),
+]
+
+
+def _inputs(shape, rank, world, seed, device):
+    g = torch.Generator().manual_seed(seed * 131 + rank)
+    n = shape["tokens"] - (rank * shape["tokens"]) // (2 * world)  # ranks send different counts
+    x = torch.randn(n, shape["hidden"], generator=g).to(torch.bfloat16)
+    topk = torch.randn(n, shape["experts"], generator=g).topk(shape["topk"], dim=1).indices
+    topk[torch.rand(topk.shape, generator=g) < shape["masked"]] = -1
+    weights = torch.rand(topk.shape, generator=g)
+    return x.to(device), topk.to(device), weights.to(device)
+
+
+def _run(buffer, shape, x, topk, weights, device):
+    world = buffer.group_size
+    mask = torch.ones(world, dtype=torch.int32, device=device)
+    recv_x, count, handle, _, _ = buffer.dispatch(x, topk, mask, shape["tokens"], shape["experts"], 30_000_000,
+                                                  use_fp8=shape["fp8"])
+    y = _expert_outputs(recv_x, count, buffer.rank, shape["fp8"])
+    out, _, _ = buffer.combine(y, topk, weights, mask, 30_000_000, handle)
+    torch.cuda.synchronize()
+    got = {"count": count, "src_info": handle[0], "layout_range": handle[1], "out": out, "mask": mask}
+    if shape["fp8"]:
+        got["data"], got["scales"] = recv_x[0].view(torch.uint8), recv_x[1]
+    else:
+        got["data"] = recv_x
+    return {k: v.cpu() for k, v in got.items()}
+
+
+def _both_paths_agree(ctx, shapes):
+    from mooncake.mooncake_ep_buffer import Buffer  # noqa: PLC0415
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    fast = Buffer(dist.group.WORLD)
+    slow = Buffer(dist.group.WORLD, disable_p2p=True)
+    assert fast.path == "ipc", f"rank {ctx.rank}: fast path not chosen: {fast.path_reason}"
+    assert slow.path == "collective" and "disable_p2p" in slow.path_reason, slow.path_reason
+    for i, shape in enumerate(shapes):
+        x, topk, weights = _inputs(shape, ctx.rank, ctx.size, i, device)
+        a = _run(fast, shape, x, topk, weights, device)
+        b = _run(slow, shape, x, topk, weights, device)
+        where = f"rank {ctx.rank} of {ctx.size}, shape {shape}"
+        assert a["mask"].tolist() == [1] * ctx.size, where
+        for key in ("count", "src_info", "layout_range"):
+            assert torch.equal(a[key], b[key]), f"{where}: {key} differs between the paths"
+        for le, n in enumerate(a["count"].tolist()):
+            assert torch.equal(a["data"][le, :n], b["data"][le, :n]), f"{where}: rows of local expert {le}"
+            if shape["fp8"]:
+                assert torch.equal(a["scales"][le, :n], b["scales"][le, :n]), f"{where}: scales of expert {le}"
+        assert torch.equal(a["out"], b["out"]), \
+            f"{where}: combine differs by up to {float((a['out'].float() - b['out'].float()).abs().max())}"
+        assert int(a["count"].sum()) > 0 or ctx.size == 0, where
+    return len(shapes)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_fast_path_gives_the_collective_paths_bits(world_size):
+    with _world(world_size) as world:
+        assert world.run(_both_paths_agree, SHAPES, timeout=240) == [len(SHAPES)] * world_size
+
+
+# ---------------------------------------------------------------------------
+# Ranks that do not take part
+
+CASE = Case(hidden=256, experts_per_rank=3, num_topk=4, tokens=6, masked=0.1)
+CASE_FP8 = Case(hidden=128, experts_per_rank=2, num_topk=3, tokens=5, fp8=True, seed=7)
+
+
+def _late_rank(ctx, late, stall_s, timeout_us):
+    buffer = buffer_of(ctx)
+    assert buffer.path == "ipc", buffer.path_reason
+    dist.barrier()
+    world = ctx.size
+    everyone = [1] * world
+    without = [0 if r == late else 1 for r in range(world)]
+    alone = [1 if r == late else 0 for r in range(world)]
+    out = {}
+    start = time.monotonic()
+    if ctx.rank == late:
+        # The others sent their rows before giving up on it: its dispatch
+        # finds everything. In combine nobody answers it (they masked it).
+        time.sleep(stall_s)
+        start = time.monotonic()
+        run_round(ctx, CASE, timeout_us=timeout_us, device="cuda", expect_active=everyone, expect_after_combine=alone)
+    else:
+        run_round(ctx, CASE, timeout_us=timeout_us, device="cuda", expect_active=without)
+    out["first_round_s"] = time.monotonic() - start
+    # Everyone re-activated by every caller, no timeout: all take part again.
+    run_round(ctx, CASE_FP8, active=everyone, timeout_us=-1, device="cuda", expect_active=everyone)
+    return out
+
+
+def test_late_rank_is_masked_within_the_timeout_and_rejoins():
+    timeout_us = 1_000_000
+    with _world(3) as world:
+        out = world.run(_late_rank, 2, 3.0, timeout_us, timeout=120)
+    for r in (0, 1):
+        took = out[r]["first_round_s"]
+        assert 1.0 <= took < 4.0, f"rank {r}: the round with the late rank took {took:.2f} s"
+    assert out[2]["first_round_s"] < 4.0, out[2]
+
+
+def _dies_before_dispatch(ctx, victim):
+    buffer_of(ctx)
+    dist.barrier()
+    if ctx.rank == victim:
+        os._exit(17)
+    expect = [0 if r == victim else 1 for r in range(ctx.size)]
+    start = time.monotonic()
+    # No timeout: the kernels learn of the exit from the process watchdog.
+    run_round(ctx, CASE, timeout_us=-1, device="cuda", expect_active=expect)
+    elapsed = time.monotonic() - start
+    run_round(ctx, CASE_FP8, active=expect, timeout_us=-1, device="cuda", expect_active=expect)
+    return elapsed
+
+
+def test_dead_rank_is_masked_without_a_timeout():
+    with _world(3) as world:
+        elapsed = world.run(_dies_before_dispatch, 1, allow_dead=(1,), timeout=90)
+    assert elapsed[1] is None
+    for r in (0, 2):
+        assert elapsed[r] < 5.0, f"rank {r} took {elapsed[r]:.2f} s to give up on the dead rank"
+
+
+# ---------------------------------------------------------------------------
+# CUDA graphs, calls in flight, membership updates, switching paths
+
+GRAPH_CASE = Case(hidden=512, experts_per_rank=4, num_topk=3, tokens=12, masked=0.1)
+
+
+def _graph_replays(ctx, seeds):
+    world, rank = ctx.size, ctx.rank
+    device = torch.device("cuda", torch.cuda.current_device())
+    buffer = buffer_of(ctx)
+    first = inputs_of(GRAPH_CASE, rank, world)
+    x, topk, weights = first.x.to(device), first.topk_idx.to(device), first.topk_weights.to(device)
+    mask = torch.ones(world, dtype=torch.int32, device=device)
+    T, E = GRAPH_CASE.tokens, GRAPH_CASE.experts(world)
+
+    def step():
+        recv_x, count, handle, _, _ = buffer.dispatch(x, topk, mask, T, E, 10_000_000, use_fp8=False)
+        y = _expert_outputs(recv_x, count, rank, False)
+        out, _, _ = buffer.combine(y, topk, weights, mask, 10_000_000, handle)
+        return count, out
+
+    step()  # warm-up: sets up the fast path's buffers (not capturable)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        count, out = step()
+    checked = 0
+    for seed in seeds:
+        case = Case(**{**GRAPH_CASE.__dict__, "seed": seed})
+        new = inputs_of(case, rank, world)
+        x.copy_(new.x)
+        topk.copy_(new.topk_idx)
+        weights.copy_(new.topk_weights)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = expected_combine(case, world, rank, [1] * world)
+        assert torch.equal(out.cpu(), want), f"rank {rank}: replay with seed {seed}: combine differs"
+        assert mask.tolist() == [1] * world
+        checked += 1
+    return checked
+
+
+def test_captured_graph_replays_with_new_inputs():
+    seeds = [11, 12, 13, 14, 15]
+    with _world(2) as world:
+        assert world.run(_graph_replays, seeds, timeout=120) == [len(seeds)] * 2
+
+
+def _two_in_flight_then_update(ctx):
+    world, rank = ctx.size, ctx.rank
+    device = torch.device("cuda", torch.cuda.current_device())
+    buffer = buffer_of(ctx)
+    cases = [Case(hidden=256, experts_per_rank=2, num_topk=2, tokens=7, seed=21),
+             Case(hidden=256, experts_per_rank=2, num_topk=2, tokens=7, fp8=True, seed=22)]
+    inputs = [inputs_of(c, rank, world) for c in cases]
+    mask = torch.ones(world, dtype=torch.int32, device=device)
+    calls = []
+    for case, mine in zip(cases, inputs):  # both sent before either is received
+        calls.append(buffer.dispatch(mine.x.to(device), mine.topk_idx.to(device), mask, case.tokens,
+                                     case.experts(world), -1, use_fp8=case.fp8, return_recv_hook=True))
+    outs = []
+    for (recv_x, count, handle, _, hook) in calls:
+        hook()
+    for case, mine, (recv_x, count, handle, _, _) in zip(cases, inputs, calls):
+        check_dispatch(case, world, rank, [1] * world, recv_x, count, handle)
+        y = _expert_outputs(recv_x, count, rank, case.fp8)
+        outs.append(buffer.combine(y, mine.topk_idx.to(device), mine.topk_weights.to(device), mask, -1, handle,
+                                   return_recv_hook=True))
+    for _, _, hook in outs:
+        hook()
+    for case, (out, _, _) in zip(cases, outs):
+        want, got = expected_combine(case, world, rank, [1] * world), out.cpu()
+        if case.fp8:  # the same FP8 rounding as the reference; only bf16 rounding may differ
+            scale = float(want.float().abs().max().clamp_min(1))
+            torch.testing.assert_close(got.float(), want.float(), rtol=2.0 ** -7, atol=2.0 ** -7 * scale)
+        else:
+            assert torch.equal(got, want), f"rank {rank}: combine of {case}"
+    # Membership update: the peer tables are rebuilt; the fast path goes on.
+    buffer.update_ep_member()
+    assert buffer.path == "ipc", buffer.path_reason
+    run_round(ctx, CASE, device="cuda", timeout_us=-1)
+    # The reference's switch: the collective path on demand, and back.
+    buffer._use_fallback = True
+    assert buffer.path == "collective" and buffer._use_fallback
+    run_round(ctx, CASE_FP8, device="cuda", timeout_us=-1)
+    buffer._use_fallback = False
+    assert buffer.path == "ipc"
+    run_round(ctx, CASE_FP8, device="cuda", timeout_us=-1)
+    # Bad input names the rule: tensors must be on the GPU for the fast path.
+    mine = inputs_of(CASE, rank, world)
+    with pytest.raises(ValueError, match="x: this Buffer runs the CUDA IPC fast path"):
+        buffer.dispatch(mine.x, mine.topk_idx, None, CASE.tokens, CASE.experts(world), -1)
+    return True
+
+
+def test_two_dispatches_in_flight_membership_update_and_path_switch():
+    with _world(2) as world:
+        assert world.run(_two_in_flight_then_update, timeout=120) == [True, True]
