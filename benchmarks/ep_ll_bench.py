@@ -63,6 +63,14 @@ class EventTimer:
 
 
 def _rank_main(rank, world, port, args, queue):
+    try:
+        _measure(rank, world, port, args, queue)
+    except BaseException as err:  # the parent must hear of it instead of waiting out its timeout
+        queue.put((rank, f"{type(err).__name__}: {err}"))
+        raise
+
+
+def _measure(rank, world, port, args, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from mooncake import pg  # noqa: F401 - registers the backends
@@ -124,6 +132,11 @@ def _run_world(world, args):
     for p in procs:
         p.start()
     per_rank = dict(queue.get(timeout=args.timeout) for _ in range(world))
+    failed = {r: v for r, v in per_rank.items() if isinstance(v, str)}
+    if failed:
+        for p in procs:
+            p.kill()
+        raise SystemExit(f"world {world}: {failed}")
     for p in procs:
         p.join(args.timeout)
     out = []

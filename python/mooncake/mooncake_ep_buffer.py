@@ -76,6 +76,14 @@ def _control_device(group) -> torch.device:
     return torch.device("cpu")
 
 
+def _takes_cuda_tensors(group) -> bool:
+    """Whether the group's backend is one for CUDA tensors ("mooncake", or one
+    with NCCL). By name: torch lists the CPU and CUDA device types for every
+    custom backend, "mooncake-cpu" included."""
+    name = str(dist.get_backend(group))
+    return name == "mooncake" or "nccl" in name
+
+
 def _group_mask_reader(group, num_ranks: int):
     """The process group's own active mask as a bit mask (a Mooncake group
     deactivates dead or stalled ranks); all ranks for any other backend."""
@@ -170,8 +178,8 @@ class Buffer:
         token = torch.tensor([secrets.randbits(62)], dtype=torch.int64, device=control)
         dist.all_reduce(token, op=dist.ReduceOp.MAX, group=self.group)
         conn = self._connection = _Connection(self, int(token.item()))
-        self._choice = choose_path(conn.store, self.rank, self.group_size, self.disable_p2p, control.type == "cuda",
-                                   conn.alive())
+        self._choice = choose_path(conn.store, self.rank, self.group_size, self.disable_p2p,
+                                   _takes_cuda_tensors(self.group), conn.alive())
         if self._choice.fast:
             self._ipc = IpcPath(conn.store, self.rank, self.group_size, conn.uid)
             _OPEN_FAST_PATHS.add(self._ipc)
