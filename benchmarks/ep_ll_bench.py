@@ -109,6 +109,8 @@ def _measure(rank, world, port, args, queue):
                 combine_t.samples.clear()
         rows.append((name, "dispatch", dispatch_t.samples, dispatch_bytes))
         rows.append((name, "combine", combine_t.samples, combine_bytes))
+        if args.profile and name == "ipc":
+            _profile(rank, buffer, x, topk, weights, active)
     # The bound: the same bytes copied device to device on this rank's GPU.
     for phase, nbytes in (("dispatch", dispatch_bytes), ("combine", combine_bytes)):
         src = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -122,6 +124,21 @@ def _measure(rank, world, port, args, queue):
     queue.put((rank, rows))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _profile(rank, buffer, x, topk, weights, active):
+    """Where the time of a fast-path call goes: GPU kernels and host time, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            recv_x, _, handle, _, _ = buffer.dispatch(x, topk, active, TOKENS, EXPERTS, -1, use_fp8=True)
+            y = recv_x[0].to(torch.bfloat16)
+            buffer.combine(y, topk, weights, active, -1, handle)
+        torch.cuda.synchronize()
+    if rank == 0:
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=15), file=sys.stderr)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), file=sys.stderr)
 
 
 def _run_world(world, args):
@@ -176,6 +193,7 @@ def main():
     ap.add_argument("--masked", type=float, default=0.0, help="fraction of top-k entries set to -1")
     ap.add_argument("--skip-collective", action="store_true")
     ap.add_argument("--label", default="")
+    ap.add_argument("--profile", action="store_true", help="print rank 0's torch.profiler tables of the fast path")
     ap.add_argument("--timeout", type=float, default=500)
     ap.add_argument("--csv")
     ap.add_argument("--append", action="store_true", help="append to --csv instead of replacing it")

@@ -139,6 +139,9 @@ CASE_FP8 = Case(hidden=128, experts_per_rank=2, num_topk=3, tokens=5, fp8=True, 
 def _late_rank(ctx, late, stall_s, timeout_us):
     buffer = buffer_of(ctx)
     assert buffer.path == "ipc", buffer.path_reason
+    # The first dispatch with given sizes sets the fast path up, with every
+    # rank (as constructing a DeepEP Buffer does): not the call to be late for.
+    run_round(ctx, CASE, device="cuda", timeout_us=-1)
     dist.barrier()
     world = ctx.size
     everyone = [1] * world
@@ -172,6 +175,7 @@ def test_late_rank_is_masked_within_the_timeout_and_rejoins():
 
 def _dies_before_dispatch(ctx, victim):
     buffer_of(ctx)
+    run_round(ctx, CASE, device="cuda", timeout_us=-1)  # sets the fast path up, with every rank
     dist.barrier()
     if ctx.rank == victim:
         os._exit(17)
