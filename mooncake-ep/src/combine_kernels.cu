@@ -55,8 +55,8 @@ __global__ void __launch_bounds__(kSendThreads) combineSendKernel(EpKernelContex
     int4* dst = reinterpret_cast<int4*>(region + lay.combineRow(parity, expert, token));
     for (size_t v = lane; v < vectors; v += kWarp) dst[v] = src[v];
   }
-  // Rows visible at system scope before the signal (release).
-  __threadfence_system();
+  // Every thread's rows before the signal: the barrier orders them before
+  // thread 0's release, which is cumulative (see publishSignal).
   __syncthreads();
   if (threadIdx.x == 0) {
     publishSignal(region, lay.combineSignal(parity, expert), sequence, static_cast<uint32_t>(count));

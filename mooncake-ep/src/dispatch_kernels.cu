@@ -105,8 +105,8 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSendKernel(EpKernelConte
     if (threadIdx.x == 0) sent_before += total;
     __syncthreads();
   }
-  // Every thread's rows visible at system scope, then one release store.
-  __threadfence_system();
+  // Every thread's rows before the signal: the barrier orders them before
+  // thread 0's release, which is cumulative (see publishSignal).
   __syncthreads();
   if (threadIdx.x == 0) {
     publishSignal(region, lay.dispatchSignal(parity, le, ctx.rank), sequence, static_cast<uint32_t>(sent_before));

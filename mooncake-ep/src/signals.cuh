@@ -52,10 +52,14 @@ __device__ __forceinline__ uint64_t signalValue(uint32_t sequence, uint32_t coun
   return static_cast<uint64_t>(sequence) << 32 | count;
 }
 
-// The sender's side, by one thread after the whole block wrote its rows and
-// each of its threads ran __threadfence_system() (so the rows are visible at
-// system scope before this store can be seen).
+// The sender's side, by thread 0 after a __syncthreads() that follows the
+// whole block's writes of its rows. The barrier puts every thread's writes
+// before this thread's fence in causality order, and the system-scope fence
+// plus release store make them visible to whoever acquires the signal
+// (release is cumulative). One fence per block: a fence in every thread
+// (tried first) made the send kernels 300 us long.
 __device__ __forceinline__ void publishSignal(char* region, size_t offset, uint32_t sequence, uint32_t count) {
+  __threadfence_system();
   st_release_sys_u64(reinterpret_cast<uint64_t*>(region + offset), signalValue(sequence, count));
 }
 
