@@ -181,7 +181,7 @@ class Buffer:
         self._choice = choose_path(conn.store, self.rank, self.group_size, self.disable_p2p,
                                    _takes_cuda_tensors(self.group), conn.alive())
         if self._choice.fast:
-            self._ipc = IpcPath(conn.store, self.rank, self.group_size, conn.uid)
+            self._ipc = IpcPath(conn.store, self.rank, self.group_size, conn.uid, conn.alive)
             _OPEN_FAST_PATHS.add(self._ipc)
         if self.rank == 0:
             _log.info("EP Buffer over %d rank(s): %s path (%s)", self.group_size, self.path, self._choice.reason)

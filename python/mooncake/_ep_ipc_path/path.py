@@ -10,7 +10,9 @@ values are not checked here (the kernels ignore entries outside
 The native group is opened at the first dispatch, because its receive
 region is sized by that call's ``num_max_dispatch_tokens_per_rank``,
 ``hidden`` and ``num_experts``; a dispatch with other sizes reopens it (both
-collective: every rank makes the same calls).
+collective: every rank makes the same calls, and every rank must be alive:
+with a rank inactive in the group, the connection falls back to the
+collective path instead).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def _check_on(device: torch.device, name: str, t: torch.Tensor) -> None:
 class IpcPath:
     """The fast path of one Buffer connection."""
 
-    def __init__(self, store, rank: int, group_size: int, uid: int):
+    def __init__(self, store, rank: int, group_size: int, uid: int, alive):
         from mooncake import _ep_ipc  # noqa: PLC0415 - choose_path made sure it loads
 
         self._native = _ep_ipc
@@ -67,6 +69,7 @@ class IpcPath:
         self.rank = rank
         self.group_size = group_size
         self._uid = uid
+        self._alive = alive  # the group's active mask as bits
         self._group = None
         self._sizes: tuple[int, int, int] | None = None
         self._opens = 0
@@ -83,6 +86,11 @@ class IpcPath:
                 f"num_max_dispatch_tokens_per_rank, hidden and num_experts {sizes}; run one such dispatch "
                 "before capturing a CUDA graph")
         self.close()
+        everyone = (1 << self.group_size) - 1
+        missing = [r for r in range(self.group_size) if not self._alive() >> r & 1] if self._alive() != everyone else []
+        if missing:
+            raise FastPathUnavailable(f"rank(s) {missing} inactive in the group: the fast path is set up with "
+                                      "every rank")
         self._opens += 1
         name = f"/mooncake-ep-{self._uid & 0xFFFFFFFFFFFF:x}-{self._opens}"
         error = ""

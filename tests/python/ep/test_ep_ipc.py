@@ -132,8 +132,10 @@ def test_fast_path_gives_the_collective_paths_bits(world_size):
 # ---------------------------------------------------------------------------
 # Ranks that do not take part
 
+# The same sizes in every round: a dispatch with new sizes sets the fast path
+# up again, with every rank (a dead one makes that fall back to the collective path).
 CASE = Case(hidden=256, experts_per_rank=3, num_topk=4, tokens=6, masked=0.1)
-CASE_FP8 = Case(hidden=128, experts_per_rank=2, num_topk=3, tokens=5, fp8=True, seed=7)
+CASE_FP8 = Case(hidden=256, experts_per_rank=3, num_topk=4, tokens=6, fp8=True, seed=7)
 
 
 def _late_rank(ctx, late, stall_s, timeout_us):
