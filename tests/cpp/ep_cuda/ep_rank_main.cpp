@@ -2,7 +2,7 @@
 // starts CUDA afresh in its own process (test_ep_ipc_group.cpp starts them).
 //
 //   ep_cuda_rank <scenario> <group name> <rank> <world> [key=value ...]
-//   scenarios: exchange, absent, late, masked, dead
+//   scenarios: exchange, absent, late, masked, dead; timing (a measurement, not a test)
 //   keys: tokens=T hidden=H local_experts=L topk=K seed=N calls=N
 //
 // Exit status 0 when every check passed on this rank; reasons go to stderr.
@@ -50,6 +50,8 @@ int main(int argc, char** argv) {
   int failures = 0;
   if (scenario == "exchange") {
     failures = exchangeScenario(*group, s, seed, static_cast<int>(key("calls", 4)));
+  } else if (scenario == "timing") {
+    failures = timingScenario(*group, s, seed, static_cast<int>(key("calls", 20)));
   } else if (scenario == "absent") {
     failures = absentRankScenario(*group, s, seed);
   } else if (scenario == "late") {

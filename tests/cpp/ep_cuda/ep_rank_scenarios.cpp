@@ -294,3 +294,77 @@ int deadRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed) {
 }
 
 }  // namespace mooncake::ep::cuda::testing
+
+namespace mooncake::ep::cuda::testing {
+
+// Not a test: the kernels' own time (CUDA events around each enqueue, no
+// Python, nothing checked) of FP8 dispatch and BF16 combine, averaged over
+// `calls` after 3 warm-up calls, printed to stderr. For locating where the
+// time of benchmarks/ep_ll_bench.py goes, e.g.
+//   ep_cuda_rank timing /ep-timing 0 1 tokens=128 hidden=7168 local_experts=288 topk=8
+int timingScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed, int calls) {
+  constexpr int kWarmup = 3;
+  if (calls <= kWarmup) {
+    std::fprintf(stderr, "timing: calls must be > %d\n", kWarmup);
+    return 1;
+  }
+  Stream stream;
+  Buffers b(s);
+  b.active.upload(std::vector<int32_t>(s.R, 1), stream);
+  const RankInputs mine = makeInputs(s, seed, g.rank(), 0);
+  if (mine.num_tokens > 0) {
+    b.x.upload(mine.x, stream);
+    b.idx.upload(mine.idx, stream);
+    b.weights.upload(mine.weights, stream);
+  }
+  DispatchArgs d;
+  d.x = b.x.get();
+  d.topk_idx = reinterpret_cast<const int64_t*>(b.idx.get());
+  d.num_tokens = mine.num_tokens;
+  d.num_topk = s.K;
+  d.active_ranks = reinterpret_cast<int32_t*>(b.active.get());
+  d.use_fp8 = true;
+  d.recv_x = b.recv_x.get();
+  d.recv_scales = reinterpret_cast<float*>(b.recv_scales.get());
+  d.recv_count = reinterpret_cast<int32_t*>(b.recv_count.get());
+  d.src_info = reinterpret_cast<int32_t*>(b.src_info.get());
+  d.layout_range = reinterpret_cast<int64_t*>(b.layout_range.get());
+  CombineArgs c;
+  c.y = b.y.get();
+  c.src_info = d.src_info;
+  c.layout_range = d.layout_range;
+  c.topk_idx = d.topk_idx;
+  c.topk_weights = reinterpret_cast<const float*>(b.weights.get());
+  c.num_tokens = mine.num_tokens;
+  c.num_topk = s.K;
+  c.active_ranks = d.active_ranks;
+  c.out = b.out.get();
+  cudaEvent_t marks[3];
+  for (cudaEvent_t& e : marks) cudaEventCreate(&e);
+  double dispatch_ms = 0, combine_ms = 0;
+  std::string error;
+  int failures = 0;
+  for (int i = 0; i < calls && failures == 0; ++i) {
+    cudaEventRecord(marks[0], stream);
+    RANK_CHECK(g.dispatch(d, stream, &error), "dispatch: %s", error.c_str());
+    cudaEventRecord(marks[1], stream);
+    RANK_CHECK(g.combine(c, stream, &error), "combine: %s", error.c_str());
+    cudaEventRecord(marks[2], stream);
+    RANK_CHECK(cudaEventSynchronize(marks[2]) == cudaSuccess, "call %d ran: %s", i,
+               cudaGetErrorString(cudaGetLastError()));
+    float dispatch = 0, combine = 0;
+    cudaEventElapsedTime(&dispatch, marks[0], marks[1]);
+    cudaEventElapsedTime(&combine, marks[1], marks[2]);
+    if (i >= kWarmup) {
+      dispatch_ms += dispatch;
+      combine_ms += combine;
+    }
+  }
+  for (cudaEvent_t& e : marks) cudaEventDestroy(e);
+  const int timed = calls - kWarmup;
+  std::fprintf(stderr, "rank %d: dispatch %.1f us, combine %.1f us (%d tokens, %d calls)\n", g.rank(),
+               1e3 * dispatch_ms / timed, 1e3 * combine_ms / timed, mine.num_tokens, timed);
+  return failures;
+}
+
+}  // namespace mooncake::ep::cuda::testing

@@ -8,6 +8,7 @@
 namespace mooncake::ep::cuda::testing {
 
 int exchangeScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed, int calls);
+int timingScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed, int calls);
 int absentRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed);
 int lateRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed);
 int maskedRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed);
