@@ -46,7 +46,7 @@ from mooncake._ep_collective.presence import Presence, mask_of, ranks_of
 from mooncake._ep_collective.routing import (SendPlan, bitmap_bytes, block_begins, pack_bits, plan_sends, segments,
                                               token_rows, unpack_bits)
 from mooncake._ep_collective.sizes import ep_buffer_size_hint
-from mooncake._ep_ipc_path import IpcPath, PathChoice, choose_path
+from mooncake._ep_ipc_path import IpcPath, PathChoice, choose_path, local_statement
 from mooncake._ep_ipc_path.path import FastPathUnavailable, IpcDispatchState
 
 __all__ = ["Buffer", "EventOverlap", "EventHandle"]
@@ -178,8 +178,8 @@ class Buffer:
         token = torch.tensor([secrets.randbits(62)], dtype=torch.int64, device=control)
         dist.all_reduce(token, op=dist.ReduceOp.MAX, group=self.group)
         conn = self._connection = _Connection(self, int(token.item()))
-        self._choice = choose_path(conn.store, self.rank, self.group_size, self.disable_p2p,
-                                   _takes_cuda_tensors(self.group), conn.alive())
+        self._choice = choose_path(conn.store, self.rank, self.group_size, cuda_group=_takes_cuda_tensors(self.group),
+                                   alive=conn.alive(), mine=local_statement(self.group_size, self.disable_p2p))
         if self._choice.fast:
             self._ipc = IpcPath(conn.store, self.rank, self.group_size, conn.uid, conn.alive)
             _OPEN_FAST_PATHS.add(self._ipc)

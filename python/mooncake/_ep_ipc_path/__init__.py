@@ -11,7 +11,7 @@ rank of the group runs on one host with CUDA tensors.
 See docs/ep.md ("Two paths") for what differs between the two paths.
 """
 
-from .choice import PathChoice, choose_path
+from .choice import PathChoice, choose_path, local_statement
 from .path import IpcPath
 
-__all__ = ["IpcPath", "PathChoice", "choose_path"]
+__all__ = ["IpcPath", "PathChoice", "choose_path", "local_statement"]

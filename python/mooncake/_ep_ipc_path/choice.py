@@ -30,6 +30,16 @@ class PathChoice:
     reason: str  # why the collective path (or, for the fast path, what it spans)
 
 
+@dataclass(frozen=True)
+class RankStatement:
+    """What one rank tells the others."""
+
+    able: bool
+    why: str  # why not, when not able
+    host: str
+    device: int
+
+
 def _host_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
@@ -64,31 +74,36 @@ def local_conditions(group_size: int, disable_p2p: bool) -> tuple[bool, str]:
     return True, ""
 
 
-def choose_path(store, rank: int, group_size: int, disable_p2p: bool, cuda_group: bool, alive: int) -> PathChoice:
+def local_statement(group_size: int, disable_p2p: bool) -> RankStatement:
+    """This rank's statement: its own conditions and where it runs."""
+    able, why = local_conditions(group_size, disable_p2p)
+    return RankStatement(able, why, _host_id(), torch.cuda.current_device() if able else -1)
+
+
+def choose_path(store, rank: int, group_size: int, *, cuda_group: bool, alive: int, mine: RankStatement,
+                wait: timedelta = STORE_WAIT) -> PathChoice:
     """Collective over the group's ranks (through ``store``, a prefix store
-    private to this connection). ``alive``: the group's active mask as bits;
-    the fast path needs every rank, so with a rank missing the answer is the
-    collective path, without waiting for it."""
+    private to this connection): every rank posts ``mine`` and reads all.
+    ``alive``: the group's active mask as bits; the fast path needs every
+    rank, so with a rank missing the answer is the collective path, without
+    waiting for it."""
     if not cuda_group:  # the same on every rank: no need to ask the others
         return PathChoice(False, "the group's collectives take no CUDA tensors (not a 'mooncake' CUDA group)")
-    able, why = local_conditions(group_size, disable_p2p)
-    mine = {"able": able, "why": why, "host": _host_id(),
-            "device": torch.cuda.current_device() if able else -1}
-    store.set(f"ipc/{rank}", json.dumps(mine))
+    store.set(f"ipc/{rank}", json.dumps(mine.__dict__))
     missing = [r for r in range(group_size) if not alive >> r & 1]
     if missing:
         return PathChoice(False, f"rank(s) {missing} inactive in the group at connect()")
     keys = [f"ipc/{r}" for r in range(group_size)]
     try:
-        store.wait(keys, STORE_WAIT)
+        store.wait(keys, wait)
     except RuntimeError as err:  # a rank never stated its conditions
-        return PathChoice(False, f"not every rank stated its conditions within {STORE_WAIT} ({err})")
-    states = [json.loads(store.get(k)) for k in keys]
+        return PathChoice(False, f"not every rank stated its conditions within {wait} ({err})")
+    states = [RankStatement(**json.loads(store.get(k))) for k in keys]
     for r, s in enumerate(states):
-        if not s["able"]:
-            return PathChoice(False, f"rank {r}: {s['why']}")
-    hosts = {s["host"] for s in states}
+        if not s.able:
+            return PathChoice(False, f"rank {r}: {s.why}")
+    hosts = {s.host for s in states}
     if len(hosts) > 1:
         return PathChoice(False, f"the ranks run on {len(hosts)} hosts; CUDA IPC reaches one host only")
-    devices = sorted({s["device"] for s in states})
+    devices = sorted({s.device for s in states})
     return PathChoice(True, f"{group_size} rank(s) on one host, GPU(s) {devices}")

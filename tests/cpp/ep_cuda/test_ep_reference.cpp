@@ -43,7 +43,9 @@ TEST(EpRegionLayout, PartsDoNotOverlapAndStayAligned) {
   for (int ranks : {1, 2, 8, 32}) {
     const RegionLayout l = RegionLayout::make(64, 7168, ranks * 8, ranks);
     EXPECT_GE(l.combine_signals, l.dispatchSignal(1, l.L - 1, ranks - 1) + 8);
-    EXPECT_GE(l.dispatch_rows, l.combineSignal(1, l.E - 1) + 8);
+    EXPECT_GE(l.counters, l.combineSignal(1, l.E - 1) + 8);
+    EXPECT_EQ(l.counters % 16, 0u);
+    EXPECT_GE(l.dispatch_rows, l.counters + kCountersBytes);
     EXPECT_GE(l.combine_rows, l.dispatchMessage(1, l.L - 1, ranks - 1, l.T - 1) + l.msg_stride);
     EXPECT_GE(l.total, l.combineRow(1, l.E - 1, l.T - 1) + 2 * static_cast<size_t>(l.H));
     EXPECT_EQ(l.msg_stride % 16, 0u);
