@@ -17,25 +17,19 @@ import argparse
 import csv
 import datetime
 import os
-import socket
 import statistics
 import sys
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from bench_ranks import run_ranks
 
 SHAPES = [  # (tokens per rank T, hidden H, experts E, top-k)
     (16, 1024, 32, 4),
     (128, 2048, 32, 8),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sync(device):
@@ -167,15 +161,7 @@ def _rank_main(rank, world, port, args, queue):
 
 
 def _run_world(world, args):
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, args, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    per_rank = dict(queue.get(timeout=args.timeout) for _ in range(world))
-    for p in procs:
-        p.join(args.timeout)
+    per_rank = run_ranks(_rank_main, world, args, args.timeout)
     out = []
     for i, (T, H, E, K, dtype, impl, phase, _) in enumerate(per_rank[0]):
         slowest = [max(per_rank[r][i][7][it] for r in range(world)) for it in range(args.iters)]

@@ -23,23 +23,17 @@ import argparse
 import csv
 import datetime
 import os
-import socket
 import statistics
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from bench_ranks import run_ranks
 
 # DeepEP's low-latency test shape: 128 tokens per rank, hidden 7168, 288 experts, top-8.
 TOKENS, HIDDEN, EXPERTS, TOPK = 128, 7168, 288, 8
 FLUSH_BYTES = 256 << 20
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EventTimer:
@@ -63,14 +57,6 @@ class EventTimer:
 
 
 def _rank_main(rank, world, port, args, queue):
-    try:
-        _measure(rank, world, port, args, queue)
-    except BaseException as err:  # the parent must hear of it instead of waiting out its timeout
-        queue.put((rank, f"{type(err).__name__}: {err}"))
-        raise
-
-
-def _measure(rank, world, port, args, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from mooncake import pg  # noqa: F401 - registers the backends
@@ -142,20 +128,7 @@ def _profile(rank, buffer, x, topk, weights, active):
 
 
 def _run_world(world, args):
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, args, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    per_rank = dict(queue.get(timeout=args.timeout) for _ in range(world))
-    failed = {r: v for r, v in per_rank.items() if isinstance(v, str)}
-    if failed:
-        for p in procs:
-            p.kill()
-        raise SystemExit(f"world {world}: {failed}")
-    for p in procs:
-        p.join(args.timeout)
+    per_rank = run_ranks(_rank_main, world, args, args.timeout)
     out = []
     for i, (path, phase, _, _) in enumerate(per_rank[0]):
         avg = statistics.mean(statistics.mean(per_rank[r][i][2]) for r in range(world))

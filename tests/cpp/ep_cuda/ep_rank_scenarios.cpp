@@ -35,6 +35,39 @@ struct Buffers {
   DeviceBuffer x, idx, weights, active, recv_x, recv_scales, recv_count, src_info, layout_range, y, out;
 };
 
+// The arguments of one rank's calls over `b` (`mine`: the rank's inputs).
+DispatchArgs dispatchArgs(Buffers& b, const Sizes& s, const RankInputs& mine, bool use_fp8, int64_t timeout_us) {
+  DispatchArgs d;
+  d.x = b.x.get();
+  d.topk_idx = reinterpret_cast<const int64_t*>(b.idx.get());
+  d.num_tokens = mine.num_tokens;
+  d.num_topk = s.K;
+  d.active_ranks = reinterpret_cast<int32_t*>(b.active.get());
+  d.timeout_us = timeout_us;
+  d.use_fp8 = use_fp8;
+  d.recv_x = b.recv_x.get();
+  d.recv_scales = reinterpret_cast<float*>(b.recv_scales.get());
+  d.recv_count = reinterpret_cast<int32_t*>(b.recv_count.get());
+  d.src_info = reinterpret_cast<int32_t*>(b.src_info.get());
+  d.layout_range = reinterpret_cast<int64_t*>(b.layout_range.get());
+  return d;
+}
+
+CombineArgs combineArgs(Buffers& b, const Sizes& s, const RankInputs& mine, int64_t timeout_us) {
+  CombineArgs c;
+  c.y = b.y.get();
+  c.src_info = reinterpret_cast<const int32_t*>(b.src_info.get());
+  c.layout_range = reinterpret_cast<const int64_t*>(b.layout_range.get());
+  c.topk_idx = reinterpret_cast<const int64_t*>(b.idx.get());
+  c.topk_weights = reinterpret_cast<const float*>(b.weights.get());
+  c.num_tokens = mine.num_tokens;
+  c.num_topk = s.K;
+  c.active_ranks = reinterpret_cast<int32_t*>(b.active.get());
+  c.timeout_us = timeout_us;
+  c.out = b.out.get();
+  return c;
+}
+
 struct CallResult {
   int failures = 0;
   double dispatch_seconds = 0, combine_seconds = 0;
@@ -71,19 +104,7 @@ CallResult runCall(EpIpcGroup& g, const Sizes& s, uint64_t seed, int call, bool 
   cudaMemsetAsync(b.layout_range.get(), 0x5a, b.layout_range.bytes(), stream);
   cudaMemsetAsync(b.recv_count.get(), 0x5a, b.recv_count.bytes(), stream);
 
-  DispatchArgs d;
-  d.x = b.x.get();
-  d.topk_idx = reinterpret_cast<const int64_t*>(b.idx.get());
-  d.num_tokens = mine.num_tokens;
-  d.num_topk = s.K;
-  d.active_ranks = reinterpret_cast<int32_t*>(b.active.get());
-  d.timeout_us = timeout_us;
-  d.use_fp8 = use_fp8;
-  d.recv_x = b.recv_x.get();
-  d.recv_scales = reinterpret_cast<float*>(b.recv_scales.get());
-  d.recv_count = reinterpret_cast<int32_t*>(b.recv_count.get());
-  d.src_info = reinterpret_cast<int32_t*>(b.src_info.get());
-  d.layout_range = reinterpret_cast<int64_t*>(b.layout_range.get());
+  const DispatchArgs d = dispatchArgs(b, s, mine, use_fp8, timeout_us);
   std::string error;
   auto start = Clock::now();
   const bool enqueued = enqueue(&EpIpcGroup::dispatch, g, d, stream, split, &error);
@@ -151,17 +172,7 @@ CallResult runCall(EpIpcGroup& g, const Sizes& s, uint64_t seed, int call, bool 
 
   b.y.upload(y, stream);
   cudaMemsetAsync(b.out.get(), 0x5a, b.out.bytes(), stream);
-  CombineArgs c;
-  c.y = b.y.get();
-  c.src_info = d.src_info;
-  c.layout_range = d.layout_range;
-  c.topk_idx = d.topk_idx;
-  c.topk_weights = reinterpret_cast<const float*>(b.weights.get());
-  c.num_tokens = mine.num_tokens;
-  c.num_topk = s.K;
-  c.active_ranks = d.active_ranks;
-  c.timeout_us = timeout_us;
-  c.out = b.out.get();
+  const CombineArgs c = combineArgs(b, s, mine, timeout_us);
   start = Clock::now();
   const bool combined = enqueue(&EpIpcGroup::combine, g, c, stream, split, &error);
   RANK_CHECK(combined, "combine: %s", error.c_str());
@@ -317,28 +328,8 @@ int timingScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed, int calls) {
     b.idx.upload(mine.idx, stream);
     b.weights.upload(mine.weights, stream);
   }
-  DispatchArgs d;
-  d.x = b.x.get();
-  d.topk_idx = reinterpret_cast<const int64_t*>(b.idx.get());
-  d.num_tokens = mine.num_tokens;
-  d.num_topk = s.K;
-  d.active_ranks = reinterpret_cast<int32_t*>(b.active.get());
-  d.use_fp8 = true;
-  d.recv_x = b.recv_x.get();
-  d.recv_scales = reinterpret_cast<float*>(b.recv_scales.get());
-  d.recv_count = reinterpret_cast<int32_t*>(b.recv_count.get());
-  d.src_info = reinterpret_cast<int32_t*>(b.src_info.get());
-  d.layout_range = reinterpret_cast<int64_t*>(b.layout_range.get());
-  CombineArgs c;
-  c.y = b.y.get();
-  c.src_info = d.src_info;
-  c.layout_range = d.layout_range;
-  c.topk_idx = d.topk_idx;
-  c.topk_weights = reinterpret_cast<const float*>(b.weights.get());
-  c.num_tokens = mine.num_tokens;
-  c.num_topk = s.K;
-  c.active_ranks = d.active_ranks;
-  c.out = b.out.get();
+  const DispatchArgs d = dispatchArgs(b, s, mine, /*use_fp8=*/true, -1);
+  const CombineArgs c = combineArgs(b, s, mine, -1);
   cudaEvent_t marks[3];
   for (cudaEvent_t& e : marks) cudaEventCreate(&e);
   double dispatch_ms = 0, combine_ms = 0;

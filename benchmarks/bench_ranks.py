@@ -1,0 +1,51 @@
+"""Starting a benchmark's ranks: one spawned process per rank on this host,
+rendezvous on a free local port, each rank's result back through a queue.
+
+    per_rank = run_ranks(rank_main, world, args, timeout)   # {rank: what rank_main put}
+
+``rank_main(rank, world, port, args, queue)`` must put ``(rank, result)`` on
+the queue; an exception in a rank is sent as ``(rank, "Type: message")`` and
+ends the run (SystemExit naming the ranks) instead of waiting out the timeout.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _guarded(target, rank, world, port, args, queue):
+    try:
+        target(rank, world, port, args, queue)
+    except BaseException as err:  # the parent must hear of it instead of waiting out its timeout
+        queue.put((rank, RankFailure(f"{type(err).__name__}: {err}")))
+        raise
+
+
+class RankFailure(str):
+    """What a rank that raised sends instead of its result."""
+
+
+def run_ranks(target, world: int, args, timeout: float) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_guarded, args=(target, r, world, port, args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    per_rank = dict(queue.get(timeout=timeout) for _ in range(world))
+    failed = {r: v for r, v in per_rank.items() if isinstance(v, RankFailure)}
+    if failed:
+        for p in procs:
+            p.kill()
+        raise SystemExit(f"world {world}: {failed}")
+    for p in procs:
+        p.join(timeout)
+    return per_rank
