@@ -14,17 +14,15 @@ On CUDA (one or more GPUs, ranks round-robin): add ``--device cuda`` (backend "m
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-from bench_ranks import run_ranks
+from bench_support import run_ranks, write_csv
 
 SHAPES = [  # (tokens per rank T, hidden H, experts E, top-k)
     (16, 1024, 32, 4),
@@ -184,15 +182,7 @@ def main():
     results = []
     for world in args.worlds:
         results += _run_world(world, args)
-    fields = list(results[0])
-    writer = csv.DictWriter(sys.stdout, fields)
-    writer.writeheader()
-    writer.writerows(results)
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fields)
-            w.writeheader()
-            w.writerows(results)
+    write_csv(results, args.csv)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ label the run with --label (e.g. "mps" / "time-sliced").
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import os
 import statistics
@@ -29,7 +28,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from bench_ranks import run_ranks
+from bench_support import run_ranks, write_csv
 
 # DeepEP's low-latency test shape: 128 tokens per rank, hidden 7168, 288 experts, top-8.
 TOKENS, HIDDEN, EXPERTS, TOPK = 128, 7168, 288, 8
@@ -171,22 +170,14 @@ def main():
     ap.add_argument("--csv")
     ap.add_argument("--append", action="store_true", help="append to --csv instead of replacing it")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("ep_ll_bench: needs a CUDA GPU (the fast path and the copy bound run on it)")
     results = []
     for world in args.worlds:
         results += _run_world(world, args)
-    fields = list(results[0])
-    writer = csv.DictWriter(sys.stdout, fields)
-    writer.writeheader()
-    writer.writerows(results)
+    write_csv(results, args.csv, args.append)
     for line in _ratios(results):
         print(line)
-    if args.csv:
-        exists = os.path.exists(args.csv)
-        with open(args.csv, "a" if args.append else "w", newline="") as f:
-            w = csv.DictWriter(f, fields)
-            if not (args.append and exists):
-                w.writeheader()
-            w.writerows(results)
 
 
 if __name__ == "__main__":

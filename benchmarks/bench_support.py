@@ -1,7 +1,10 @@
-"""Starting a benchmark's ranks: one spawned process per rank on this host,
+"""What the multi-process benchmarks share.
+
+Starting a benchmark's ranks: one spawned process per rank on this host,
 rendezvous on a free local port, each rank's result back through a queue.
 
     per_rank = run_ranks(rank_main, world, args, timeout)   # {rank: what rank_main put}
+    write_csv(rows, args.csv, append=False)                  # stdout, and the file if given
 
 ``rank_main(rank, world, port, args, queue)`` must put ``(rank, result)`` on
 the queue; an exception in a rank is sent as ``(rank, "Type: message")`` and
@@ -10,7 +13,10 @@ ends the run (SystemExit naming the ranks) instead of waiting out the timeout.
 
 from __future__ import annotations
 
+import csv
+import os
 import socket
+import sys
 
 import torch.multiprocessing as mp
 
@@ -49,3 +55,19 @@ def run_ranks(target, world: int, args, timeout: float) -> dict:
     for p in procs:
         p.join(timeout)
     return per_rank
+
+
+def write_csv(rows: list[dict], path: str | None = None, append: bool = False) -> None:
+    """Rows (dicts with the same keys) as CSV on stdout and, with `path`, into
+    that file (appended without a second header when `append`)."""
+    fields = list(rows[0])
+    out = csv.DictWriter(sys.stdout, fields)
+    out.writeheader()
+    out.writerows(rows)
+    if path:
+        existed = os.path.exists(path)
+        with open(path, "a" if append else "w", newline="") as f:
+            w = csv.DictWriter(f, fields)
+            if not (append and existed):
+                w.writeheader()
+            w.writerows(rows)
