@@ -118,9 +118,13 @@ __global__ void combineReduceKernel(EpKernelContext ctx, CombineArgs args) {
 
 cudaError_t launchCombine(const EpKernelContext& ctx, const CombineArgs& args, EpStages stages,
                           cudaStream_t stream) {
-  if (stages != EpStages::kReceiveOnly) combineSendKernel<<<ctx.layout.E, kSendThreads, 0, stream>>>(ctx, args);
-  if (stages == EpStages::kSendOnly) return cudaGetLastError();
+  // Each launch checked at once: a kernel whose predecessor failed to launch is not enqueued.
+  if (stages != EpStages::kReceiveOnly) {
+    combineSendKernel<<<ctx.layout.E, kSendThreads, 0, stream>>>(ctx, args);
+    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess || stages == EpStages::kSendOnly) return err;
+  }
   combineWaitKernel<<<1, kWaitThreads, 0, stream>>>(ctx, args);
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   if (args.num_tokens > 0) {
     const int threads = std::min(1024, ctx.layout.H / kChannelsPerThread);
     combineReduceKernel<<<args.num_tokens, threads, 0, stream>>>(ctx, args);

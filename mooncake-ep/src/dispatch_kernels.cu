@@ -191,9 +191,14 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchCopyKernel(EpKernelConte
 
 cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args, EpStages stages,
                            cudaStream_t stream) {
-  if (stages != EpStages::kReceiveOnly) dispatchSendKernel<<<ctx.layout.E, kSendThreads, 0, stream>>>(ctx, args);
+  // Each launch checked at once: a kernel whose predecessor failed to launch is not enqueued.
+  if (stages != EpStages::kReceiveOnly) {
+    dispatchSendKernel<<<ctx.layout.E, kSendThreads, 0, stream>>>(ctx, args);
+    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  }
   if (stages != EpStages::kSendOnly) {
     dispatchWaitKernel<<<1, kWaitThreads, 0, stream>>>(ctx, args);
+    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     dispatchCopyKernel<<<dim3(ctx.layout.L, ctx.layout.R), kCopyThreads, 0, stream>>>(ctx, args);
   }
   return cudaGetLastError();

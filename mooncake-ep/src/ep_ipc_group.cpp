@@ -65,6 +65,10 @@ struct EpIpcGroup::State {
   char* region = nullptr;            // this rank's receive region
   std::vector<char*> peer_regions;   // every rank's, as mapped here
   std::unique_ptr<EpControlBlock> control;
+  // Set by a failed launch: this rank's call numbers may be out of step with
+  // the peers' (a send enqueued without its receive, or the other way round),
+  // so every later call is refused rather than paired with the wrong data.
+  std::string broken;
   EpKernelContext context(int64_t timeout_us) const {
     EpKernelContext ctx;
     ctx.layout = layout;
@@ -200,9 +204,15 @@ bool EpIpcGroup::dispatch(const DispatchArgs& args, cudaStream_t stream, std::st
     return fail("active_ranks and every output are required (recv_scales with use_fp8)");
   }
   if (args.timeout_us < -1) return fail("timeout_us must be -1 or >= 0");
+  if (!g.broken.empty()) return fail(g.broken);
   DeviceScope scope(g.device);
+  cudaGetLastError();  // an earlier, unrelated error must not be taken for this launch's
   const cudaError_t err = launchDispatch(g.context(args.timeout_us), args, stages, stream);
-  if (err != cudaSuccess) return fail(cudaWhat("launch", err));
+  if (err != cudaSuccess) {
+    g.broken = "the group is unusable after a failed launch (" + cudaWhat("launch", err) + "); open a new one";
+    abortWaits();  // whatever this rank did enqueue ends without waiting for peers
+    return fail(g.broken);
+  }
   return true;
 }
 
@@ -221,9 +231,15 @@ bool EpIpcGroup::combine(const CombineArgs& args, cudaStream_t stream, std::stri
     return fail("y, the dispatch handle (src_info, layout_range) and active_ranks are required");
   }
   if (args.timeout_us < -1) return fail("timeout_us must be -1 or >= 0");
+  if (!g.broken.empty()) return fail(g.broken);
   DeviceScope scope(g.device);
+  cudaGetLastError();  // an earlier, unrelated error must not be taken for this launch's
   const cudaError_t err = launchCombine(g.context(args.timeout_us), args, stages, stream);
-  if (err != cudaSuccess) return fail(cudaWhat("launch", err));
+  if (err != cudaSuccess) {
+    g.broken = "the group is unusable after a failed launch (" + cudaWhat("launch", err) + "); open a new one";
+    abortWaits();  // whatever this rank did enqueue ends without waiting for peers
+    return fail(g.broken);
+  }
   return true;
 }
 

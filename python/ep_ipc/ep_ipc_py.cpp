@@ -52,8 +52,15 @@ class PyEpIpcGroup {
     if (!group_) throw std::runtime_error(error);
   }
 
+  // Closing is a handshake with the peers: never with the GIL held, also
+  // when the garbage collector drops a group nobody closed.
+  ~PyEpIpcGroup() { close(); }
+  PyEpIpcGroup(const PyEpIpcGroup&) = delete;
+  PyEpIpcGroup& operator=(const PyEpIpcGroup&) = delete;
+
   void close() {
-    py::gil_scoped_release release;  // a close handshake with the peers
+    if (!group_) return;
+    py::gil_scoped_release release;
     group_.reset();
   }
 

@@ -175,11 +175,18 @@ class Buffer:
             self._ipc.close()  # collective: the peers close theirs in their connect()
             self._ipc = None
         control = _control_device(self.group)
-        token = torch.tensor([secrets.randbits(62)], dtype=torch.int64, device=control)
-        dist.all_reduce(token, op=dist.ReduceOp.MAX, group=self.group)
-        conn = self._connection = _Connection(self, int(token.item()))
+        # One collective agrees on the connection id (the largest draw) and on
+        # the ranks every member sees active (the smallest of the bits), so
+        # that the path choice starts from the same view on every rank.
+        alive = _group_mask_reader(self.group, self.group_size)()
+        votes = torch.tensor([-secrets.randbits(62)] + [alive >> r & 1 for r in range(self.group_size)],
+                             dtype=torch.int64, device=control)
+        dist.all_reduce(votes, op=dist.ReduceOp.MIN, group=self.group)
+        votes = votes.tolist()
+        conn = self._connection = _Connection(self, -votes[0])
+        agreed_alive = mask_of(r for r, bit in enumerate(votes[1:]) if bit)
         self._choice = choose_path(conn.store, self.rank, self.group_size, cuda_group=_takes_cuda_tensors(self.group),
-                                   alive=conn.alive(), mine=local_statement(self.group_size, self.disable_p2p))
+                                   alive=agreed_alive, mine=local_statement(self.group_size, self.disable_p2p))
         if self._choice.fast:
             self._ipc = IpcPath(conn.store, self.rank, self.group_size, conn.uid, conn.alive)
             _OPEN_FAST_PATHS.add(self._ipc)
@@ -384,6 +391,9 @@ class Buffer:
                                  "filled with the expert outputs, before combine")
             source = state.next_combine_buffer
         if fast:
+            if self._ipc is None:
+                raise ValueError("handle: comes from the fast path, which this connection has left (it failed to set "
+                                 "up); dispatch again")
             return self._ipc.combine(state, handle, x, topk_idx, topk_weights,
                                      checks.check_active_ranks(active_ranks, num_ranks), timeout_us, zero_copy,
                                      async_finish, return_recv_hook, out)

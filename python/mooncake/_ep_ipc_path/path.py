@@ -18,6 +18,8 @@ collective path instead).
 from __future__ import annotations
 
 import os
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -30,8 +32,9 @@ ATTACH_TIMEOUT_ENV = "MOONCAKE_EP_ATTACH_TIMEOUT_MS"
 
 
 class FastPathUnavailable(RuntimeError):
-    """Opening the native group failed on some rank: every rank gets this
-    at the same call and the connection goes on with the collective path."""
+    """Setting the native group up failed or was refused on some rank: every
+    rank gets this at the same call and the connection goes on with the
+    collective path."""
 
 
 @dataclass
@@ -39,6 +42,7 @@ class IpcDispatchState:
     connection: object  # the Buffer connection the dispatch ran on
     group: object  # the native group it ran on (combine must use the same one)
     topk_idx: torch.Tensor  # the dispatch's own, for the shape and device checks of combine
+    received: bool = False  # its receive half was enqueued (combine reads its outputs)
     next_combine_buffer: torch.Tensor | None = field(default=None)
 
 
@@ -58,6 +62,38 @@ def _check_on(device: torch.device, name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name}: must be on {device} (the device of x; the fast path runs there), got {t.device}")
 
 
+class _InFlight:
+    """Calls of one kind (dispatch or combine) whose receive half waits in a
+    hook. The kernels number receives in the order they are enqueued, so
+    hooks must run in the order of their calls, a call without a hook may
+    not overtake a pending one, and at most two may be pending (the region's
+    two halves)."""
+
+    LIMIT = 2
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.pending: deque = deque()
+
+    def check_new_call(self, with_hook: bool) -> None:
+        if self.pending and not with_hook:
+            raise RuntimeError(f"{self.kind}: the receive hook of an earlier {self.kind} has not been called; call "
+                               f"it before a {self.kind} without return_recv_hook")
+        if len(self.pending) >= self.LIMIT:
+            raise RuntimeError(f"{self.kind}: {self.LIMIT} calls already wait for their receive hooks (the fast path "
+                               "has two buffer halves); call the oldest hook first")
+
+    def add(self, token) -> None:
+        self.pending.append(token)
+
+    def take(self, token) -> None:
+        if token not in self.pending:
+            raise RuntimeError(f"{self.kind} hook: already called")
+        if self.pending[0] is not token:
+            raise RuntimeError(f"{self.kind} hook: receive hooks must be called in the order of their calls")
+        self.pending.popleft()
+
+
 class IpcPath:
     """The fast path of one Buffer connection."""
 
@@ -71,52 +107,80 @@ class IpcPath:
         self._uid = uid
         self._alive = alive  # the group's active mask as bits
         self._group = None
+        self._device: torch.device | None = None
         self._sizes: tuple[int, int, int] | None = None
         self._opens = 0
+        self._default_mask: torch.Tensor | None = None
+        self._in_flight = {"dispatch": _InFlight("dispatch"), "combine": _InFlight("combine")}
 
     # ---------------------------------------------------------------- group
-    def group_for(self, tokens: int, hidden: int, experts: int):
-        """The native group sized for these values, opened or reopened as needed (collective)."""
+    def group_for(self, device: torch.device, tokens: int, hidden: int, experts: int):
+        """The native group on `device` sized for these values, opened or
+        reopened as needed (collective)."""
         sizes = (tokens, hidden, experts)
         if self._group is not None and self._sizes == sizes:
+            if device != self._device:
+                raise ValueError(f"x: the fast path of this Buffer runs on {self._device}, got a tensor on {device}")
             return self._group
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
                 "dispatch: the fast path sets up its receive buffers at the first dispatch with given "
                 f"num_max_dispatch_tokens_per_rank, hidden and num_experts {sizes}; run one such dispatch "
                 "before capturing a CUDA graph")
+        if any(f.pending for f in self._in_flight.values()):
+            raise RuntimeError("dispatch: new sizes while receive hooks are pending; call them first")
+        if self._group is not None:
+            # The previous calls end normally on every rank before the region goes away.
+            torch.cuda.synchronize(self._device)
         self.close()
-        everyone = (1 << self.group_size) - 1
-        missing = [r for r in range(self.group_size) if not self._alive() >> r & 1] if self._alive() != everyone else []
-        if missing:
-            raise FastPathUnavailable(f"rank(s) {missing} inactive in the group: the fast path is set up with "
-                                      "every rank")
         self._opens += 1
-        name = f"/mooncake-ep-{self._uid & 0xFFFFFFFFFFFF:x}-{self._opens}"
+        key = f"open/{self._opens}"
+        # Agree first (one rank may see a peer inactive that another does not
+        # yet): every rank opens, or none does.
+        everyone = (1 << self.group_size) - 1
+        alive = self._alive()
+        missing = [r for r in range(self.group_size) if not alive >> r & 1] if alive != everyone else []
+        refusal = self._agree(f"{key}/ready",
+                              f"rank(s) {missing} inactive in the group (the fast path is set up with every rank)"
+                              if missing else "")
+        if refusal:
+            raise FastPathUnavailable(refusal)
         error = ""
         group = None
         try:
-            group = self._native.EpIpcGroup(name, self.rank, self.group_size, tokens, hidden, experts,
-                                            torch.cuda.current_device(), _attach_timeout_ms())
+            group = self._native.EpIpcGroup(f"/mooncake-ep-{self._uid & 0xFFFFFFFFFFFF:x}-{self._opens}", self.rank,
+                                            self.group_size, tokens, hidden, experts, device.index,
+                                            _attach_timeout_ms())
         except RuntimeError as err:
             error = str(err) or "failed"
         # Everyone learns whether everyone opened, so every rank leaves together.
-        key = f"open/{self._opens}"
-        self._store.set(f"{key}/{self.rank}", error)
-        keys = [f"{key}/{r}" for r in range(self.group_size)]
-        try:
-            self._store.wait(keys, timedelta(milliseconds=2 * _attach_timeout_ms()))
-            errors = [(r, self._store.get(k).decode()) for r, k in enumerate(keys)]
-        except RuntimeError as err:
-            errors = [(-1, f"not every rank reported its open ({err})")]
-        failed = [(r, e) for r, e in errors if e]
-        if failed:
+        failure = self._agree(f"{key}/opened", error)
+        if failure:
             if group is not None:
                 group.close()
-            r, e = failed[0]
-            raise FastPathUnavailable(f"rank {r}: {e}" if r >= 0 else e)
-        self._group, self._sizes = group, sizes
+            raise FastPathUnavailable(failure)
+        self._group, self._device, self._sizes = group, device, sizes
         return group
+
+    def _agree(self, key: str, mine: str) -> str:
+        """Every rank posts `mine` ("" = fine, else why not) under `key`;
+        returns the first rank's complaint, "" when none, as soon as every
+        rank posted or one complained (bounded by twice the attach timeout)."""
+        self._store.set(f"{key}/{self.rank}", mine)
+        keys = [f"{key}/{r}" for r in range(self.group_size)]
+        deadline = time.monotonic() + 2 * _attach_timeout_ms() / 1e3
+        while True:
+            posted = [(r, k) for r, k in enumerate(keys) if self._store.check([k])]
+            for r, k in posted:
+                why = self._store.get(k).decode()
+                if why:
+                    return f"rank {r}: {why}"
+            if len(posted) == self.group_size:
+                return ""
+            if time.monotonic() > deadline:
+                silent = sorted(set(range(self.group_size)) - {r for r, _ in posted})
+                return f"rank(s) {silent} did not report within {2 * _attach_timeout_ms()} ms"
+            time.sleep(0.001)
 
     def close(self) -> None:
         """Collective with the peers that are alive (bounded by the attach timeout)."""
@@ -136,7 +200,9 @@ class IpcPath:
         num_local = num_experts // num_ranks
         slots = num_ranks * tokens_per_rank
         topk_idx = topk_idx.contiguous()
-        group = self.group_for(tokens_per_rank, hidden, num_experts)
+        in_flight = self._in_flight["dispatch"]
+        in_flight.check_new_call(return_recv_hook)
+        group = self.group_for(device, tokens_per_rank, hidden, num_experts)
         mask, give_back = self._device_mask(active_ranks, device)
 
         if use_fp8:
@@ -162,7 +228,12 @@ class IpcPath:
         state = IpcDispatchState(connection=connection, group=group, topk_idx=topk_idx)
         handle = make_handle(src_info, layout_range, tokens_per_rank, hidden, num_experts, state)
         tensors = (x, topk_idx, recv_x, recv_count, src_info, layout_range)
-        hook = self._launch(launch, return_recv_hook, give_back)
+
+        def received() -> None:
+            give_back()
+            state.received = True
+
+        hook = self._launch(launch, return_recv_hook, received, in_flight)
         return recv_x, recv_count, handle, self._event(async_finish, device, tensors), hook
 
     # -------------------------------------------------------------- combine
@@ -171,8 +242,14 @@ class IpcPath:
         if state.group is not self._group:
             raise ValueError("handle: comes from a dispatch with other sizes (the fast path's buffers were "
                              "resized since); dispatch again")
+        if not state.received:
+            raise ValueError("handle: its dispatch's receive hook has not been called; call it before combine")
         src_info, layout_range = handle[0], handle[1]
         device = x.device
+        if device != self._device:
+            raise ValueError(f"x: the fast path of this Buffer runs on {self._device}, got a tensor on {device}")
+        in_flight = self._in_flight["combine"]
+        in_flight.check_new_call(return_recv_hook)
         y = state.next_combine_buffer if zero_copy else x.contiguous()
         for name, t in (("x", y), ("topk_idx", topk_idx), ("topk_weights", topk_weights)):
             _check_on(device, name, t)
@@ -190,35 +267,50 @@ class IpcPath:
                           combined.data_ptr(), stream, stages)
 
         tensors = (y, topk_idx, topk_weights, combined)
-        hook = self._launch(launch, return_recv_hook, give_back)
+        hook = self._launch(launch, return_recv_hook, give_back, in_flight)
         return combined, self._event(async_finish, device, tensors), hook
 
     # -------------------------------------------------------------- helpers
     @staticmethod
-    def _launch(launch, return_recv_hook: bool, give_back):
+    def _launch(launch, return_recv_hook: bool, after_receive, in_flight: _InFlight):
         """The whole call now; or its send half now and the receive half in the returned hook."""
         if not return_recv_hook:
             launch("all")
-            give_back()
+            after_receive()
             return None
         launch("send")
+        token = object()
+        in_flight.add(token)
 
         def hook() -> None:
+            in_flight.take(token)
             launch("receive")
-            give_back()
+            after_receive()
 
         return hook
 
     def _device_mask(self, active_ranks, device):
         """The mask the kernels read and update, and what copies it back to
-        the caller's tensor afterwards (only for a mask not on the device)."""
+        the caller's tensor afterwards (only for a mask not on the device).
+
+        Without a mask the Buffer keeps its own, from call to call, starting
+        from the group's active ranks: a rank given up on in a dispatch stays
+        masked in the combine that follows (a fresh mask there would take
+        its answer for rows it never sent) until update_ep_member()."""
         if active_ranks is None:
-            return torch.ones(self.group_size, dtype=torch.int32, device=device), lambda: None
+            if self._default_mask is None:
+                alive = self._alive()
+                self._default_mask = torch.tensor([alive >> r & 1 for r in range(self.group_size)],
+                                                  dtype=torch.int32, device=device)
+            return self._default_mask, lambda: None
         if active_ranks.device == device:
             return active_ranks, lambda: None
         if active_ranks.device.type == "cuda":
             raise ValueError(f"active_ranks: must be on {device} (the device of x) or on the CPU, "
                              f"got {active_ranks.device}")
+        if torch.cuda.is_current_stream_capturing():
+            raise ValueError("active_ranks: a CPU mask cannot be used in CUDA graph capture (it is copied to the GPU "
+                             "and back, which synchronises); pass a mask on the GPU")
         # A CPU mask: the kernels work on a device copy, written back once they are done (this synchronises).
         on_device = active_ranks.to(device)
         return on_device, lambda: active_ranks.copy_(on_device)
