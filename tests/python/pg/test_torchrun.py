@@ -39,9 +39,12 @@ SCRIPT = textwrap.dedent(
         dist.P2POp(dist.irecv, got, (rank - 1) % world),
     ]):
         w.wait()
+    # The mask is read before the barrier: after it a peer may exit at once,
+    # and a peer that exits is (rightly) seen inactive.
+    active = pg.get_active_ranks(dist.group.WORLD).tolist()
     dist.barrier()
     line = (f"RANK {rank} OF {world} BACKEND {dist.get_backend()} SUM {t.tolist()} AVG {avg.tolist()} "
-            f"GATHER {gathered.tolist()} RING {got.tolist()} ACTIVE {pg.get_active_ranks(dist.group.WORLD).tolist()}")
+            f"GATHER {gathered.tolist()} RING {got.tolist()} ACTIVE {active}")
     os.write(1, (line + "\\n").encode())  # one write: the ranks share the pipe
     dist.destroy_process_group()
     """
