@@ -12,33 +12,10 @@ import torch.distributed as dist
 
 from mooncake._ep_ipc_path.choice import RankStatement, choose_path
 from _ep_rounds import RANK_ENV, buffer_of
+from _memory_store import MemoryStore
 from _harness import World
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class MemoryStore:
-    """The part of torch's Store that the choice uses: set, get, wait."""
-
-    def __init__(self):
-        self._data: dict[str, bytes] = {}
-        self._changed = threading.Condition()
-        self.sets = 0
-
-    def set(self, key: str, value: str) -> None:
-        with self._changed:
-            self._data[key] = value.encode()
-            self.sets += 1
-            self._changed.notify_all()
-
-    def get(self, key: str) -> bytes:
-        with self._changed:
-            return self._data[key]
-
-    def wait(self, keys, timeout: timedelta) -> None:
-        with self._changed:
-            if not self._changed.wait_for(lambda: all(k in self._data for k in keys), timeout.total_seconds()):
-                raise RuntimeError(f"wait timed out for {[k for k in keys if k not in self._data]}")
 
 
 def able(host="node-a", device=0):

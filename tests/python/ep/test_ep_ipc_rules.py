@@ -1,0 +1,66 @@
+"""The fast path's host-side rules, without a GPU: the order of receive hooks
+(``_InFlight``: the kernels number receives in enqueue order, so a hook out
+of order must be refused, not pair rows of the wrong call) and the setup
+agreement of ``IpcPath._agree`` (every rank opens, or none does), with ranks
+as threads over an in-memory store."""
+
+import threading
+
+import pytest
+
+from mooncake._ep_ipc_path.path import IpcPath, _InFlight
+from _memory_store import CheckingStore
+
+pytestmark = pytest.mark.timeout(60)
+
+ep_ipc = pytest.importorskip("mooncake._ep_ipc", reason="the native module mooncake._ep_ipc is not built "
+                                                        "(it needs the CUDA toolkit at build time)")
+
+
+def test_hooks_run_in_call_order_and_at_most_two_wait():
+    calls = _InFlight("dispatch")
+    first, second = object(), object()
+    calls.check_new_call(with_hook=True)
+    calls.add(first)
+    calls.check_new_call(with_hook=True)
+    calls.add(second)
+    with pytest.raises(RuntimeError, match="2 calls already wait for their receive hooks"):
+        calls.check_new_call(with_hook=True)
+    with pytest.raises(RuntimeError, match="receive hook of an earlier dispatch has not been called"):
+        calls.check_new_call(with_hook=False)
+    with pytest.raises(RuntimeError, match="in the order of their calls"):
+        calls.take(second)
+    calls.take(first)
+    with pytest.raises(RuntimeError, match="already called"):
+        calls.take(first)
+    calls.take(second)
+    calls.check_new_call(with_hook=False)  # nothing pending: a whole call may go
+
+
+def _agree_everywhere(complaints, silent=()):
+    world = len(complaints)
+    store = CheckingStore()
+    answers = [None] * world
+
+    def rank_main(r):
+        path = IpcPath(store, r, world, uid=7, alive=lambda: (1 << world) - 1)
+        answers[r] = path._agree("open/1/ready", complaints[r])
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world) if r not in silent]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return [a for r, a in enumerate(answers) if r not in silent]
+
+
+def test_setup_goes_ahead_only_when_no_rank_complains():
+    assert _agree_everywhere(["", "", "", ""]) == ["", "", "", ""]
+    answers = _agree_everywhere(["", "rank(s) [3] inactive", "", ""])
+    assert answers == ["rank 1: rank(s) [3] inactive"] * 4
+
+
+def test_a_rank_that_never_reports_ends_the_setup_everywhere(monkeypatch):
+    monkeypatch.setenv("MOONCAKE_EP_ATTACH_TIMEOUT_MS", "150")  # the agreement waits twice that
+    answers = _agree_everywhere(["", "", ""], silent=(1,))
+    assert answers == ["rank(s) [1] did not report within 300 ms"] * 2
