@@ -43,7 +43,12 @@ __global__ void __launch_bounds__(kSendThreads) combineSendKernel(EpKernelContex
   const int expert = ctx.rank * lay.L + le;
   const size_t rows_per_expert = static_cast<size_t>(lay.R) * lay.T;
   const int64_t range = args.layout_range[le * lay.R + dest];
-  const int begin = static_cast<int>(range >> 32), count = static_cast<int>(range & 0xffffffff);
+  // The handle's segment, kept inside the expert's rows whatever the caller
+  // passed (a layout_range nobody wrote would otherwise send reads of y
+  // anywhere).
+  const int64_t slots = static_cast<int64_t>(rows_per_expert);
+  const int begin = static_cast<int>(min(max(range >> 32, int64_t{0}), slots));
+  const int count = static_cast<int>(min(range & 0xffffffff, slots - begin));
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   constexpr int kWarps = kSendThreads / kWarp;
   const size_t vectors = static_cast<size_t>(lay.H) * 2 / 16;
