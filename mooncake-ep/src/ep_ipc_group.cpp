@@ -5,6 +5,7 @@
 #include "mooncake/ep/cuda/ep_ipc_group.h"
 
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "ep_control_block.h"
@@ -188,13 +189,27 @@ const EpIpcGroupOptions& EpIpcGroup::options() const { return state_->options; }
 
 void EpIpcGroup::abortWaits() { state_->control->slot(state_->rank).abort.store(1, std::memory_order_release); }
 
+std::string EpIpcGroup::enqueueCall(const std::function<cudaError_t()>& launch) {
+  State& g = *state_;
+  if (!g.broken.empty()) return g.broken;
+  DeviceScope scope(g.device);
+  cudaGetLastError();  // an earlier, unrelated error must not be taken for this launch's
+  const cudaError_t err = launch();
+  if (err == cudaSuccess) return {};
+  g.broken = "the group is unusable after a failed launch (" + cudaWhat("launch", err) + "); open a new one";
+  abortWaits();  // whatever this rank did enqueue ends without waiting for peers
+  return g.broken;
+}
+
 bool EpIpcGroup::dispatch(const DispatchArgs& args, cudaStream_t stream, std::string* error, EpStages stages) {
   State& g = *state_;
   auto fail = [&](const std::string& why) {
     if (error) *error = "EP dispatch: " + why;
     return false;
   };
-  if (args.num_tokens < 0 || args.num_tokens > g.layout.T) return fail("num_tokens must be in [0, max_tokens_per_rank]");
+  if (args.num_tokens < 0 || args.num_tokens > g.layout.T) {
+    return fail("num_tokens must be in [0, max_tokens_per_rank]");
+  }
   if (args.num_topk < 0 || (args.num_tokens > 0 && args.num_topk > 0 && args.topk_idx == nullptr) ||
       (args.num_tokens > 0 && args.x == nullptr)) {
     return fail("x and topk_idx are required");
@@ -204,16 +219,8 @@ bool EpIpcGroup::dispatch(const DispatchArgs& args, cudaStream_t stream, std::st
     return fail("active_ranks and every output are required (recv_scales with use_fp8)");
   }
   if (args.timeout_us < -1) return fail("timeout_us must be -1 or >= 0");
-  if (!g.broken.empty()) return fail(g.broken);
-  DeviceScope scope(g.device);
-  cudaGetLastError();  // an earlier, unrelated error must not be taken for this launch's
-  const cudaError_t err = launchDispatch(g.context(args.timeout_us), args, stages, stream);
-  if (err != cudaSuccess) {
-    g.broken = "the group is unusable after a failed launch (" + cudaWhat("launch", err) + "); open a new one";
-    abortWaits();  // whatever this rank did enqueue ends without waiting for peers
-    return fail(g.broken);
-  }
-  return true;
+  const std::string why = enqueueCall([&] { return launchDispatch(g.context(args.timeout_us), args, stages, stream); });
+  return why.empty() || fail(why);
 }
 
 bool EpIpcGroup::combine(const CombineArgs& args, cudaStream_t stream, std::string* error, EpStages stages) {
@@ -222,7 +229,9 @@ bool EpIpcGroup::combine(const CombineArgs& args, cudaStream_t stream, std::stri
     if (error) *error = "EP combine: " + why;
     return false;
   };
-  if (args.num_tokens < 0 || args.num_tokens > g.layout.T) return fail("num_tokens must be in [0, max_tokens_per_rank]");
+  if (args.num_tokens < 0 || args.num_tokens > g.layout.T) {
+    return fail("num_tokens must be in [0, max_tokens_per_rank]");
+  }
   if (args.num_topk < 0 || (args.num_tokens > 0 && (args.topk_idx == nullptr || args.topk_weights == nullptr ||
                                                     args.out == nullptr))) {
     return fail("topk_idx, topk_weights and out are required");
@@ -231,16 +240,8 @@ bool EpIpcGroup::combine(const CombineArgs& args, cudaStream_t stream, std::stri
     return fail("y, the dispatch handle (src_info, layout_range) and active_ranks are required");
   }
   if (args.timeout_us < -1) return fail("timeout_us must be -1 or >= 0");
-  if (!g.broken.empty()) return fail(g.broken);
-  DeviceScope scope(g.device);
-  cudaGetLastError();  // an earlier, unrelated error must not be taken for this launch's
-  const cudaError_t err = launchCombine(g.context(args.timeout_us), args, stages, stream);
-  if (err != cudaSuccess) {
-    g.broken = "the group is unusable after a failed launch (" + cudaWhat("launch", err) + "); open a new one";
-    abortWaits();  // whatever this rank did enqueue ends without waiting for peers
-    return fail(g.broken);
-  }
-  return true;
+  const std::string why = enqueueCall([&] { return launchCombine(g.context(args.timeout_us), args, stages, stream); });
+  return why.empty() || fail(why);
 }
 
 }  // namespace mooncake::ep::cuda

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -120,6 +121,9 @@ class EpIpcGroup {
 
  private:
   explicit EpIpcGroup(std::unique_ptr<State> state);
+  // Runs `launch` (one call's kernels) unless the group is broken; a failed
+  // launch breaks it. Returns "" or why not.
+  std::string enqueueCall(const std::function<cudaError_t()>& launch);
   std::unique_ptr<State> state_;
 };
 
