@@ -8,34 +8,15 @@
 #include <functional>
 #include <vector>
 
+#include "cuda_calls.h"  // cudaWhat, DeviceScope (mooncake-pg/cuda/src)
 #include "ep_control_block.h"
 #include "kernel_args.h"
 
 namespace mooncake::ep::cuda {
 namespace {
 
-std::string cudaWhat(const char* call, cudaError_t err) {
-  cudaGetLastError();  // clear it: the next call must not report it again
-  return std::string(call) + ": " + cudaGetErrorString(err);
-}
-
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    cudaGetDevice(&saved_);
-    if (saved_ != device) cudaSetDevice(device);
-  }
-  ~DeviceScope() {
-    int now = -1;
-    cudaGetDevice(&now);
-    if (now != saved_) cudaSetDevice(saved_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int saved_ = -1;
-};
+using mooncake::pg::cuda::cudaWhat;
+using mooncake::pg::cuda::DeviceScope;
 
 std::string checkSizes(int rank, int num_ranks, const EpIpcGroupOptions& o) {
   if (num_ranks < 1 || num_ranks > kMaxEpRanks || rank < 0 || rank >= num_ranks) {

@@ -12,11 +12,6 @@ namespace {
 
 bool after(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) > 0; }
 
-std::string cudaWhat(const char* call, cudaError_t err) {
-  cudaGetLastError();
-  return std::string(call) + ": " + cudaGetErrorString(err);
-}
-
 // Waits for `event`, bounded; false when it did not complete in time.
 bool waitEvent(cudaEvent_t event, std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "control_block.h"
+#include "cuda_calls.h"  // DeviceScope, cudaWhat
 #include "kernel_args.h"
 #include "mooncake/pg/cuda/cuda_ipc_group.h"
 #include "schedule.h"
@@ -52,18 +53,6 @@ struct CudaIpcGroup::State {
   size_t slotBytes() const { return half_bytes / size / kRoundAlignBytes * kRoundAlignBytes; }
 
   ~State();
-};
-
-// Makes the group's device current while in scope.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device);
-  ~DeviceScope();
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int saved_ = -1;
 };
 
 // One operation being enqueued. The schedules call stage/consume kernels and

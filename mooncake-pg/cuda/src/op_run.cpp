@@ -5,18 +5,6 @@
 
 namespace mooncake::pg::cuda {
 
-DeviceScope::DeviceScope(int device) {
-  if (cudaGetDevice(&saved_) != cudaSuccess || saved_ == device) {
-    saved_ = -1;
-    return;
-  }
-  cudaSetDevice(device);
-}
-
-DeviceScope::~DeviceScope() {
-  if (saved_ >= 0) cudaSetDevice(saved_);
-}
-
 std::string checkRoot(const CudaIpcGroup::State& g, int root) {
   if (root >= 0 && root < g.size) return {};
   return "root " + std::to_string(root) + " is not a rank of this group (size " + std::to_string(g.size) + ")";
