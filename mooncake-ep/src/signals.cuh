@@ -1,11 +1,10 @@
 // Signal words between ranks and the bounded wait on them. The ordering of
-// each access is in its name (the process group's device_ordering.cuh, plus
-// the 64-bit forms the signal words need):
-//   a sender writes its rows with plain stores, makes them visible at system
-//   scope (fence), and only then publishes (sequence << 32) | count with a
-//   release store: a receiver that reads that value with an acquire load is
-//   guaranteed to see the rows. System scope, because the peer is another
-//   process (another context, maybe another GPU over NVLink).
+// each access is in its name (the process group's device_ordering.cuh):
+//   a sender writes its rows with plain stores, then (after a barrier of its
+//   block) publishes (sequence << 32) | count with a release store: a
+//   receiver that reads that value with an acquire load is guaranteed to see
+//   the rows. System scope, because the peer is another process (another
+//   context, maybe another GPU over NVLink).
 #pragma once
 
 #include <cstdint>
@@ -17,28 +16,15 @@
 namespace mooncake::ep::cuda {
 
 using mooncake::pg::cuda::globaltimer_ns;
+using mooncake::pg::cuda::ld_acquire_sys;
 using mooncake::pg::cuda::ld_relaxed_sys;
-
-__device__ __forceinline__ uint64_t ld_acquire_sys_u64(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void st_release_sys_u64(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
+using mooncake::pg::cuda::st_relaxed_sys;
+using mooncake::pg::cuda::st_release_sys;
 
 // active_ranks entries: relaxed at system scope, so that a mask the caller
 // keeps in host-mapped memory works too; several threads may write 0 at once.
-__device__ __forceinline__ int32_t loadActive(const int32_t* p) {
-  int32_t v;
-  asm volatile("ld.relaxed.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void maskRank(int32_t* p) {
-  asm volatile("st.relaxed.sys.global.s32 [%0], %1;" ::"l"(p), "r"(0) : "memory");
-}
+__device__ __forceinline__ int32_t loadActive(const int32_t* p) { return ld_relaxed_sys(p); }
+__device__ __forceinline__ void maskRank(int32_t* p) { st_relaxed_sys(p, 0); }
 
 // Whether a sender skips destination `dest`: this rank or `dest` is masked,
 // or `dest`'s process is gone (its memory may no longer be backed).
@@ -59,7 +45,7 @@ __device__ __forceinline__ uint64_t signalValue(uint32_t sequence, uint32_t coun
 // same way). No fence.sc.sys before it: one per block made the send kernels
 // about 1 us per block, serialised (300 us for 288 experts).
 __device__ __forceinline__ void publishSignal(char* region, size_t offset, uint32_t sequence, uint32_t count) {
-  st_release_sys_u64(reinterpret_cast<uint64_t*>(region + offset), signalValue(sequence, count));
+  st_release_sys(reinterpret_cast<uint64_t*>(region + offset), signalValue(sequence, count));
 }
 
 // Waits until the signal word carries `sequence` and returns its count, or
@@ -75,7 +61,7 @@ __device__ __forceinline__ int waitSignal(const char* region, size_t offset, uin
                                           int64_t timeout_ns) {
   const uint64_t* word = reinterpret_cast<const uint64_t*>(region + offset);
   for (uint32_t spin = 0;; ++spin) {
-    const uint64_t v = ld_acquire_sys_u64(word);  // acquire: the rows written before it are visible after
+    const uint64_t v = ld_acquire_sys(word);  // acquire: the rows written before it are visible after
     if (static_cast<uint32_t>(v >> 32) == sequence) return static_cast<int>(static_cast<uint32_t>(v));
     if (loadActive(active_ranks + src) == 0) return -1;
     if ((spin & 15) == 15) {  // the host-mapped words cost a PCIe read: look less often
