@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 import mooncake.ep  # noqa: F401 - the loading rule: fails clearly when mooncake.pg is not built
 from mooncake._ep_collective import checks
-from mooncake._ep_collective.events import EventHandle, EventOverlap
+from mooncake._ep_collective.events import EventHandle, EventOverlap, call_event
 from mooncake._ep_collective.exchange import Exchange
 from mooncake._ep_collective.fp8 import CHANNELS_PER_SCALE, quantize
 from mooncake._ep_collective.handle import DispatchHandle, DispatchState
@@ -110,7 +110,7 @@ class _Connection:
         self.calls = 0
         store = dist.PrefixStore(f"{_STORE_PREFIX}/{uid:x}", dist.distributed_c10d._get_default_store())
         self.store = store
-        self.alive = _group_mask_reader(buffer.group, buffer.group_size)
+        self.alive = buffer._read_alive
         self.presence = Presence(store, buffer.rank, buffer.group_size, self.alive)
         self.exchange = Exchange(buffer.group, buffer.rank, buffer.group_size)
 
@@ -154,6 +154,7 @@ class Buffer:
         # 0 means "sized on demand": the collective path allocates per call.
         self.num_ep_buffer_bytes = checks.check_buffer(num_ep_buffer_bytes)
         self.disable_p2p = bool(disable_p2p)  # True: the collective path, always
+        self._read_alive = _group_mask_reader(group, self.group_size)  # the group's active ranks, as bits
         self._connection: _Connection | None = None
         self._ipc: IpcPath | None = None
         self._choice = PathChoice(False, "not connected")
@@ -178,7 +179,7 @@ class Buffer:
         # One collective agrees on the connection id (the largest draw) and on
         # the ranks every member sees active (the smallest of the bits), so
         # that the path choice starts from the same view on every rank.
-        alive = _group_mask_reader(self.group, self.group_size)()
+        alive = self._read_alive()
         votes = torch.tensor([-secrets.randbits(62)] + [alive >> r & 1 for r in range(self.group_size)],
                              dtype=torch.int64, device=control)
         dist.all_reduce(votes, op=dist.ReduceOp.MIN, group=self.group)
@@ -319,7 +320,7 @@ class Buffer:
         state = DispatchState(connection=conn, call=conn.calls, topk_idx=topk_idx.clone(), num_topk=num_topk,
                               plan=plan, kept_counts=kept, begins=begins)
         handle = DispatchHandle(src_info, layout_range, num_max_dispatch_tokens_per_rank, hidden, num_experts, state)
-        event = self._event(async_finish, device, (x, topk_idx, recv_x, recv_count, src_info, layout_range))
+        event = call_event(async_finish, device, (x, topk_idx, recv_x, recv_count, src_info, layout_range))
         return recv_x, recv_count, handle, event, self._hook(return_recv_hook)
 
     def _send_tokens(self, x, topk_idx, mask, participants, num_local, use_fp8):
@@ -422,7 +423,7 @@ class Buffer:
                     total.index_add_(0, token[in_slot], rows[in_slot].float() * weights[in_slot])
         combined = out if out is not None else torch.empty(num_tokens, hidden, dtype=torch.bfloat16, device=device)
         combined.copy_(total)
-        event = self._event(async_finish, device, (x, topk_idx, topk_weights, combined))
+        event = call_event(async_finish, device, (x, topk_idx, topk_weights, combined))
         return combined, event, self._hook(return_recv_hook)
 
     def _return_rows(self, source, state: DispatchState, participants, num_local, slots):
@@ -475,11 +476,6 @@ class Buffer:
             mask = torch.tensor([alive >> r & 1 for r in range(self.group_size)], dtype=torch.int32)
         return mask
 
-    @staticmethod
-    def _event(async_finish: bool, device, tensors) -> EventOverlap:
-        if async_finish:
-            return EventOverlap(EventHandle(device), tensors)
-        return EventOverlap(None)
 
     @staticmethod
     def _hook(return_recv_hook: bool):

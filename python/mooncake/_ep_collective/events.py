@@ -48,3 +48,12 @@ class EventOverlap:
     def __exit__(self, *exc):
         self.current_stream_wait()
         return False
+
+
+def call_event(async_finish: bool, device, tensors) -> EventOverlap:
+    """What a dispatch/combine returns as ``event``: with ``async_finish``, an
+    event on the current stream that keeps the call's tensors alive; else an
+    empty one."""
+    if async_finish:
+        return EventOverlap(EventHandle(device), tensors)
+    return EventOverlap(None)

@@ -25,7 +25,7 @@ from datetime import timedelta
 
 import torch
 
-from mooncake._ep_collective.events import EventHandle, EventOverlap
+from mooncake._ep_collective.events import call_event
 from mooncake._ep_collective.fp8 import CHANNELS_PER_SCALE
 
 ATTACH_TIMEOUT_ENV = "MOONCAKE_EP_ATTACH_TIMEOUT_MS"
@@ -167,19 +167,18 @@ class IpcPath:
         returns the first rank's complaint, "" when none, as soon as every
         rank posted or one complained (bounded by twice the attach timeout)."""
         self._store.set(f"{key}/{self.rank}", mine)
-        keys = [f"{key}/{r}" for r in range(self.group_size)]
+        waiting = list(range(self.group_size))  # ranks whose post has not been read yet
         deadline = time.monotonic() + 2 * _attach_timeout_ms() / 1e3
         while True:
-            posted = [(r, k) for r, k in enumerate(keys) if self._store.check([k])]
-            for r, k in posted:
-                why = self._store.get(k).decode()
+            for r in [r for r in waiting if self._store.check([f"{key}/{r}"])]:
+                why = self._store.get(f"{key}/{r}").decode()
                 if why:
                     return f"rank {r}: {why}"
-            if len(posted) == self.group_size:
+                waiting.remove(r)
+            if not waiting:
                 return ""
             if time.monotonic() > deadline:
-                silent = sorted(set(range(self.group_size)) - {r for r, _ in posted})
-                return f"rank(s) {silent} did not report within {2 * _attach_timeout_ms()} ms"
+                return f"rank(s) {waiting} did not report within {2 * _attach_timeout_ms()} ms"
             time.sleep(0.001)
 
     def close(self) -> None:
@@ -234,7 +233,7 @@ class IpcPath:
             state.received = True
 
         hook = self._launch(launch, return_recv_hook, received, in_flight)
-        return recv_x, recv_count, handle, self._event(async_finish, device, tensors), hook
+        return recv_x, recv_count, handle, call_event(async_finish, device, tensors), hook
 
     # -------------------------------------------------------------- combine
     def combine(self, state: IpcDispatchState, handle, x, topk_idx, topk_weights, active_ranks, timeout_us,
@@ -268,7 +267,7 @@ class IpcPath:
 
         tensors = (y, topk_idx, topk_weights, combined)
         hook = self._launch(launch, return_recv_hook, give_back, in_flight)
-        return combined, self._event(async_finish, device, tensors), hook
+        return combined, call_event(async_finish, device, tensors), hook
 
     # -------------------------------------------------------------- helpers
     @staticmethod
@@ -314,9 +313,3 @@ class IpcPath:
         # A CPU mask: the kernels work on a device copy, written back once they are done (this synchronises).
         on_device = active_ranks.to(device)
         return on_device, lambda: active_ranks.copy_(on_device)
-
-    @staticmethod
-    def _event(async_finish: bool, device, tensors) -> EventOverlap:
-        if async_finish:
-            return EventOverlap(EventHandle(device), tensors)
-        return EventOverlap(None)
