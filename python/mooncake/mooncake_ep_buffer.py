@@ -395,9 +395,9 @@ class Buffer:
             if self._ipc is None:
                 raise ValueError("handle: comes from the fast path, which this connection has left (it failed to set "
                                  "up); dispatch again")
-            return self._ipc.combine(state, handle, x, topk_idx, topk_weights,
-                                     checks.check_active_ranks(active_ranks, num_ranks), timeout_us, zero_copy,
-                                     async_finish, return_recv_hook, out)
+            return self._ipc.combine(state, handle, source, topk_idx, topk_weights,
+                                     checks.check_active_ranks(active_ranks, num_ranks), timeout_us, async_finish,
+                                     return_recv_hook, out)
         mask = self._mask(active_ranks)
         conn = self._connection
         participants = conn.begin_call(mask, timeout_us)

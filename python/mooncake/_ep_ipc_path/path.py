@@ -59,7 +59,7 @@ def _attach_timeout_ms() -> int:
 
 def _check_on(device: torch.device, name: str, t: torch.Tensor) -> None:
     if t.device != device:
-        raise ValueError(f"{name}: must be on {device} (the device of x; the fast path runs there), got {t.device}")
+        raise ValueError(f"{name}: must be on {device}, where this Buffer's fast path runs, got {t.device}")
 
 
 class _InFlight:
@@ -236,22 +236,21 @@ class IpcPath:
         return recv_x, recv_count, handle, call_event(async_finish, device, tensors), hook
 
     # -------------------------------------------------------------- combine
-    def combine(self, state: IpcDispatchState, handle, x, topk_idx, topk_weights, active_ranks, timeout_us,
-                zero_copy, async_finish, return_recv_hook, out):
+    def combine(self, state: IpcDispatchState, handle, expert_out, topk_idx, topk_weights, active_ranks, timeout_us,
+                async_finish, return_recv_hook, out):
+        """`expert_out`: the rows to send back (combine's x, or the zero-copy buffer)."""
         if state.group is not self._group:
             raise ValueError("handle: comes from a dispatch with other sizes (the fast path's buffers were "
                              "resized since); dispatch again")
         if not state.received:
             raise ValueError("handle: its dispatch's receive hook has not been called; call it before combine")
         src_info, layout_range = handle[0], handle[1]
-        device = x.device
-        if device != self._device:
-            raise ValueError(f"x: the fast path of this Buffer runs on {self._device}, got a tensor on {device}")
+        device = self._device
+        for name, t in (("x", expert_out), ("topk_idx", topk_idx), ("topk_weights", topk_weights)):
+            _check_on(device, name, t)
         in_flight = self._in_flight["combine"]
         in_flight.check_new_call(return_recv_hook)
-        y = state.next_combine_buffer if zero_copy else x.contiguous()
-        for name, t in (("x", y), ("topk_idx", topk_idx), ("topk_weights", topk_weights)):
-            _check_on(device, name, t)
+        y = expert_out.contiguous()
         topk_idx, topk_weights = topk_idx.contiguous(), topk_weights.contiguous()
         num_tokens, num_topk = topk_idx.shape
         hidden = y.size(2)
