@@ -65,8 +65,11 @@ void CoordinatorState::handlePropose(TimePoint now, SessionId session, const Pro
     if (!left.empty()) why += " " + listText(left) + " left the group";
     return reject(why);
   }
-  group->proposals.push_back(
-      {{session, request.request_id}, request.activate, {seats.begin(), seats.end()}, now + options_.request_timeout});
+  group->proposals.push_back({{session, request.request_id},
+                              request.activate,
+                              {seats.begin(), seats.end()},
+                              now + options_.request_timeout,
+                              /*evidence_deadline=*/std::nullopt});
   advanceProposals(now, *group, effects);
 }
 
