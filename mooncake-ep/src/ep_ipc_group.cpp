@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <vector>
 
 #include "cuda_calls.h"  // cudaWhat, DeviceScope (mooncake-pg/cuda/src)
@@ -51,24 +52,38 @@ struct EpIpcGroup::State {
   // the peers' (a send enqueued without its receive, or the other way round),
   // so every later call is refused rather than paired with the wrong data.
   std::string broken;
+  EscapeWords* escape = nullptr;        // device address, inside `region`
+  cudaStream_t escape_stream = nullptr;  // non-blocking: the copies run beside spinning kernels
+  std::mutex escape_mutex;
+
+  // Sets one of the escape words to 1 (from the watchdog or the caller's
+  // thread). A copy-engine write: visible to kernels that are running.
+  void raiseEscapeWord(uint32_t* word) {
+    static const uint32_t kOne = 1;
+    std::lock_guard lock(escape_mutex);
+    DeviceScope scope(device);
+    cudaMemcpyAsync(word, &kOne, sizeof(kOne), cudaMemcpyHostToDevice, escape_stream);
+    cudaStreamSynchronize(escape_stream);
+  }
   EpKernelContext context(int64_t timeout_us) const {
     EpKernelContext ctx;
     ctx.layout = layout;
     ctx.rank = rank;
     ctx.counters = reinterpret_cast<GroupCounters*>(region + layout.counters);
     for (int r = 0; r < num_ranks; ++r) ctx.regions[r] = peer_regions[r];
-    ctx.escape.departed = control->deviceDeparted();
-    ctx.escape.abort = control->deviceAbort();
+    ctx.escape.departed = escape->departed;
+    ctx.escape.abort = &escape->abort;
     ctx.timeout_ns = timeout_us < 0 ? -1 : timeout_us * 1000;
     return ctx;
   }
 
   ~State() {
+    control.reset();  // first: its watchdog writes into the region
     for (int q = 0; q < static_cast<int>(peer_regions.size()); ++q) {
       if (q != rank && peer_regions[q] != nullptr) cudaIpcCloseMemHandle(peer_regions[q]);
     }
     if (region != nullptr) cudaFree(region);
-    control.reset();
+    if (escape_stream != nullptr) cudaStreamDestroy(escape_stream);
   }
 };
 
@@ -118,7 +133,12 @@ std::unique_ptr<EpIpcGroup> EpIpcGroup::open(const std::string& name, int rank, 
     if (error) *error = why;
     return nullptr;
   }
-  if (!(why = state->control->registerWithCuda()).empty()) return fail(why);
+  state->escape = reinterpret_cast<EscapeWords*>(state->region + state->layout.counters + kEscapeWordsOffset);
+  if ((err = cudaStreamCreateWithFlags(&state->escape_stream, cudaStreamNonBlocking)) != cudaSuccess) {
+    return fail(cudaWhat("cudaStreamCreateWithFlags", err));
+  }
+  State* g = state.get();  // stable: the State moves into the group by pointer
+  state->control->onDeparted([g](int r) { g->raiseEscapeWord(&g->escape->departed[r]); });
   state->peer_regions.assign(num_ranks, nullptr);
   state->peer_regions[rank] = state->region;
   for (int q = 0; q < num_ranks; ++q) {
@@ -168,7 +188,10 @@ int EpIpcGroup::numRanks() const { return state_->num_ranks; }
 int EpIpcGroup::device() const { return state_->device; }
 const EpIpcGroupOptions& EpIpcGroup::options() const { return state_->options; }
 
-void EpIpcGroup::abortWaits() { state_->control->slot(state_->rank).abort.store(1, std::memory_order_release); }
+void EpIpcGroup::abortWaits() {
+  state_->control->slot(state_->rank).abort.store(1, std::memory_order_release);
+  state_->raiseEscapeWord(&state_->escape->abort);
+}
 
 std::string EpIpcGroup::enqueueCall(const std::function<cudaError_t()>& launch) {
   State& g = *state_;

@@ -12,8 +12,17 @@
 namespace mooncake::ep::cuda {
 
 // Where a waiting kernel learns that it need not wait any longer for a peer:
-// its process exited (set by this rank's watchdog thread), or this rank's
-// caller gave up (abortWaits). Host-mapped words of the control block.
+// its process exited, or this rank's caller gave up (abortWaits). The
+// EscapeWords of the rank's own region (device memory).
+// In device memory of the rank's own region: departed[r] once rank r's
+// process exited, abort once the caller gave up (abortWaits). The host writes
+// them with cudaMemcpy (the watchdog thread, abortWaits).
+struct EscapeWords {
+  uint32_t departed[kMaxEpRanks];
+  uint32_t abort;
+};
+static_assert(kEscapeWordsOffset + sizeof(EscapeWords) <= kCountersBytes);
+
 struct WaitEscape {
   const uint32_t* departed = nullptr;  // [R]
   const uint32_t* abort = nullptr;     // one word

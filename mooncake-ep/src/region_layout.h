@@ -8,7 +8,8 @@
 //
 //   dispatch signals [2][L][R] uint64   (parity, local expert, source rank)
 //   combine signals  [2][E]    uint64   (parity, global expert of the sender)
-//   call counters    GroupCounters       (this rank's own, never written by peers)
+//   counters         GroupCounters at 0, EscapeWords at kEscapeWordsOffset
+//                    (this rank's own, never written by peers)
 //   dispatch rows    [2][L][R][T] messages of msg_stride bytes:
 //                      int32 token index at the source, 12 bytes padding,
 //                      then bf16 [H], or e4m3 [H] followed by float32 [H / 128]
@@ -28,7 +29,10 @@ namespace mooncake::ep::cuda {
 
 constexpr size_t kMessageHeaderBytes = 16;  // keeps the payload 16-byte aligned
 constexpr int kChannelsPerScale = 128;
-constexpr size_t kCountersBytes = 64;  // GroupCounters (call_sequence.cuh), with room to spare
+// The counters part: GroupCounters (call_sequence.cuh) at 0, EscapeWords
+// (kernel_args.h) at kEscapeWordsOffset.
+constexpr size_t kEscapeWordsOffset = 64;
+constexpr size_t kCountersBytes = 256;
 
 struct RegionLayout {
   int T = 0, H = 0, E = 0, R = 0, L = 0;

@@ -64,7 +64,7 @@ __device__ __forceinline__ int waitSignal(const char* region, size_t offset, uin
     const uint64_t v = ld_acquire_sys(word);  // acquire: the rows written before it are visible after
     if (static_cast<uint32_t>(v >> 32) == sequence) return static_cast<int>(static_cast<uint32_t>(v));
     if (loadActive(active_ranks + src) == 0) return -1;
-    if ((spin & 15) == 15) {  // the host-mapped words cost a PCIe read: look less often
+    if ((spin & 15) == 15) {  // the timer and the escape words now and then
       const bool gone = (escape.departed != nullptr && ld_relaxed_sys(escape.departed + src) != 0) ||
                         (escape.abort != nullptr && ld_relaxed_sys(escape.abort) != 0);
       const bool late = timeout_ns >= 0 && globaltimer_ns() - start_ns > static_cast<uint64_t>(timeout_ns);
