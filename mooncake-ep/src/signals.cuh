@@ -38,14 +38,42 @@ __device__ __forceinline__ uint64_t signalValue(uint32_t sequence, uint32_t coun
   return static_cast<uint64_t>(sequence) << 32 | count;
 }
 
-// The sender's side, by thread 0 after a __syncthreads() that follows the
-// whole block's writes of its rows. The barrier puts every thread's writes
-// before this release store in causality order, and release is cumulative:
-// whoever acquires the signal sees them (DeepEP signals its NVLink peers the
-// same way). No fence.sc.sys before it: one per block made the send kernels
-// about 1 us per block, serialised (300 us for 288 experts).
-__device__ __forceinline__ void publishSignal(char* region, size_t offset, uint32_t sequence, uint32_t count) {
-  st_release_sys(reinterpret_cast<uint64_t*>(region + offset), signalValue(sequence, count));
+__device__ __forceinline__ void st_relaxed_sys_u64(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+constexpr uint32_t kNothingSent = 0xffffffffu;  // a block's count when it skipped its destination
+
+// The end of every block of a send kernel, by thread 0, after a
+// __syncthreads() that follows the block's row writes: records the block's
+// row count (kNothingSent: no signal), and counts the block done. The last
+// block publishes every block's signal, (sequence << 32) | count at
+// signal_of(block), after one system-scope fence, then advances `sent`.
+//
+// Why one publication per kernel: each block publishing its own signal with a
+// release store (or a fence and a store) cost about 1 us per block,
+// serialised (300 us for 288 blocks). Ordering: every block's rows come
+// before its acq_rel arrival (the barrier, then the release), the last block's
+// arrival acquires them all, and its fence.sc.sys orders them, cumulatively,
+// before its signal stores: a receiver that reads a signal with
+// ld.acquire.sys sees the rows.
+template <typename SignalOf>
+__device__ __forceinline__ void endSendBlock(CallCounters* counters, uint32_t* block_counts, uint32_t sequence,
+                                             uint32_t count, const SignalOf& signal_of) {
+  block_counts[blockIdx.x] = count;
+  uint32_t before;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+               : "=r"(before)
+               : "l"(&counters->send_blocks)
+               : "memory");
+  if (before != gridDim.x - 1) return;
+  __threadfence_system();
+  for (uint32_t b = 0; b < gridDim.x; ++b) {
+    const uint32_t n = ld_relaxed_sys(block_counts + b);
+    if (n != kNothingSent) st_relaxed_sys_u64(signal_of(b), signalValue(sequence, n));
+  }
+  counters->send_blocks = 0;
+  counters->sent = sequence;
 }
 
 // Waits until the signal word carries `sequence` and returns its count, or
