@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "region_layout.h"
+
 namespace mooncake::ep::cuda {
 
 constexpr uint32_t kLastSequence = 0xfffffffeu;
@@ -29,6 +31,8 @@ struct GroupCounters {
   CallCounters dispatch;
   CallCounters combine;
 };
+
+static_assert(sizeof(GroupCounters) <= kEscapeWordsOffset);  // the escape words follow (region_layout.h)
 
 __device__ __forceinline__ uint32_t nextSequence(uint32_t s) { return s >= kLastSequence ? 1u : s + 1u; }
 

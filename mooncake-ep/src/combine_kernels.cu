@@ -46,10 +46,13 @@ __global__ void __launch_bounds__(kSendThreads) combineSendKernel(EpKernelContex
   if (threadIdx.x == 0) sequence = sendSequence(counters);
   // One decision for the whole block (it meets at a barrier below).
   const bool skip = threadIdx.x == 0 && skipDestination(args.active_ranks, ctx.escape, ctx.rank, dest);
+  const bool skip_block = __syncthreads_or(skip);  // also the barrier after thread 0 wrote `sequence`
   const int parity = static_cast<int>(sequence & 1);
   uint32_t* block_counts = reinterpret_cast<uint32_t*>(ctx.regions[ctx.rank] + lay.blockCounts(1));
-  if (__syncthreads_or(skip)) {
-    if (threadIdx.x == 0) endSendBlock(counters, block_counts, sequence, kNothingSent, CombineSignalOf{&ctx, parity});
+  if (skip_block) {
+    if (threadIdx.x < kWarp) {
+      endSendBlock(counters, block_counts, sequence, kNothingSent, CombineSignalOf{&ctx, parity});
+    }
     return;
   }
   char* region = ctx.regions[dest];
@@ -73,8 +76,8 @@ __global__ void __launch_bounds__(kSendThreads) combineSendKernel(EpKernelContex
     int4* dst = reinterpret_cast<int4*>(region + lay.combineRow(parity, expert, token));
     for (size_t v = lane; v < vectors; v += kWarp) dst[v] = src[v];
   }
-  __syncthreads();  // every thread's rows, before thread 0 counts the block done (endSendBlock)
-  if (threadIdx.x == 0) {
+  __syncthreads();  // every thread's rows, before warp 0 counts the block done (endSendBlock)
+  if (threadIdx.x < kWarp) {
     endSendBlock(counters, block_counts, sequence, static_cast<uint32_t>(count), CombineSignalOf{&ctx, parity});
   }
 }

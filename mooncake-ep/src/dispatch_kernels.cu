@@ -73,10 +73,13 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSendKernel(EpKernelConte
   // on it, or skip it if they mask it too).
   // One decision for the whole block (it meets at barriers below).
   const bool skip = threadIdx.x == 0 && skipDestination(args.active_ranks, ctx.escape, ctx.rank, dest);
+  const bool skip_block = __syncthreads_or(skip);  // also the barrier after thread 0 wrote `sequence`
   const int parity = static_cast<int>(sequence & 1);
   uint32_t* block_counts = reinterpret_cast<uint32_t*>(ctx.regions[ctx.rank] + lay.blockCounts(0));
-  if (__syncthreads_or(skip)) {
-    if (threadIdx.x == 0) endSendBlock(counters, block_counts, sequence, kNothingSent, DispatchSignalOf{&ctx, parity});
+  if (skip_block) {
+    if (threadIdx.x < kWarp) {
+      endSendBlock(counters, block_counts, sequence, kNothingSent, DispatchSignalOf{&ctx, parity});
+    }
     return;
   }
   char* region = ctx.regions[dest];
@@ -118,8 +121,8 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSendKernel(EpKernelConte
     if (threadIdx.x == 0) sent_before += total;
     __syncthreads();
   }
-  __syncthreads();  // every thread's rows, before thread 0 counts the block done (endSendBlock)
-  if (threadIdx.x == 0) {
+  __syncthreads();  // every thread's rows, before warp 0 counts the block done (endSendBlock)
+  if (threadIdx.x < kWarp) {
     endSendBlock(counters, block_counts, sequence, static_cast<uint32_t>(sent_before), DispatchSignalOf{&ctx, parity});
   }
 }

@@ -19,7 +19,7 @@ namespace mooncake::ep::cuda {
 namespace {
 
 constexpr uint64_t kMagic = 0x4d43455049504331ull;  // "MCEPIPC1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: escape words and block counts in the region
 constexpr auto kWatchPeriod = std::chrono::milliseconds(2);
 
 size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -101,7 +101,7 @@ EpControlBlock::~EpControlBlock() {
   if (base_ != nullptr) ::munmap(base_, mapped_bytes_);
 }
 
-void EpControlBlock::onDeparted(std::function<void(int)> callback) {
+void EpControlBlock::onDeparted(std::function<bool(int)> callback) {
   std::lock_guard lock(callback_mutex_);
   on_departed_ = std::move(callback);
 }
@@ -125,10 +125,9 @@ void EpControlBlock::watch() {
         header_->departed[r].store(1, std::memory_order_release);
       }
       std::lock_guard lock(callback_mutex_);
-      if (on_departed_) {  // not reported before the callback is set: the next round will
-        on_departed_(r);
-        reported_[r] = true;
-      }
+      // Reported once the callback took it; before the callback is set, or
+      // when it failed, the next round tries again.
+      if (on_departed_ && on_departed_(r)) reported_[r] = true;
     }
     std::this_thread::sleep_for(kWatchPeriod);
   }

@@ -60,9 +60,9 @@ class EpControlBlock {
                                               std::string* error);
   ~EpControlBlock();
 
-  // Called (from the watchdog thread) once for every peer found departed,
-  // including those already departed when it is set.
-  void onDeparted(std::function<void(int)> callback);
+  // Called (from the watchdog thread) for every peer found departed,
+  // including those already departed when it is set, until it returns true.
+  void onDeparted(std::function<bool(int)> callback);
 
   EpRankSlot& slot(int r) const { return slots_[r]; }
   EpControlHeader& header() const { return *header_; }
@@ -81,7 +81,7 @@ class EpControlBlock {
   EpControlHeader* header_ = nullptr;
   EpRankSlot* slots_ = nullptr;
   std::mutex callback_mutex_;
-  std::function<void(int)> on_departed_;  // guarded by callback_mutex_
+  std::function<bool(int)> on_departed_;  // guarded by callback_mutex_
   std::vector<bool> reported_;            // watchdog thread only
   std::vector<int> pidfds_;
   std::atomic<bool> stop_{false};

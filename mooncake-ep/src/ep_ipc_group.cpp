@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "cuda_calls.h"  // cudaWhat, DeviceScope (mooncake-pg/cuda/src)
@@ -52,18 +53,33 @@ struct EpIpcGroup::State {
   // the peers' (a send enqueued without its receive, or the other way round),
   // so every later call is refused rather than paired with the wrong data.
   std::string broken;
-  EscapeWords* escape = nullptr;        // device address, inside `region`
+  EscapeWords* escape = nullptr;         // device address, inside `region`
   cudaStream_t escape_stream = nullptr;  // non-blocking: the copies run beside spinning kernels
+  uint32_t* escape_one = nullptr;        // pinned host word holding 1, the copies' source
   std::mutex escape_mutex;
 
-  // Sets one of the escape words to 1 (from the watchdog or the caller's
-  // thread). A copy-engine write: visible to kernels that are running.
-  void raiseEscapeWord(uint32_t* word) {
-    static const uint32_t kOne = 1;
+  // Sets one of the escape words to 1; true when the copy completed. A
+  // copy-engine write: visible to kernels that are running. From the
+  // watchdog thread (`on_own_thread`: it selects the device once and keeps
+  // it, never switching back to device 0, which would create a context
+  // there) or from the caller's thread (its device is restored). Relaxed
+  // capture mode, so that a CUDA graph being captured on another thread is
+  // neither refused nor invalidated by this copy.
+  bool raiseEscapeWord(uint32_t* word, bool on_own_thread) {
     std::lock_guard lock(escape_mutex);
-    DeviceScope scope(device);
-    cudaMemcpyAsync(word, &kOne, sizeof(kOne), cudaMemcpyHostToDevice, escape_stream);
-    cudaStreamSynchronize(escape_stream);
+    std::optional<DeviceScope> scope;
+    if (on_own_thread) {
+      cudaSetDevice(device);
+    } else {
+      scope.emplace(device);
+    }
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    const bool copied = cudaMemcpyAsync(word, escape_one, sizeof(*word), cudaMemcpyHostToDevice, escape_stream) ==
+                            cudaSuccess &&
+                        cudaStreamSynchronize(escape_stream) == cudaSuccess;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    return copied;
   }
   EpKernelContext context(int64_t timeout_us) const {
     EpKernelContext ctx;
@@ -84,6 +100,7 @@ struct EpIpcGroup::State {
     }
     if (region != nullptr) cudaFree(region);
     if (escape_stream != nullptr) cudaStreamDestroy(escape_stream);
+    if (escape_one != nullptr) cudaFreeHost(escape_one);
   }
 };
 
@@ -137,8 +154,12 @@ std::unique_ptr<EpIpcGroup> EpIpcGroup::open(const std::string& name, int rank, 
   if ((err = cudaStreamCreateWithFlags(&state->escape_stream, cudaStreamNonBlocking)) != cudaSuccess) {
     return fail(cudaWhat("cudaStreamCreateWithFlags", err));
   }
+  if ((err = cudaMallocHost(reinterpret_cast<void**>(&state->escape_one), sizeof(uint32_t))) != cudaSuccess) {
+    return fail(cudaWhat("cudaMallocHost", err));
+  }
+  *state->escape_one = 1;
   State* g = state.get();  // stable: the State moves into the group by pointer
-  state->control->onDeparted([g](int r) { g->raiseEscapeWord(&g->escape->departed[r]); });
+  state->control->onDeparted([g](int r) { return g->raiseEscapeWord(&g->escape->departed[r], true); });
   state->peer_regions.assign(num_ranks, nullptr);
   state->peer_regions[rank] = state->region;
   for (int q = 0; q < num_ranks; ++q) {
@@ -190,7 +211,7 @@ const EpIpcGroupOptions& EpIpcGroup::options() const { return state_->options; }
 
 void EpIpcGroup::abortWaits() {
   state_->control->slot(state_->rank).abort.store(1, std::memory_order_release);
-  state_->raiseEscapeWord(&state_->escape->abort);
+  state_->raiseEscapeWord(&state_->escape->abort, false);
 }
 
 std::string EpIpcGroup::enqueueCall(const std::function<cudaError_t()>& launch) {
