@@ -19,7 +19,6 @@ using mooncake::pg::cuda::globaltimer_ns;
 using mooncake::pg::cuda::ld_acquire_sys;
 using mooncake::pg::cuda::ld_relaxed_sys;
 using mooncake::pg::cuda::st_relaxed_sys;
-using mooncake::pg::cuda::st_release_sys;
 
 // active_ranks entries: relaxed at system scope, so that a mask the caller
 // keeps in host-mapped memory works too; several threads may write 0 at once.
@@ -36,10 +35,6 @@ __device__ __forceinline__ bool skipDestination(const int32_t* active_ranks, con
 
 __device__ __forceinline__ uint64_t signalValue(uint32_t sequence, uint32_t count) {
   return static_cast<uint64_t>(sequence) << 32 | count;
-}
-
-__device__ __forceinline__ void st_relaxed_sys_u64(uint64_t* p, uint64_t v) {
-  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 constexpr uint32_t kNothingSent = 0xffffffffu;  // a block's count when it skipped its destination
@@ -78,7 +73,7 @@ __device__ __forceinline__ void endSendBlock(CallCounters* counters, uint32_t* b
   __threadfence_system();
   for (uint32_t b = lane; b < gridDim.x; b += 32) {
     const uint32_t n = __ldcg(block_counts + b);
-    if (n != kNothingSent) st_relaxed_sys_u64(signal_of(b), signalValue(sequence, n));
+    if (n != kNothingSent) st_relaxed_sys(signal_of(b), signalValue(sequence, n));
   }
   __syncwarp();
   if (lane == 0) {
