@@ -32,7 +32,7 @@ struct GroupCounters {
   CallCounters combine;
 };
 
-static_assert(sizeof(GroupCounters) <= kEscapeWordsOffset);  // the escape words follow (region_layout.h)
+static_assert(sizeof(GroupCounters) <= kCountersBytes);  // the space region_layout.h gives them
 
 __device__ __forceinline__ uint32_t nextSequence(uint32_t s) { return s >= kLastSequence ? 1u : s + 1u; }
 

@@ -87,6 +87,7 @@ __global__ void __launch_bounds__(kWaitThreads) combineWaitKernel(EpKernelContex
   __shared__ uint32_t sequence;
   if (threadIdx.x == 0) sequence = beginReceive(&ctx.counters->combine);  // numbered even when taking no part
   __syncthreads();
+  noteDepartedPeers(ctx.escape, ctx.rank, ctx.layout.R);
   if (loadActive(args.active_ranks + ctx.rank) == 0) return;  // no part in this call: the output is zero
   const int parity = static_cast<int>(sequence & 1);
   const char* region = ctx.regions[ctx.rank];

@@ -132,6 +132,7 @@ __global__ void __launch_bounds__(kWaitThreads) dispatchWaitKernel(EpKernelConte
   __shared__ uint32_t sequence;
   if (threadIdx.x == 0) sequence = beginReceive(&ctx.counters->dispatch);
   __syncthreads();
+  noteDepartedPeers(ctx.escape, ctx.rank, ctx.layout.R);
   const int parity = static_cast<int>(sequence & 1);
   const char* region = ctx.regions[ctx.rank];
   const bool self_active = loadActive(args.active_ranks + ctx.rank) != 0;

@@ -1,5 +1,6 @@
 #include "ep_control_block.h"
 
+#include <cuda_runtime_api.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -19,7 +20,7 @@ namespace mooncake::ep::cuda {
 namespace {
 
 constexpr uint64_t kMagic = 0x4d43455049504331ull;  // "MCEPIPC1"
-constexpr uint32_t kVersion = 2;  // 2: escape words and block counts in the region
+constexpr uint32_t kVersion = 3;  // 3: send blocks' counts in the region (2 was a build with device escape words)
 constexpr auto kWatchPeriod = std::chrono::milliseconds(2);
 
 size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -98,12 +99,25 @@ EpControlBlock::~EpControlBlock() {
   for (int fd : pidfds_) {
     if (fd >= 0) ::close(fd);
   }
+  if (registered_) cudaHostUnregister(base_);
   if (base_ != nullptr) ::munmap(base_, mapped_bytes_);
 }
 
-void EpControlBlock::onDeparted(std::function<bool(int)> callback) {
-  std::lock_guard lock(callback_mutex_);
-  on_departed_ = std::move(callback);
+std::string EpControlBlock::registerWithCuda() {
+  cudaError_t err = cudaHostRegister(base_, mapped_bytes_, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  if (err != cudaSuccess) return std::string("cudaHostRegister of the control block: ") + cudaGetErrorString(err);
+  registered_ = true;
+  void* device_base = nullptr;
+  if ((err = cudaHostGetDevicePointer(&device_base, base_, 0)) != cudaSuccess) {
+    return std::string("cudaHostGetDevicePointer: ") + cudaGetErrorString(err);
+  }
+  auto to_device = [&](const void* host) {
+    return reinterpret_cast<const uint32_t*>(static_cast<char*>(device_base) +
+                                             (static_cast<const char*>(host) - static_cast<char*>(base_)));
+  };
+  device_departed_ = to_device(&header_->departed[0]);
+  device_abort_ = to_device(&slots_[rank_].abort);
+  return {};
 }
 
 bool EpControlBlock::peerAlive(int r) const {
@@ -116,18 +130,10 @@ bool EpControlBlock::peerAlive(int r) const {
 }
 
 void EpControlBlock::watch() {
-  reported_.assign(num_ranks_, false);
   while (!stop_.load(std::memory_order_relaxed)) {
     for (int r = 0; r < num_ranks_; ++r) {
-      if (r == rank_ || reported_[r]) continue;
-      if (header_->departed[r].load(std::memory_order_acquire) == 0) {
-        if (peerAlive(r)) continue;
-        header_->departed[r].store(1, std::memory_order_release);
-      }
-      std::lock_guard lock(callback_mutex_);
-      // Reported once the callback took it; before the callback is set, or
-      // when it failed, the next round tries again.
-      if (on_departed_ && on_departed_(r)) reported_[r] = true;
+      if (r == rank_ || header_->departed[r].load(std::memory_order_relaxed) != 0) continue;
+      if (!peerAlive(r)) header_->departed[r].store(1, std::memory_order_release);
     }
     std::this_thread::sleep_for(kWatchPeriod);
   }

@@ -1,20 +1,24 @@
 // The EP group's control block: a POSIX shared-memory object (created by
 // rank 0, attached by the others through mapSharedRegion) holding what the
 // ranks exchange when they attach (pid, device, the receive region's IPC
-// handle), per-rank words (departed: the process exited; the rank's abort
-// word), and the close handshake. A watchdog thread sets `departed` for a
-// peer whose process exits (pidfd) and reports every departure, whoever
-// noticed it, to this rank's callback: EpIpcGroup copies it into device
-// memory, where its kernels read it (a kernel never reads host memory: a
-// PCIe read per block was suspected of the send kernels' slowness).
+// handle), per-rank words the GPU reads (departed: the process exited; the
+// rank's abort word), and the close handshake. Registered with CUDA (mapped)
+// so that kernels read the words directly. A watchdog thread sets
+// `departed` for a peer whose process exits (pidfd), which ends the waits of
+// calls with no timeout.
+//
+// Why host memory: a plain CPU store reaches a spinning kernel with no CUDA
+// call. Words in device memory, raised with cudaMemcpyAsync from the
+// watchdog, never arrived while the caller's thread sat in a pageable copy
+// (torch's .tolist()) waiting for that very kernel: the copy waited behind
+// the blocked thread, the kernel behind the copy. Kernels read these words
+// rarely (a send block once, a waiting thread every 16th spin).
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,7 +36,7 @@ struct alignas(64) EpRankSlot {
   uint32_t reserved;
   uint64_t region_bytes;
   unsigned char region_handle[kIpcHandleBytes];
-  alignas(64) std::atomic<uint32_t> abort;  // set by abortWaits (mirrored to the device by this rank)
+  alignas(64) std::atomic<uint32_t> abort;  // read by this rank's kernels only
   std::atomic<uint32_t> closing;  // close handshake phase reached (1, 2)
 };
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
@@ -43,8 +47,9 @@ struct EpControlHeader {
   uint32_t num_ranks;
   int32_t tokens, hidden, experts, reserved;
   std::atomic<uint32_t> ready;
-  // departed[r] = 1 once rank r's process is gone (set by any peer's
-  // watchdog, or by a rank whose open failed).
+  // Read by the GPU: departed[r] = 1 once rank r's process is gone (set by
+  // any peer's watchdog). Packed, so that a
+  // kernel indexes it by rank.
   alignas(64) std::atomic<uint32_t> departed[kMaxEpRanks];
 };
 
@@ -60,9 +65,10 @@ class EpControlBlock {
                                               std::string* error);
   ~EpControlBlock();
 
-  // Called (from the watchdog thread) for every peer found departed,
-  // including those already departed when it is set, until it returns true.
-  void onDeparted(std::function<bool(int)> callback);
+  std::string registerWithCuda();
+  // The GPU's addresses of the departed words [R] and of this rank's abort word.
+  const uint32_t* deviceDeparted() const { return device_departed_; }
+  const uint32_t* deviceAbort() const { return device_abort_; }
 
   EpRankSlot& slot(int r) const { return slots_[r]; }
   EpControlHeader& header() const { return *header_; }
@@ -78,11 +84,11 @@ class EpControlBlock {
   int rank_ = 0, num_ranks_ = 0;
   void* base_ = nullptr;
   size_t mapped_bytes_ = 0;
+  bool registered_ = false;
   EpControlHeader* header_ = nullptr;
   EpRankSlot* slots_ = nullptr;
-  std::mutex callback_mutex_;
-  std::function<bool(int)> on_departed_;  // guarded by callback_mutex_
-  std::vector<bool> reported_;            // watchdog thread only
+  const uint32_t* device_departed_ = nullptr;
+  const uint32_t* device_abort_ = nullptr;
   std::vector<int> pidfds_;
   std::atomic<bool> stop_{false};
   std::thread watchdog_;

@@ -6,8 +6,6 @@
 
 #include <cstring>
 #include <functional>
-#include <mutex>
-#include <optional>
 #include <vector>
 
 #include "cuda_calls.h"  // cudaWhat, DeviceScope (mooncake-pg/cuda/src)
@@ -53,54 +51,28 @@ struct EpIpcGroup::State {
   // the peers' (a send enqueued without its receive, or the other way round),
   // so every later call is refused rather than paired with the wrong data.
   std::string broken;
-  EscapeWords* escape = nullptr;         // device address, inside `region`
-  cudaStream_t escape_stream = nullptr;  // non-blocking: the copies run beside spinning kernels
-  uint32_t* escape_one = nullptr;        // pinned host word holding 1, the copies' source
-  std::mutex escape_mutex;
-
-  // Sets one of the escape words to 1; true when the copy completed. A
-  // copy-engine write: visible to kernels that are running. From the
-  // watchdog thread (`on_own_thread`: it selects the device once and keeps
-  // it, never switching back to device 0, which would create a context
-  // there) or from the caller's thread (its device is restored). Relaxed
-  // capture mode, so that a CUDA graph being captured on another thread is
-  // neither refused nor invalidated by this copy.
-  bool raiseEscapeWord(uint32_t* word, bool on_own_thread) {
-    std::lock_guard lock(escape_mutex);
-    std::optional<DeviceScope> scope;
-    if (on_own_thread) {
-      cudaSetDevice(device);
-    } else {
-      scope.emplace(device);
-    }
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    const bool copied = cudaMemcpyAsync(word, escape_one, sizeof(*word), cudaMemcpyHostToDevice, escape_stream) ==
-                            cudaSuccess &&
-                        cudaStreamSynchronize(escape_stream) == cudaSuccess;
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    return copied;
-  }
   EpKernelContext context(int64_t timeout_us) const {
     EpKernelContext ctx;
     ctx.layout = layout;
     ctx.rank = rank;
     ctx.counters = reinterpret_cast<GroupCounters*>(region + layout.counters);
     for (int r = 0; r < num_ranks; ++r) ctx.regions[r] = peer_regions[r];
-    ctx.escape.departed = escape->departed;
-    ctx.escape.abort = &escape->abort;
+    ctx.escape.departed = control->deviceDeparted();
+    ctx.escape.abort = control->deviceAbort();
+    ctx.escape.departed_seen = reinterpret_cast<uint32_t*>(region + layout.departed_seen);
+    for (int r = 0; r < num_ranks; ++r) {
+      if (control->header().departed[r].load(std::memory_order_acquire) != 0) ctx.escape.departed_bits |= 1u << r;
+    }
     ctx.timeout_ns = timeout_us < 0 ? -1 : timeout_us * 1000;
     return ctx;
   }
 
   ~State() {
-    control.reset();  // first: its watchdog writes into the region
     for (int q = 0; q < static_cast<int>(peer_regions.size()); ++q) {
       if (q != rank && peer_regions[q] != nullptr) cudaIpcCloseMemHandle(peer_regions[q]);
     }
     if (region != nullptr) cudaFree(region);
-    if (escape_stream != nullptr) cudaStreamDestroy(escape_stream);
-    if (escape_one != nullptr) cudaFreeHost(escape_one);
+    control.reset();
   }
 };
 
@@ -150,16 +122,7 @@ std::unique_ptr<EpIpcGroup> EpIpcGroup::open(const std::string& name, int rank, 
     if (error) *error = why;
     return nullptr;
   }
-  state->escape = reinterpret_cast<EscapeWords*>(state->region + state->layout.counters + kEscapeWordsOffset);
-  if ((err = cudaStreamCreateWithFlags(&state->escape_stream, cudaStreamNonBlocking)) != cudaSuccess) {
-    return fail(cudaWhat("cudaStreamCreateWithFlags", err));
-  }
-  if ((err = cudaMallocHost(reinterpret_cast<void**>(&state->escape_one), sizeof(uint32_t))) != cudaSuccess) {
-    return fail(cudaWhat("cudaMallocHost", err));
-  }
-  *state->escape_one = 1;
-  State* g = state.get();  // stable: the State moves into the group by pointer
-  state->control->onDeparted([g](int r) { return g->raiseEscapeWord(&g->escape->departed[r], true); });
+  if (!(why = state->control->registerWithCuda()).empty()) return fail(why);
   state->peer_regions.assign(num_ranks, nullptr);
   state->peer_regions[rank] = state->region;
   for (int q = 0; q < num_ranks; ++q) {
@@ -211,7 +174,6 @@ const EpIpcGroupOptions& EpIpcGroup::options() const { return state_->options; }
 
 void EpIpcGroup::abortWaits() {
   state_->control->slot(state_->rank).abort.store(1, std::memory_order_release);
-  state_->raiseEscapeWord(&state_->escape->abort, false);
 }
 
 std::string EpIpcGroup::enqueueCall(const std::function<cudaError_t()>& launch) {

@@ -11,21 +11,24 @@
 
 namespace mooncake::ep::cuda {
 
-// Where a waiting kernel learns that it need not wait any longer for a peer:
-// its process exited, or this rank's caller gave up (abortWaits). The
-// EscapeWords of the rank's own region (device memory).
-// In device memory of the rank's own region: departed[r] once rank r's
-// process exited, abort once the caller gave up (abortWaits). The host writes
-// them with cudaMemcpy (the watchdog thread, abortWaits).
-struct EscapeWords {
-  uint32_t departed[kMaxEpRanks];
-  uint32_t abort;
-};
-static_assert(kEscapeWordsOffset + sizeof(EscapeWords) <= kCountersBytes);
+// Where a kernel learns that it need not wait for, or write to, a peer any
+// longer: its process exited (set by the watchdog threads), or this rank's
+// caller gave up (abortWaits). `departed` and `abort` are host-mapped words
+// of the control block (ep_control_block.h says why host memory); reading
+// them costs a PCIe round trip, and the reads of many blocks queue behind
+// each other (a read per send block made the send kernels about 1.2 us per
+// block: 340 us for 288 experts). So only the wait kernels read them, and
+// copy what they find into `departed_seen`, device memory of this rank's
+// region, which the send kernels read instead, beside `departed_bits`: the
+// departures the host knew of when it enqueued the call (frozen in a
+// captured graph, where departed_seen still serves).
+static_assert(kMaxEpRanks <= 32, "departed_bits holds a bit per rank");
 
 struct WaitEscape {
-  const uint32_t* departed = nullptr;  // [R]
-  const uint32_t* abort = nullptr;     // one word
+  const uint32_t* departed = nullptr;  // [R], host-mapped
+  const uint32_t* abort = nullptr;     // one word, host-mapped
+  uint32_t* departed_seen = nullptr;   // [R], device memory
+  uint32_t departed_bits = 0;          // bit r: rank r gone at enqueue
 };
 
 struct GroupCounters;  // call_sequence.cuh (device code only)

@@ -8,8 +8,8 @@
 //
 //   dispatch signals [2][L][R] uint64   (parity, local expert, source rank)
 //   combine signals  [2][E]    uint64   (parity, global expert of the sender)
-//   counters         GroupCounters at 0, EscapeWords at kEscapeWordsOffset
-//                    (this rank's own, never written by peers)
+//   call counters    GroupCounters       (this rank's own, never written by peers)
+//   departed seen    [R] uint32          (this rank's own: peers its kernels found gone)
 //   block counts     [2][E] uint32  (kind: dispatch, combine; this rank's send
 //                    blocks' row counts, until the last block publishes them)
 //   dispatch rows    [2][L][R][T] messages of msg_stride bytes:
@@ -31,16 +31,13 @@ namespace mooncake::ep::cuda {
 
 constexpr size_t kMessageHeaderBytes = 16;  // keeps the payload 16-byte aligned
 constexpr int kChannelsPerScale = 128;
-// The counters part: GroupCounters (call_sequence.cuh) at 0, EscapeWords
-// (kernel_args.h) at kEscapeWordsOffset.
-constexpr size_t kEscapeWordsOffset = 64;
-constexpr size_t kCountersBytes = 256;
+constexpr size_t kCountersBytes = 64;  // GroupCounters (call_sequence.cuh), with room to spare
 
 struct RegionLayout {
   int T = 0, H = 0, E = 0, R = 0, L = 0;
   size_t msg_stride = 0;
-  size_t dispatch_signals = 0, combine_signals = 0, counters = 0, block_counts = 0, dispatch_rows = 0,
-         combine_rows = 0, total = 0;
+  size_t dispatch_signals = 0, combine_signals = 0, counters = 0, departed_seen = 0, block_counts = 0,
+         dispatch_rows = 0, combine_rows = 0, total = 0;
 
   static RegionLayout make(int tokens, int hidden, int experts, int ranks) {
     RegionLayout l;
@@ -55,7 +52,8 @@ struct RegionLayout {
     l.dispatch_signals = 0;
     l.combine_signals = l.dispatch_signals + 2 * static_cast<size_t>(l.L) * ranks * sizeof(uint64_t);
     l.counters = l.combine_signals + 2 * static_cast<size_t>(experts) * sizeof(uint64_t);
-    l.block_counts = l.counters + kCountersBytes;
+    l.departed_seen = l.counters + kCountersBytes;
+    l.block_counts = l.departed_seen + static_cast<size_t>(ranks) * sizeof(uint32_t);
     l.dispatch_rows = align(l.block_counts + 2 * static_cast<size_t>(experts) * sizeof(uint32_t));
     const size_t dispatch_half = static_cast<size_t>(l.L) * ranks * tokens * l.msg_stride;
     l.combine_rows = align(l.dispatch_rows + 2 * dispatch_half);

@@ -26,11 +26,24 @@ __device__ __forceinline__ int32_t loadActive(const int32_t* p) { return ld_rela
 __device__ __forceinline__ void maskRank(int32_t* p) { st_relaxed_sys(p, 0); }
 
 // Whether a sender skips destination `dest`: this rank or `dest` is masked,
-// or `dest`'s process is gone (its memory may no longer be backed).
+// or `dest`'s process is known gone (its memory may no longer be backed):
+// by the host when it enqueued the call, or by a wait kernel since. Never a
+// host-memory read (see WaitEscape).
 __device__ __forceinline__ bool skipDestination(const int32_t* active_ranks, const WaitEscape& escape, int rank,
                                                 int dest) {
   return loadActive(active_ranks + rank) == 0 || loadActive(active_ranks + dest) == 0 ||
-         (escape.departed != nullptr && ld_relaxed_sys(escape.departed + dest) != 0);
+         (escape.departed_bits >> dest & 1u) != 0 || ld_relaxed_sys(escape.departed_seen + dest) != 0;
+}
+
+// Wait kernels, at their start: copy the host-mapped departed words into
+// departed_seen, a thread per peer (R parallel PCIe reads, overlapping the
+// wait for the peers' signals).
+__device__ __forceinline__ void noteDepartedPeers(const WaitEscape& escape, int rank, int num_ranks) {
+  for (int r = threadIdx.x; r < num_ranks; r += blockDim.x) {
+    if (r != rank && escape.departed != nullptr && ld_relaxed_sys(escape.departed + r) != 0) {
+      st_relaxed_sys(escape.departed_seen + r, 1u);
+    }
+  }
 }
 
 __device__ __forceinline__ uint64_t signalValue(uint32_t sequence, uint32_t count) {
@@ -98,11 +111,12 @@ __device__ __forceinline__ int waitSignal(const char* region, size_t offset, uin
     const uint64_t v = ld_acquire_sys(word);  // acquire: the rows written before it are visible after
     if (static_cast<uint32_t>(v >> 32) == sequence) return static_cast<int>(static_cast<uint32_t>(v));
     if (loadActive(active_ranks + src) == 0) return -1;
-    if ((spin & 15) == 15) {  // the timer and the escape words now and then
-      const bool gone = (escape.departed != nullptr && ld_relaxed_sys(escape.departed + src) != 0) ||
-                        (escape.abort != nullptr && ld_relaxed_sys(escape.abort) != 0);
+    if ((spin & 15) == 15) {  // the host-mapped words cost a PCIe read: look less often
+      const bool departed = escape.departed != nullptr && ld_relaxed_sys(escape.departed + src) != 0;
+      const bool aborted = escape.abort != nullptr && ld_relaxed_sys(escape.abort) != 0;
       const bool late = timeout_ns >= 0 && globaltimer_ns() - start_ns > static_cast<uint64_t>(timeout_ns);
-      if (gone || late) {
+      if (departed || aborted || late) {
+        if (departed) st_relaxed_sys(escape.departed_seen + src, 1u);  // later sends skip it
         maskRank(active_ranks + src);
         return -1;
       }
