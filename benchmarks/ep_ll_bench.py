@@ -1,6 +1,7 @@
 """EP dispatch and combine in DeepEP's low-latency benchmark style, on CUDA:
-the Buffer's fast path (CUDA IPC kernels), its collective path, and a plain
-device-to-device copy of the same bytes as the bound, in one run.
+the Buffer's fast path (CUDA IPC kernels), called eagerly and replayed from
+CUDA graphs, its collective path, and a plain device-to-device copy of the
+same bytes as the bound, in one run.
 
 Every rank times its own calls with CUDA events (a barrier before each
 call, so the ranks start together; the L2 cache flushed with a 256 MiB
@@ -8,8 +9,12 @@ write, as DeepEP does). Bytes follow DeepEP's accounting: per non-masked
 (token, expert) selection, FP8 dispatch moves H + H/128*4 + 16 bytes and
 BF16 combine 2H. A row gives, for one path and phase, the mean over ranks of
 each rank's average, min and max microseconds, and per-rank GB/s from the
-average. The copy bound times copy_ of a buffer of the dispatch's (then the
-combine's) bytes on the rank's own GPU.
+average; host_us is the time the Python call took on the host (when it
+exceeds the GPU's, an eager call is bound by the host). The graph rows
+("ipc-graph") time replays of one dispatch and one combine captured in two
+CUDA graphs, which is how DeepEP's low-latency kernels are meant to run:
+no Python and no launch on the host. The copy bound times copy_ of a buffer
+of the dispatch's (then the combine's) bytes on the rank's own GPU.
 
     PYTHONPATH=python python3 benchmarks/ep_ll_bench.py --worlds 1 2 4 --csv docs/benchmarks/ep_ll.csv
 
@@ -24,6 +29,7 @@ import datetime
 import os
 import statistics
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -42,17 +48,25 @@ class EventTimer:
         self.device = device
         self.flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
         self.samples = []
+        self.host_samples = []
 
     def time(self, fn):
         self.flush.zero_()
         dist.barrier()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        host_start = time.perf_counter()
         result = fn()
+        host_us = (time.perf_counter() - host_start) * 1e6
         end.record()
         end.synchronize()
         self.samples.append(start.elapsed_time(end) * 1e3)  # microseconds
+        self.host_samples.append(host_us)
         return result
+
+    def clear(self):
+        self.samples.clear()
+        self.host_samples.clear()
 
 
 def _rank_main(rank, world, port, args, queue):
@@ -90,12 +104,14 @@ def _rank_main(rank, world, port, args, queue):
             y = recv_x[0].to(torch.bfloat16)  # the "experts": identity of the FP8 values
             combine_t.time(lambda: buffer.combine(y, topk, weights, active, -1, handle))
             if it < args.warmup:
-                dispatch_t.samples.clear()
-                combine_t.samples.clear()
-        rows.append((name, "dispatch", dispatch_t.samples, dispatch_bytes))
-        rows.append((name, "combine", combine_t.samples, combine_bytes))
-        if args.profile and name == "ipc":
-            _profile(rank, buffer, x, topk, weights, active)
+                dispatch_t.clear()
+                combine_t.clear()
+        rows.append((name, "dispatch", dispatch_t, dispatch_bytes))
+        rows.append((name, "combine", combine_t, combine_bytes))
+        if name == "ipc":
+            rows += _graph_rows(buffer, x, topk, weights, active, device, args, dispatch_bytes, combine_bytes)
+            if args.profile:
+                _profile(rank, buffer, x, topk, weights, active)
     # The bound: the same bytes copied device to device on this rank's GPU.
     for phase, nbytes in (("dispatch", dispatch_bytes), ("combine", combine_bytes)):
         src = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -104,11 +120,36 @@ def _rank_main(rank, world, port, args, queue):
         for it in range(args.warmup + args.iters):
             timer.time(lambda: dst.copy_(src))
             if it < args.warmup:
-                timer.samples.clear()
-        rows.append(("d2d-copy", phase, timer.samples, nbytes))
-    queue.put((rank, rows))
+                timer.clear()
+        rows.append(("d2d-copy", phase, timer, nbytes))
+    queue.put((rank, [(path, phase, t.samples, t.host_samples, nbytes) for path, phase, t, nbytes in rows]))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _graph_rows(buffer, x, topk, weights, active, device, args, dispatch_bytes, combine_bytes):
+    """The fast path replayed from CUDA graphs: one graph holds a dispatch,
+    another a combine of fixed expert outputs (any rows of the right shape:
+    combine's time does not depend on their values); replays are timed like
+    eager calls. Every rank replays the same graphs equally often, so the call
+    numbers the kernels keep on the device stay in step."""
+    recv_x, _, handle, _, _ = buffer.dispatch(x, topk, active, TOKENS, EXPERTS, -1, use_fp8=True)
+    y = recv_x[0].to(torch.bfloat16)
+    buffer.combine(y, topk, weights, active, -1, handle)
+    torch.cuda.synchronize()
+    dispatch_graph, combine_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(dispatch_graph):
+        _, _, graph_handle, _, _ = buffer.dispatch(x, topk, active, TOKENS, EXPERTS, -1, use_fp8=True)
+    with torch.cuda.graph(combine_graph):
+        buffer.combine(y, topk, weights, active, -1, graph_handle)
+    dispatch_t, combine_t = EventTimer(device), EventTimer(device)
+    for it in range(args.warmup + args.iters):
+        dispatch_t.time(dispatch_graph.replay)
+        combine_t.time(combine_graph.replay)
+        if it < args.warmup:
+            dispatch_t.clear()
+            combine_t.clear()
+    return [("ipc-graph", "dispatch", dispatch_t, dispatch_bytes), ("ipc-graph", "combine", combine_t, combine_bytes)]
 
 
 def _profile(rank, buffer, x, topk, weights, active):
@@ -129,13 +170,15 @@ def _profile(rank, buffer, x, topk, weights, active):
 def _run_world(world, args):
     per_rank = run_ranks(_rank_main, world, args, args.timeout)
     out = []
-    for i, (path, phase, _, _) in enumerate(per_rank[0]):
+    for i, (path, phase, _, _, _) in enumerate(per_rank[0]):
         avg = statistics.mean(statistics.mean(per_rank[r][i][2]) for r in range(world))
-        nbytes = statistics.mean(per_rank[r][i][3] for r in range(world))
+        host = statistics.mean(statistics.mean(per_rank[r][i][3]) for r in range(world))
+        nbytes = statistics.mean(per_rank[r][i][4] for r in range(world))
         out.append(dict(label=args.label, world=world, tokens=TOKENS, hidden=HIDDEN, experts=EXPERTS, topk=TOPK,
                         path=path, phase=phase, avg_us=round(avg, 1),
                         min_us=round(statistics.mean(min(per_rank[r][i][2]) for r in range(world)), 1),
                         max_us=round(statistics.mean(max(per_rank[r][i][2]) for r in range(world)), 1),
+                        host_us=round(host, 1),
                         bytes_per_rank=int(nbytes), gbps_per_rank=round(nbytes / avg / 1e3, 2)))
     return out
 
@@ -148,11 +191,12 @@ def _ratios(results):
         for r in results:
             if r["world"] == world:
                 total[r["path"]] = total.get(r["path"], 0.0) + r["avg_us"]
-        line = f"world {world}: fast path {total['ipc']:.1f} us (dispatch + combine)"
-        if "collective" in total:
-            line += f", {total['collective'] / total['ipc']:.1f}x faster than the collective path"
-        line += f", {total['ipc'] / total['d2d-copy']:.2f}x the d2d copy bound"
-        lines.append(line)
+        for fast in ("ipc", "ipc-graph"):
+            line = f"world {world}: {fast} {total[fast]:.1f} us (dispatch + combine)"
+            if "collective" in total:
+                line += f", {total['collective'] / total[fast]:.1f}x faster than the collective path"
+            line += f", {total[fast] / total['d2d-copy']:.2f}x the d2d copy bound"
+            lines.append(line)
     return lines
 
 

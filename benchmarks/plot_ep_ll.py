@@ -14,7 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-PATHS = (("ipc", "fast path (CUDA IPC kernels)"), ("collective", "collective path"), ("d2d-copy", "d2d copy bound"))
+PATHS = (("ipc", "fast path, eager calls"), ("ipc-graph", "fast path, CUDA graph replay"),
+         ("collective", "collective path"), ("d2d-copy", "d2d copy bound"))
 
 
 def main(src: str, dst: str) -> None:
@@ -23,10 +24,10 @@ def main(src: str, dst: str) -> None:
     configs = list(dict.fromkeys((r["label"], r["world"]) for r in rows))
     avg = {(r["label"], r["world"], r["path"], r["phase"]): float(r["avg_us"]) for r in rows}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    width = 0.27
+    width = 0.2
     for ax, phase in zip(axes, ("dispatch", "combine")):
         for i, (path, label) in enumerate(PATHS):
-            xs = [c + (i - 1) * width for c in range(len(configs))]
+            xs = [c + (i - 1.5) * width for c in range(len(configs))]
             ax.bar(xs, [avg.get((*cfg, path, phase), 0.0) for cfg in configs], width, label=label)
         ax.set_xticks(range(len(configs)))
         ax.set_xticklabels([f"{w} rank(s)\n{lbl}" for lbl, w in configs], fontsize=8)

@@ -41,9 +41,19 @@ __device__ __forceinline__ uint32_t sendSequence(const CallCounters* c) {
   return nextSequence(*reinterpret_cast<const volatile uint32_t*>(&c->sent));
 }
 
-// ... and the last block to finish advances `sent` (endSendBlock,
-// signals.cuh). Every block read `sent` before counting itself done, so no
-// block of this call can see the new value.
+// ... and the last block to finish advances `sent` (by thread 0 of each
+// block, after the block's work). Every block read `sent` before counting
+// itself done, so no block of this call can see the new value.
+// The count is an acq_rel atomic at GPU scope: the counters are this rank's
+// own, read by its own later kernels only.
+__device__ __forceinline__ void finishSendBlock(CallCounters* c, uint32_t sequence) {
+  uint32_t before;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(&c->send_blocks) : "memory");
+  if (before == gridDim.x - 1) {
+    c->send_blocks = 0;
+    c->sent = sequence;
+  }
+}
 
 // The wait kernel (one block; thread 0) takes the next number for the
 // receive; the kernels after it on the stream read it with receivedSequence.

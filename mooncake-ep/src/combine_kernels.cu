@@ -26,18 +26,6 @@ constexpr int kWaitThreads = 1024;
 constexpr int kWarp = 32;
 constexpr int kChannelsPerThread = 8;  // one 16-byte load of bf16
 
-// Where send block `block` = (token rank d, local expert le) of this rank
-// signals: in d's region, (parity, this rank's global expert le).
-struct CombineSignalOf {
-  const EpKernelContext* ctx;
-  int parity;
-  __device__ uint64_t* operator()(uint32_t block) const {
-    const RegionLayout& lay = ctx->layout;
-    const int expert = ctx->rank * lay.L + static_cast<int>(block % lay.L);
-    return reinterpret_cast<uint64_t*>(ctx->regions[block / lay.L] + lay.combineSignal(parity, expert));
-  }
-};
-
 __global__ void __launch_bounds__(kSendThreads) combineSendKernel(EpKernelContext ctx, CombineArgs args) {
   const RegionLayout& lay = ctx.layout;
   const int dest = blockIdx.x / lay.L, le = blockIdx.x % lay.L;
@@ -46,15 +34,11 @@ __global__ void __launch_bounds__(kSendThreads) combineSendKernel(EpKernelContex
   if (threadIdx.x == 0) sequence = sendSequence(counters);
   // One decision for the whole block (it meets at a barrier below).
   const bool skip = threadIdx.x == 0 && skipDestination(args.active_ranks, ctx.escape, ctx.rank, dest);
-  const bool skip_block = __syncthreads_or(skip);  // also the barrier after thread 0 wrote `sequence`
-  const int parity = static_cast<int>(sequence & 1);
-  uint32_t* block_counts = reinterpret_cast<uint32_t*>(ctx.regions[ctx.rank] + lay.blockCounts(1));
-  if (skip_block) {
-    if (threadIdx.x < kWarp) {
-      endSendBlock(counters, block_counts, sequence, kNothingSent, CombineSignalOf{&ctx, parity});
-    }
+  if (__syncthreads_or(skip)) {
+    if (threadIdx.x == 0) finishSendBlock(counters, sequence);
     return;
   }
+  const int parity = static_cast<int>(sequence & 1);
   char* region = ctx.regions[dest];
   const int expert = ctx.rank * lay.L + le;
   const size_t rows_per_expert = static_cast<size_t>(lay.R) * lay.T;
@@ -76,9 +60,12 @@ __global__ void __launch_bounds__(kSendThreads) combineSendKernel(EpKernelContex
     int4* dst = reinterpret_cast<int4*>(region + lay.combineRow(parity, expert, token));
     for (size_t v = lane; v < vectors; v += kWarp) dst[v] = src[v];
   }
-  __syncthreads();  // every thread's rows, before warp 0 counts the block done (endSendBlock)
-  if (threadIdx.x < kWarp) {
-    endSendBlock(counters, block_counts, sequence, static_cast<uint32_t>(count), CombineSignalOf{&ctx, parity});
+  // Every thread's rows before the signal: the barrier orders them before
+  // thread 0's release, which is cumulative (see publishSignal).
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    publishSignal(region, lay.combineSignal(parity, expert), sequence, static_cast<uint32_t>(count));
+    finishSendBlock(counters, sequence);
   }
 }
 

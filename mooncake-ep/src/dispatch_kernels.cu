@@ -50,18 +50,6 @@ __device__ __forceinline__ void warpCopyFromRegion(void* dst, const void* src, s
   for (size_t i = lane; i < bytes / 16; i += kWarp) d[i] = __ldcg(s + i);
 }
 
-// Where send block `block` (= global expert) of this rank signals: in the
-// expert's owner's region, (parity, local expert, this rank).
-struct DispatchSignalOf {
-  const EpKernelContext* ctx;
-  int parity;
-  __device__ uint64_t* operator()(uint32_t block) const {
-    const RegionLayout& lay = ctx->layout;
-    return reinterpret_cast<uint64_t*>(ctx->regions[block / lay.L] +
-                                       lay.dispatchSignal(parity, static_cast<int>(block % lay.L), ctx->rank));
-  }
-};
-
 __global__ void __launch_bounds__(kSendThreads) dispatchSendKernel(EpKernelContext ctx, DispatchArgs args) {
   const RegionLayout& lay = ctx.layout;
   const int expert = blockIdx.x, dest = expert / lay.L, le = expert % lay.L;
@@ -73,15 +61,11 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSendKernel(EpKernelConte
   // on it, or skip it if they mask it too).
   // One decision for the whole block (it meets at barriers below).
   const bool skip = threadIdx.x == 0 && skipDestination(args.active_ranks, ctx.escape, ctx.rank, dest);
-  const bool skip_block = __syncthreads_or(skip);  // also the barrier after thread 0 wrote `sequence`
-  const int parity = static_cast<int>(sequence & 1);
-  uint32_t* block_counts = reinterpret_cast<uint32_t*>(ctx.regions[ctx.rank] + lay.blockCounts(0));
-  if (skip_block) {
-    if (threadIdx.x < kWarp) {
-      endSendBlock(counters, block_counts, sequence, kNothingSent, DispatchSignalOf{&ctx, parity});
-    }
+  if (__syncthreads_or(skip)) {
+    if (threadIdx.x == 0) finishSendBlock(counters, sequence);
     return;
   }
+  const int parity = static_cast<int>(sequence & 1);
   char* region = ctx.regions[dest];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   constexpr int kWarps = kSendThreads / kWarp;
@@ -121,9 +105,12 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSendKernel(EpKernelConte
     if (threadIdx.x == 0) sent_before += total;
     __syncthreads();
   }
-  __syncthreads();  // every thread's rows, before warp 0 counts the block done (endSendBlock)
-  if (threadIdx.x < kWarp) {
-    endSendBlock(counters, block_counts, sequence, static_cast<uint32_t>(sent_before), DispatchSignalOf{&ctx, parity});
+  // Every thread's rows before the signal: the barrier orders them before
+  // thread 0's release, which is cumulative (see publishSignal).
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    publishSignal(region, lay.dispatchSignal(parity, le, ctx.rank), sequence, static_cast<uint32_t>(sent_before));
+    finishSendBlock(counters, sequence);
   }
 }
 

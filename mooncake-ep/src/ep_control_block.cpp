@@ -20,7 +20,7 @@ namespace mooncake::ep::cuda {
 namespace {
 
 constexpr uint64_t kMagic = 0x4d43455049504331ull;  // "MCEPIPC1"
-constexpr uint32_t kVersion = 3;  // 3: send blocks' counts in the region (2 was a build with device escape words)
+constexpr uint32_t kVersion = 3;  // 3: departed_seen in the region (2: a build with device escape words)
 constexpr auto kWatchPeriod = std::chrono::milliseconds(2);
 
 size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }

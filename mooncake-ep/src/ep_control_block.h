@@ -9,10 +9,10 @@
 //
 // Why host memory: a plain CPU store reaches a spinning kernel with no CUDA
 // call. Words in device memory, raised with cudaMemcpyAsync from the
-// watchdog, never arrived while the caller's thread sat in a pageable copy
-// (torch's .tolist()) waiting for that very kernel: the copy waited behind
-// the blocked thread, the kernel behind the copy. Kernels read these words
-// rarely (a send block once, a waiting thread every 16th spin).
+// watchdog, were tried: the dead-rank test hung, the copy never landing
+// while the caller's thread sat in a pageable copy (torch's .tolist())
+// behind the spinning kernel. Only the wait kernels read these words, every
+// 16th spin (kernel_args.h, WaitEscape, says why not the send kernels).
 #pragma once
 
 #include <atomic>
