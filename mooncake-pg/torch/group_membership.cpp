@@ -18,6 +18,19 @@ namespace {
 // A live transfer engine answers a probe in well under a millisecond; one
 // that does not answer in this long is taken as unreachable.
 constexpr std::chrono::milliseconds kLinkProbeTimeout{500};
+
+ActiveConfig activeConfigOf(const GroupView& view, int seat) {
+  ActiveConfig config;
+  config.active_epoch = view.active_epoch;
+  config.uid = view.uid;
+  if (view.members.empty()) return config;
+  config.active = view.activeRanks();
+  const std::string& mine = view.hosts[seat];
+  config.one_host = std::all_of(config.active.begin(), config.active.end(),
+                                [&](int s) { return view.hosts[s] == mine; });
+  return config;
+}
+
 }  // namespace
 
 GroupMembership::GroupMembership(const c10::intrusive_ptr<c10d::Store>& store, MembershipConfig config,
@@ -133,6 +146,7 @@ void GroupMembership::applyView(const GroupView& view) {
     }
     if (!deactivated.empty()) channels = {user_p2p_, collectives_channel_};
     view_ = view;
+    active_config_ = std::make_shared<const ActiveConfig>(activeConfigOf(view_, config_.seat));
     int32_t* mask = mask_host_.data_ptr<int32_t>();
     int highest = -1;
     for (int s = 0; s < config_.max_group_size && s < static_cast<int>(view.members.size()); ++s) {
@@ -237,18 +251,18 @@ bool GroupMembership::isActive(int seat) const {
   return seat >= 0 && seat < static_cast<int>(view_.members.size()) && view_.isActive(seat);
 }
 
-ActiveConfig GroupMembership::activeConfig() const {
-  ActiveConfig config;
-  config.isolated = isolated_.load();
-  GroupView view = latestView();
-  config.active_epoch = view.active_epoch;
-  config.uid = view.uid;
-  if (config.isolated || view.members.empty()) return config;
-  config.active = view.activeRanks();
-  const std::string& mine = view.hosts[config_.seat];
-  config.one_host = std::all_of(config.active.begin(), config.active.end(),
-                                [&](int s) { return view.hosts[s] == mine; });
-  return config;
+std::shared_ptr<const ActiveConfig> GroupMembership::activeConfig() const {
+  if (isolated_.load()) {
+    static const std::shared_ptr<const ActiveConfig> kIsolated = [] {
+      ActiveConfig config;
+      config.isolated = true;  // a joiner before activation runs alone
+      return std::make_shared<const ActiveConfig>(config);
+    }();
+    return kIsolated;
+  }
+  std::lock_guard lock(mutex_);
+  if (!active_config_) return std::make_shared<const ActiveConfig>();  // before the first view
+  return active_config_;
 }
 
 Collectives& GroupMembership::plane() {

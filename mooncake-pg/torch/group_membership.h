@@ -78,7 +78,9 @@ class GroupMembership {
   int seats() const { return config_.max_group_size; }
   at::Tensor activeRanks() const { return mirror_; }
   bool isActive(int seat) const;
-  ActiveConfig activeConfig() const;  // any thread
+  // Any thread; computed when a view is applied (the CUDA plane asks on
+  // every operation), so a call costs a shared_ptr copy.
+  std::shared_ptr<const ActiveConfig> activeConfig() const;
 
   // On the operation thread: the collectives of the current configuration
   // (re-formed first when a view changed it), without the seats left out
@@ -137,6 +139,7 @@ class GroupMembership {
 
   mutable std::mutex mutex_;  // guards view_ and p2p_epoch_
   GroupView view_;            // the latest view
+  std::shared_ptr<const ActiveConfig> active_config_;  // of view_ (isolated: see activeConfig)
   uint64_t p2p_epoch_ = 0;    // active configuration the user P2P lanes were last checked for
   std::mutex lanes_mutex_;  // guards opened_endpoints_ (views are applied on two threads)
   std::vector<std::string> opened_endpoints_;  // per seat: the endpoint its user P2P lanes were opened with

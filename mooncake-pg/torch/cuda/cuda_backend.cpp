@@ -81,7 +81,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::onStream(const std::vector<a
 c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::alone(c10d::OpType type, std::vector<at::Tensor> outputs) {
   // A reduction or broadcast over one rank leaves the tensor as it is (as
   // NCCL does for one rank): nothing to enqueue, nothing to wait for.
-  if (worldSize() != 1 || host_->membership().activeConfig().active != std::vector<int>{0}) return {};
+  if (worldSize() != 1 || host_->membership().activeConfig()->active != std::vector<int>{0}) return {};
   auto work = c10::make_intrusive<MooncakeCudaWork>(getRank(), type, host_->maxGroupSize(), std::move(outputs),
                                                     static_cast<c10::DeviceIndex>(device_.load()),
                                                     MooncakeCudaWork::Kind::kOnStream);

@@ -9,7 +9,8 @@ CudaFastPath::CudaFastPath(MooncakeCpuBackend& host) : host_(host), watcher_([th
 CudaFastPath::~CudaFastPath() { shutdown(); }
 
 std::shared_ptr<cuda::CudaIpcGroup> CudaFastPath::groupFor(int device) {
-  const ActiveConfig config = host_.membership().activeConfig();
+  const std::shared_ptr<const ActiveConfig> shared = host_.membership().activeConfig();
+  const ActiveConfig& config = *shared;
   const int n = static_cast<int>(config.active.size());
   const bool dense = n > 0 && config.active.back() == n - 1;
   if (config.isolated || !dense || !config.one_host) return nullptr;
