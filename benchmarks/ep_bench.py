@@ -94,7 +94,9 @@ def _rank_main(rank, world, port, args, queue):
     device = torch.device("cpu")
     backend = "mooncake-cpu"
     if args.device == "cuda":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        from mooncake._gpu_placement import gpu_of_rank  # noqa: PLC0415
+
+        torch.cuda.set_device(gpu_of_rank(rank))
         device = torch.device("cuda", torch.cuda.current_device())
         backend = "mooncake"
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))

@@ -19,7 +19,10 @@ of the dispatch's (then the combine's) bytes on the rank's own GPU.
     PYTHONPATH=python python3 benchmarks/ep_ll_bench.py --worlds 1 2 4 --csv docs/benchmarks/ep_ll.csv
 
 Several ranks on one GPU time-share it unless MPS runs (nvidia-cuda-mps-control -d):
-label the run with --label (e.g. "mps" / "time-sliced").
+label the run with --label (e.g. "mps" / "time-sliced"). Rank r runs on GPU r % G
+(G: MOONCAKE_TEST_GPUS, default every visible GPU; the "gpus" column says how many were
+used); where the next rank is on another GPU, a "peer-copy" bound (the same bytes copied
+into that GPU) is measured too.
 """
 
 from __future__ import annotations
@@ -73,9 +76,10 @@ def _rank_main(rank, world, port, args, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from mooncake import pg  # noqa: F401 - registers the backends
+    from mooncake._gpu_placement import gpu_of_rank
     from mooncake.mooncake_ep_buffer import Buffer
 
-    torch.cuda.set_device(rank % torch.cuda.device_count())
+    torch.cuda.set_device(gpu_of_rank(rank))
     device = torch.device("cuda", torch.cuda.current_device())
     dist.init_process_group("mooncake", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
     group = dist.group.WORLD
@@ -106,22 +110,29 @@ def _rank_main(rank, world, port, args, queue):
             if it < args.warmup:
                 dispatch_t.clear()
                 combine_t.clear()
+        if buffer.path != name:  # the fast path sets up at its first dispatch and may fall back
+            raise RuntimeError(f"rank {rank}: the {name} path fell back to {buffer.path} ({buffer.path_reason})")
         rows.append((name, "dispatch", dispatch_t, dispatch_bytes))
         rows.append((name, "combine", combine_t, combine_bytes))
         if name == "ipc":
             rows += _graph_rows(buffer, x, topk, weights, active, device, args, dispatch_bytes, combine_bytes)
             if args.profile:
                 _profile(rank, buffer, x, topk, weights, active)
-    # The bound: the same bytes copied device to device on this rank's GPU.
-    for phase, nbytes in (("dispatch", dispatch_bytes), ("combine", combine_bytes)):
-        src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        dst = torch.empty_like(src)
-        timer = EventTimer(device)
-        for it in range(args.warmup + args.iters):
-            timer.time(lambda: dst.copy_(src))
-            if it < args.warmup:
-                timer.clear()
-        rows.append(("d2d-copy", phase, timer, nbytes))
+    # The bound: the same bytes copied device to device on this rank's GPU;
+    # and when the next rank runs on another GPU, copied into that GPU (over
+    # NVLink), the bound that matters there.
+    next_device = torch.device("cuda", gpu_of_rank((rank + 1) % world))
+    bounds = [("d2d-copy", device)] + ([("peer-copy", next_device)] if next_device != device else [])
+    for bound, target in bounds:
+        for phase, nbytes in (("dispatch", dispatch_bytes), ("combine", combine_bytes)):
+            src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            dst = torch.empty(nbytes, dtype=torch.uint8, device=target)
+            timer = EventTimer(device)
+            for it in range(args.warmup + args.iters):
+                timer.time(lambda: dst.copy_(src))
+                if it < args.warmup:
+                    timer.clear()
+            rows.append((bound, phase, timer, nbytes))
     queue.put((rank, [(path, phase, t.samples, t.host_samples, nbytes) for path, phase, t, nbytes in rows]))
     dist.barrier()
     dist.destroy_process_group()
@@ -168,13 +179,16 @@ def _profile(rank, buffer, x, topk, weights, active):
 
 
 def _run_world(world, args):
+    from mooncake._gpu_placement import placement  # noqa: PLC0415
+
     per_rank = run_ranks(_rank_main, world, args, args.timeout)
+    gpus = placement(world)
     out = []
     for i, (path, phase, _, _, _) in enumerate(per_rank[0]):
         avg = statistics.mean(statistics.mean(per_rank[r][i][2]) for r in range(world))
         host = statistics.mean(statistics.mean(per_rank[r][i][3]) for r in range(world))
         nbytes = statistics.mean(per_rank[r][i][4] for r in range(world))
-        out.append(dict(label=args.label, world=world, tokens=TOKENS, hidden=HIDDEN, experts=EXPERTS, topk=TOPK,
+        out.append(dict(label=args.label, world=world, gpus=gpus, tokens=TOKENS, hidden=HIDDEN, experts=EXPERTS, topk=TOPK,
                         path=path, phase=phase, avg_us=round(avg, 1),
                         min_us=round(statistics.mean(min(per_rank[r][i][2]) for r in range(world)), 1),
                         max_us=round(statistics.mean(max(per_rank[r][i][2]) for r in range(world)), 1),
@@ -196,6 +210,8 @@ def _ratios(results):
             if "collective" in total:
                 line += f", {total['collective'] / total[fast]:.1f}x faster than the collective path"
             line += f", {total[fast] / total['d2d-copy']:.2f}x the d2d copy bound"
+            if "peer-copy" in total:
+                line += f", {total[fast] / total['peer-copy']:.2f}x the peer-GPU copy bound"
             lines.append(line)
     return lines
 

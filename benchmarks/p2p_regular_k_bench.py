@@ -29,7 +29,12 @@ def run(rank: int, world: int, args) -> None:
     if args.backend.startswith("mooncake"):
         from mooncake import pg  # noqa: F401
     dist.init_process_group(args.backend, rank=rank, world_size=world)
-    device = torch.device("cuda", rank % max(1, torch.cuda.device_count())) if args.device == "cuda" else torch.device("cpu")
+    if args.device == "cuda":
+        from mooncake._gpu_placement import gpu_of_rank  # noqa: PLC0415
+
+        device = torch.device("cuda", gpu_of_rank(rank))
+    else:
+        device = torch.device("cpu")
     dtype = DTYPES[args.dtype]
     count = max(1, args.tensor_bytes // torch.empty(0, dtype=dtype).element_size())
     fill = lambda src, it: ((torch.arange(count) + src * 131 + it) % 113).to(dtype).to(device)  # noqa: E731

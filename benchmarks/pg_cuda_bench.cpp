@@ -1,5 +1,7 @@
 // CudaIpcGroup benchmark: all_reduce, all_gather and broadcast between W
-// processes sharing one GPU (this program started W times with --rank), for
+// processes (this program started W times with --rank), rank r on GPU
+// r % G (G: MOONCAKE_TEST_GPUS, default every visible GPU; 1 puts every
+// rank on GPU 0, where the processes share it), for
 // sizes from 4 KiB to 256 MiB, against the bounds measured in the same run:
 //   ipc copy  rank 0 copies the same bytes into rank 1's buffer through its
 //             CUDA IPC mapping (cudaMemcpyAsync, bytes counted once);
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "mooncake/pg/cuda/cuda_ipc_group.h"
+#include "test_gpus.h"
 
 extern char** environ;
 using namespace mooncake::pg;
@@ -107,7 +110,12 @@ class Timer {
 int iterationsFor(size_t bytes) { return static_cast<int>(std::clamp<size_t>((size_t{4} << 30) / bytes, 5, 100)); }
 
 int runRank(const Args& args) {
-  CUDA_OK(cudaSetDevice(0));
+  const int device = mooncake::testing::testDeviceOf(args.rank);  // MOONCAKE_TEST_GPUS=1: all on GPU 0
+  if (device < 0) {
+    std::fprintf(stderr, "rank %d: no CUDA device\n", args.rank);
+    return 1;
+  }
+  CUDA_OK(cudaSetDevice(device));
   CudaIpcGroupOptions options;
   if (args.sync == "kernels") options.sync = SyncMode::kKernels;
   options.staging_bytes = args.staging_bytes;
@@ -147,7 +155,9 @@ int runRank(const Args& args) {
     std::fprintf(csv, "world,sync,op,bytes,time_us,algbw_gbs,busbw_gbs,ipc_copy_gbs,d2d_gbs,busbw_over_ipc\n");
   }
   if (R == 0) {
-    std::printf("\nworld %d on one GPU, %s barriers, %zu MiB staging, one shot up to %zu KiB\n\n", W,
+    int gpus = 0;
+    for (int r = 0; r < W; ++r) gpus = std::max(gpus, mooncake::testing::testDeviceOf(r) + 1);
+    std::printf("\nworld %d on %d GPU(s), %s barriers, %zu MiB staging, one shot up to %zu KiB\n\n", W, gpus,
                 g.usesStreamMemOps() ? "stream-memory-operation" : "kernel", args.staging_bytes >> 20,
                 args.one_shot_bytes >> 10);
     std::printf("| op | size | time (us) | algbw (GB/s) | busbw (GB/s) | ipc copy (GB/s) | d2d (GB/s) "

@@ -185,11 +185,17 @@ def copy_bounds(nbytes: int, rank: int, world: int, device, iters: int) -> tuple
 
 
 def bench(args, rank: int, world: int) -> None:
-    device = torch.device("cuda", rank % max(1, torch.cuda.device_count())) if args.device == "cuda" else torch.device("cpu")
+    where = ""
     if args.device == "cuda":
+        from mooncake._gpu_placement import gpu_of_rank, placement  # noqa: PLC0415
+
+        device = torch.device("cuda", gpu_of_rank(rank))
         torch.cuda.set_device(device)
+        where = f" on {placement(world)}"
+    else:
+        device = torch.device("cpu")
     if rank == 0:
-        print(f"# pgbench: {args.collective} backend={args.backend} world={world} dtype={args.datatype} "
+        print(f"# pgbench: {args.collective} backend={args.backend} world={world}{where} dtype={args.datatype} "
               f"op={args.op} iters={args.iters} warmup={args.warmup_iters}")
         print(f"#{'':>10} {'':>12} {'':>8} {'':>6} {'':>5}   {'out-of-place':^34}   {'in-place':^34}")
         print(f"#{'size(B)':>10} {'count':>12} {'type':>8} {'redop':>6} {'root':>5}   "

@@ -15,22 +15,25 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 PATHS = (("ipc", "fast path, eager calls"), ("ipc-graph", "fast path, CUDA graph replay"),
-         ("collective", "collective path"), ("d2d-copy", "d2d copy bound"))
+         ("collective", "collective path"), ("d2d-copy", "d2d copy bound"),
+         ("peer-copy", "copy into the next rank's GPU"))  # only where ranks sit on several GPUs
 
 
 def main(src: str, dst: str) -> None:
     with open(src) as f:
         rows = list(csv.DictReader(f))
-    configs = list(dict.fromkeys((r["label"], r["world"]) for r in rows))
-    avg = {(r["label"], r["world"], r["path"], r["phase"]): float(r["avg_us"]) for r in rows}
+    # Files before the "gpus" column had every rank on one GPU.
+    configs = list(dict.fromkeys((r["label"], r["world"], r.get("gpus", "1 GPU")) for r in rows))
+    avg = {(r["label"], r["world"], r.get("gpus", "1 GPU"), r["path"], r["phase"]): float(r["avg_us"]) for r in rows}
+    paths = [(path, label) for path, label in PATHS if any(r["path"] == path for r in rows)]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    width = 0.2
+    width = 0.16
     for ax, phase in zip(axes, ("dispatch", "combine")):
-        for i, (path, label) in enumerate(PATHS):
-            xs = [c + (i - 1.5) * width for c in range(len(configs))]
+        for i, (path, label) in enumerate(paths):
+            xs = [c + (i - (len(paths) - 1) / 2) * width for c in range(len(configs))]
             ax.bar(xs, [avg.get((*cfg, path, phase), 0.0) for cfg in configs], width, label=label)
         ax.set_xticks(range(len(configs)))
-        ax.set_xticklabels([f"{w} rank(s)\n{lbl}" for lbl, w in configs], fontsize=8)
+        ax.set_xticklabels([f"{w} rank(s), {gpus}\n{lbl}" for lbl, w, gpus in configs], fontsize=8)
         ax.set_yscale("log")
         ax.set_ylim(top=ax.get_ylim()[1] * 8)  # room for the legend above the bars
         ax.set_title(f"{phase} ({'FP8' if phase == 'dispatch' else 'BF16'}), T=128 H=7168 E=288 top-8, one H200")

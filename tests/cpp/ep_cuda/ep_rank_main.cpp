@@ -13,6 +13,7 @@
 
 #include "ep_rank_scenarios.h"
 #include "rank_args.h"
+#include "test_gpus.h"
 
 using namespace mooncake::ep::cuda;
 using namespace mooncake::ep::cuda::testing;
@@ -32,7 +33,8 @@ int main(int argc, char** argv) {
   s.K = static_cast<int>(key("topk", 4));
   const uint64_t seed = static_cast<uint64_t>(key("seed", 1));
 
-  if (cudaSetDevice(0) != cudaSuccess) {
+  const int device = mooncake::testing::testDeviceOf(rank);
+  if (device < 0 || cudaSetDevice(device) != cudaSuccess) {
     std::fprintf(stderr, "rank %d: no CUDA device\n", rank);
     return 3;
   }

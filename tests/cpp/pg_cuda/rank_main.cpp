@@ -12,6 +12,7 @@
 #include <string>
 
 #include "rank_args.h"
+#include "test_gpus.h"
 #include "rank_support.h"
 
 using namespace mooncake::pg::cuda;
@@ -46,7 +47,8 @@ int main(int argc, char** argv) {
   if (args.get("sync") == "memops") options.sync = SyncMode::kStreamMemOps;
   options.attach_timeout = std::chrono::seconds(60);
 
-  if (cudaSetDevice(0) != cudaSuccess) {
+  const int device = mooncake::testing::testDeviceOf(rank);
+  if (device < 0 || cudaSetDevice(device) != cudaSuccess) {
     std::fprintf(stderr, "rank %d: no CUDA device\n", rank);
     return 3;
   }

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from _ep_refs import GRID, Case
 from _ep_rounds import RANK_ENV, buffer_of, run_grid, run_round
 from _harness import World
+from mooncake._gpu_placement import gpu_of_rank
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -27,7 +28,7 @@ pytestmark = [
 
 
 def _pick_gpu(rank, size):
-    torch.cuda.set_device(rank % torch.cuda.device_count())
+    torch.cuda.set_device(gpu_of_rank(rank))
 
 
 PATH_ENV = {"ipc": "auto", "collective": "0"}
@@ -41,7 +42,11 @@ def _world(size, path="collective"):
 def _grid_on(ctx, path):
     buffer = buffer_of(ctx)
     assert buffer.path == path, f"rank {ctx.rank}: {buffer.path} path ({buffer.path_reason}), want {path}"
-    return run_grid(ctx, GRID, "cuda")
+    done = run_grid(ctx, GRID, "cuda")
+    # The fast path opens at the first dispatch and falls back, with a warning, if that fails
+    # (peers on GPUs without peer access, say): the grid must have run on the path asked for.
+    assert buffer.path == path, f"rank {ctx.rank}: fell back to {buffer.path} ({buffer.path_reason})"
+    return done
 
 
 @pytest.mark.parametrize("path", ["ipc", "collective"])

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from _ep_refs import Case, expected_combine, expert_fn, inputs_of
 from _ep_rounds import RANK_ENV, buffer_of, check_dispatch, run_round
 from _harness import World
+from mooncake._gpu_placement import gpu_of_rank
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -33,7 +34,7 @@ pytestmark = [
 
 
 def _pick_gpu(rank, size):
-    torch.cuda.set_device(rank % torch.cuda.device_count())
+    torch.cuda.set_device(gpu_of_rank(rank))
 
 
 def _world(size):
@@ -120,6 +121,9 @@ def _both_paths_agree(ctx, shapes):
         assert torch.equal(a["out"], b["out"]), \
             f"{where}: combine differs by up to {float((a['out'].float() - b['out'].float()).abs().max())}"
         assert int(a["count"].sum()) > 0 or ctx.size == 0, where
+        # Setting up at the first dispatch may fall back (e.g. GPUs without peer access):
+        # then this would compare the collective path with itself.
+        assert fast.path == "ipc", f"{where}: the fast path fell back: {fast.path_reason}"
     return len(shapes)
 
 

@@ -100,11 +100,15 @@ def _init_group(rank, size, port, init_timeout_s, pg_options_factory, gloo, back
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(size)
     kwargs = {}
+    if backend == "mooncake":
+        # Before the options: a factory may put tensors (a CUDA mask) on the current device.
+        # Ranks share the GPUs there are (several ranks on one GPU is supported;
+        # MOONCAKE_TEST_GPUS=1 puts them all on GPU 0).
+        from mooncake._gpu_placement import gpu_of_rank
+
+        torch.cuda.set_device(gpu_of_rank(rank))
     if pg_options_factory is not None:
         kwargs["pg_options"] = pg_options_factory(rank, size)
-    if backend == "mooncake":
-        # Ranks share the GPUs there are (several ranks on one GPU is supported).
-        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(
         backend=backend,
         rank=rank,
