@@ -16,6 +16,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/python"
+export MOONCAKE_PG_REQUIRE_CUDA_IPC=1  # never time the staged path by mistake
 GPUS=$(nvidia-smi -L | wc -l)
 SIZES=(-b 4K -e 256M -f 4)
 run() {  # name, then the command; a failure is reported and the others still run

@@ -2,9 +2,22 @@
 
 #include <c10/util/Logging.h>
 
-namespace mooncake::pg {
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
 
-CudaFastPath::CudaFastPath(MooncakeCpuBackend& host) : host_(host), watcher_([this] { watch(); }) {}
+namespace mooncake::pg {
+namespace {
+
+bool requireIpcFromEnv() {
+  const char* value = std::getenv("MOONCAKE_PG_REQUIRE_CUDA_IPC");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
+}  // namespace
+
+CudaFastPath::CudaFastPath(MooncakeCpuBackend& host)
+    : host_(host), require_ipc_(requireIpcFromEnv()), watcher_([this] { watch(); }) {}
 
 CudaFastPath::~CudaFastPath() { shutdown(); }
 
@@ -23,6 +36,7 @@ std::shared_ptr<cuda::CudaIpcGroup> CudaFastPath::groupFor(int device) {
     // healthy, meets the peers closing theirs) and open this one's.
     group_.reset();
     unusable_ = false;
+    open_error_.clear();
     group_key_ = key;
     cuda::CudaIpcGroupOptions options;
     options.device = device_;
@@ -34,9 +48,14 @@ std::shared_ptr<cuda::CudaIpcGroup> CudaFastPath::groupFor(int device) {
                                                                           &error));
     if (!group_) {
       unusable_ = true;
+      open_error_ = error.empty() ? "unknown error" : error;
       LOG(WARNING) << "mooncake: the CUDA IPC plane of active configuration " << config.active_epoch
                    << " could not be opened (" << error << "); its operations stage through host memory";
     }
+  }
+  if (require_ipc_ && !open_error_.empty()) {
+    throw std::runtime_error("MOONCAKE_PG_REQUIRE_CUDA_IPC=1 and the CUDA IPC plane of active configuration " +
+                             std::to_string(config.active_epoch) + " could not be opened: " + open_error_);
   }
   if (unusable_ || !group_) return nullptr;
   if (group_->broken()) {

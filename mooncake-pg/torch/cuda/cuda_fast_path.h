@@ -9,6 +9,9 @@
 // in the same one; a configuration whose group cannot be opened, or broke,
 // is served by the staged path until the configuration changes (the staged
 // path carries the failure semantics: survivors rerun, failure hints).
+// With MOONCAKE_PG_REQUIRE_CUDA_IPC=1 a group that cannot be opened is an
+// error instead (tests and benchmarks of the IPC plane set it, so that they
+// never pass, or time, the staged path by mistake).
 //
 // Operations enqueued on the group complete on their stream; a watcher
 // thread waits for each in issue order and completes its Work (after the
@@ -61,6 +64,8 @@ class CudaFastPath {
   std::shared_ptr<cuda::CudaIpcGroup> group_;
   std::string group_key_;        // configuration group_ (or the failure to open it) belongs to
   bool unusable_ = false;        // the configuration group_key_ cannot use the fast path
+  std::string open_error_;       // why group_key_'s group could not be opened ("" if it was)
+  const bool require_ipc_;       // MOONCAKE_PG_REQUIRE_CUDA_IPC=1
   int device_ = -1;              // the GPU of this rank's fast groups
 
   std::mutex mutex_;

@@ -45,11 +45,15 @@ pytestmark = [
 SIZES = [1, 1237, 70_001]
 LARGE = 20_000_003  # float32: 80 MB, two rounds of the 32 MiB halves
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64]
+# A CUDA IPC plane that cannot be opened raises instead of staging quietly:
+# the IPC-plane tests must not pass on the staged path (the staged tests stage
+# by the operation's kind, which this does not affect).
+REQUIRE_IPC = {"MOONCAKE_PG_REQUIRE_CUDA_IPC": "1"}
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
 def world(request):
-    w = World(request.param, backend="mooncake", gloo=False, start_timeout=120, init_timeout_s=60)
+    w = World(request.param, backend="mooncake", gloo=False, start_timeout=120, init_timeout_s=60, env=REQUIRE_IPC)
     yield w
     w.close()
 
@@ -343,7 +347,7 @@ def _cuda_mask_options(rank, size):
 @pytest.mark.parametrize("size,victim,options", [(2, 1, None), (3, 1, _cuda_mask_options)],
                          ids=["world2-last", "world3-hole-cuda-mask"])
 def test_rank_killed_during_collective(size, victim, options):
-    env = {"MOONCAKE_PG_HEARTBEAT_TIMEOUT_MS": "1000"}
+    env = {"MOONCAKE_PG_HEARTBEAT_TIMEOUT_MS": "1000", **REQUIRE_IPC}
     with World(size, backend="mooncake", gloo=False, start_timeout=120, env=env, pg_options=options) as w:
         results = w.run(_kill_rank, victim, timeout=120, allow_dead=(victim,))
     for r, res in enumerate(results):
