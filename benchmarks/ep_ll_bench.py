@@ -9,8 +9,8 @@ write, as DeepEP does). Bytes follow DeepEP's accounting: per non-masked
 (token, expert) selection, FP8 dispatch moves H + H/128*4 + 16 bytes and
 BF16 combine 2H. A row gives, for one path and phase, the mean over ranks of
 each rank's average, min and max microseconds, and per-rank GB/s from the
-average; host_us is the time the Python call took on the host (when it
-exceeds the GPU's, an eager call is bound by the host). The graph rows
+average; host_us is the time the Python call took on the host (an eager
+call whose time is well above its graph row's is bound by the host). The graph rows
 ("ipc-graph") time replays of one dispatch and one combine captured in two
 CUDA graphs, which is how DeepEP's low-latency kernels are meant to run:
 no Python and no launch on the host. The copy bound times copy_ of a buffer
@@ -21,8 +21,8 @@ of the dispatch's (then the combine's) bytes on the rank's own GPU.
 Several ranks on one GPU time-share it unless MPS runs (nvidia-cuda-mps-control -d):
 label the run with --label (e.g. "mps" / "time-sliced"). Rank r runs on GPU r % G
 (G: MOONCAKE_TEST_GPUS, default every visible GPU; the "gpus" column says how many were
-used); where the next rank is on another GPU, a "peer-copy" bound (the same bytes copied
-into that GPU) is measured too.
+used); where ranks are spread over GPUs, a "peer-copy" bound (the same bytes copied into
+the next GPU) is measured too.
 """
 
 from __future__ import annotations
@@ -119,10 +119,12 @@ def _rank_main(rank, world, port, args, queue):
             if args.profile:
                 _profile(rank, buffer, x, topk, weights, active)
     # The bound: the same bytes copied device to device on this rank's GPU;
-    # and when the next rank runs on another GPU, copied into that GPU (over
-    # NVLink), the bound that matters there.
-    next_device = torch.device("cuda", gpu_of_rank((rank + 1) % world))
-    bounds = [("d2d-copy", device)] + ([("peer-copy", next_device)] if next_device != device else [])
+    # and when the ranks are spread over GPUs, copied into the next GPU (over
+    # NVLink), the bound that matters there. Decided alike on every rank (each
+    # timing meets the others at a barrier).
+    spread = world > 1 and len({gpu_of_rank(r) for r in range(world)}) > 1
+    next_gpu = torch.device("cuda", gpu_of_rank(rank + 1))  # another GPU whenever more than one is used
+    bounds = [("d2d-copy", device)] + ([("peer-copy", next_gpu)] if spread else [])
     for bound, target in bounds:
         for phase, nbytes in (("dispatch", dispatch_bytes), ("combine", combine_bytes)):
             src = torch.empty(nbytes, dtype=torch.uint8, device=device)

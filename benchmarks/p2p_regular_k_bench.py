@@ -28,13 +28,14 @@ def run(rank: int, world: int, args) -> None:
     os.environ.update(MASTER_ADDR=args.master_addr, MASTER_PORT=str(args.master_port))
     if args.backend.startswith("mooncake"):
         from mooncake import pg  # noqa: F401
-    dist.init_process_group(args.backend, rank=rank, world_size=world)
     if args.device == "cuda":
         from mooncake._gpu_placement import gpu_of_rank  # noqa: PLC0415
 
         device = torch.device("cuda", gpu_of_rank(rank))
+        torch.cuda.set_device(device)  # before the group, and for synchronize() below
     else:
         device = torch.device("cpu")
+    dist.init_process_group(args.backend, rank=rank, world_size=world)
     dtype = DTYPES[args.dtype]
     count = max(1, args.tensor_bytes // torch.empty(0, dtype=dtype).element_size())
     fill = lambda src, it: ((torch.arange(count) + src * 131 + it) % 113).to(dtype).to(device)  # noqa: E731

@@ -36,7 +36,7 @@ def main(src: str, dst: str) -> None:
         ax.set_xticklabels([f"{w} rank(s), {gpus}\n{lbl}" for lbl, w, gpus in configs], fontsize=8)
         ax.set_yscale("log")
         ax.set_ylim(top=ax.get_ylim()[1] * 8)  # room for the legend above the bars
-        ax.set_title(f"{phase} ({'FP8' if phase == 'dispatch' else 'BF16'}), T=128 H=7168 E=288 top-8, one H200")
+        ax.set_title(f"{phase} ({'FP8' if phase == 'dispatch' else 'BF16'}), T=128 H=7168 E=288 top-8, H200")
         ax.set_ylabel("average us per call (mean over ranks)")
         ax.grid(True, axis="y", alpha=0.3, which="both")
     axes[0].legend(fontsize=8)

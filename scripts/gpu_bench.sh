@@ -17,7 +17,7 @@ OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/python"
 export MOONCAKE_PG_REQUIRE_CUDA_IPC=1  # never time the staged path by mistake
-GPUS=$(nvidia-smi -L | wc -l)
+GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")  # honours CUDA_VISIBLE_DEVICES
 SIZES=(-b 4K -e 256M -f 4)
 run() {  # name, then the command; a failure is reported and the others still run
   local name=$1
@@ -30,6 +30,7 @@ run() {  # name, then the command; a failure is reported and the others still ru
 run nccl_w1 python3 benchmarks/pgbench.py --collective all_reduce --backend nccl -g 1 "${SIZES[@]}"
 run mooncake_w1 python3 benchmarks/pgbench.py --collective all_reduce --backend mooncake -g 1 "${SIZES[@]}"
 if [ "$GPUS" -gt 1 ]; then
+  unset MOONCAKE_TEST_GPUS  # rank r on GPU r % GPUS
   for w in 2 4; do
     [ "$w" -le "$GPUS" ] || continue
     run "nccl_w${w}_spread" python3 benchmarks/pgbench.py --collective all_reduce --backend nccl -g "$w" "${SIZES[@]}"
@@ -48,13 +49,17 @@ else
   done
   run ep_ll_shared python3 benchmarks/ep_ll_bench.py --worlds 1 2 4 --iters 30 --collective-iters 3 \
     --label time-sliced --csv "$OUT/ep_ll.csv"
-  nvidia-cuda-mps-control -d && sleep 1
-  for w in 2 4; do
-    run "mooncake_w${w}_mps" python3 benchmarks/pgbench.py --collective all_reduce --backend mooncake -g "$w" \
-      "${SIZES[@]}" --bound
-  done
-  run ep_ll_mps python3 benchmarks/ep_ll_bench.py --worlds 2 4 --iters 30 --collective-iters 3 --label mps \
-    --csv "$OUT/ep_ll.csv" --append
-  echo quit | nvidia-cuda-mps-control
+  if nvidia-cuda-mps-control -d; then
+    sleep 1
+    for w in 2 4; do
+      run "mooncake_w${w}_mps" python3 benchmarks/pgbench.py --collective all_reduce --backend mooncake -g "$w" \
+        "${SIZES[@]}" --bound
+    done
+    run ep_ll_mps python3 benchmarks/ep_ll_bench.py --worlds 2 4 --iters 30 --collective-iters 3 --label mps \
+      --csv "$OUT/ep_ll.csv" --append
+    echo quit | nvidia-cuda-mps-control
+  else
+    echo "MPS did not start: no MPS runs"
+  fi
 fi
 echo "outputs in $OUT"

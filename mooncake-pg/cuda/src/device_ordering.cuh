@@ -68,10 +68,6 @@ __device__ __forceinline__ void st_relaxed_sys(int32_t* p, int32_t v) {
   asm volatile("st.relaxed.sys.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
-  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
 // Nanoseconds of the GPU's global timer (coarse, but monotonic and the same
 // for every SM): what device-side deadlines are measured in.
 __device__ __forceinline__ unsigned long long globaltimer_ns() {

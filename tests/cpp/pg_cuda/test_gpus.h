@@ -1,8 +1,8 @@
 // Which GPU a rank of a multi-process GPU test or benchmark runs on:
 // rank % G, where G is MOONCAKE_TEST_GPUS when set (1: every rank on GPU 0,
 // the mode of a one-GPU host; N: spread over the first N GPUs) and otherwise
-// every visible device. tests/python/pg/_harness.py (test_gpu) follows the
-// same rule, so a C++ and a Python run of the same suite place ranks alike.
+// every visible device. python/mooncake/_gpu_placement.py (gpu_of_rank)
+// follows the same rule, so a C++ and a Python run of a suite place ranks alike.
 #pragma once
 
 #include <cuda_runtime_api.h>
