@@ -3,11 +3,13 @@ identically on every rank.
 
 Each rank states whether it can take the fast path (the native module is
 built, CUDA works, the group's collectives take CUDA tensors, the caller did
-not turn it off) and where it runs (host name and boot id); it writes that to
-the job's store and reads everybody else's. The fast path is chosen only when
-every rank can take it, all of them on one host. Every rank reads the same
-entries, so every rank decides the same, and the reason for the collective
-path names the rank and the condition.
+not turn it off), where it runs (host name and boot id), its GPU (by UUID,
+the same in every process whatever CUDA_VISIBLE_DEVICES says) and the GPUs
+its GPU reaches through peer access; it writes that to the job's store and
+reads everybody else's. The fast path is chosen only when every rank can
+take it, all of them on one host, each rank's GPU reaching every other
+rank's. Every rank reads the same entries, so every rank decides the same,
+and the reason for the collective path names the rank and the condition.
 """
 
 from __future__ import annotations
@@ -37,7 +39,19 @@ class RankStatement:
     able: bool
     why: str  # why not, when not able
     host: str
-    device: int
+    device: int  # this process's index of its GPU (for messages)
+    gpu: str = ""  # the GPU's UUID ("": not stated, nothing is checked against it)
+    reaches: tuple[str, ...] = ()  # UUIDs of the GPUs this rank's GPU has peer access to
+
+
+def _gpu_uuid(index: int) -> str:
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def _reachable_gpus(device: int) -> tuple[str, ...]:
+    """The GPUs visible here that `device` can access as a peer (itself included)."""
+    return tuple(_gpu_uuid(d) for d in range(torch.cuda.device_count())
+                 if d == device or torch.cuda.can_device_access_peer(device, d))
 
 
 def _host_id() -> str:
@@ -77,7 +91,10 @@ def local_conditions(group_size: int, disable_p2p: bool) -> tuple[bool, str]:
 def local_statement(group_size: int, disable_p2p: bool) -> RankStatement:
     """This rank's statement: its own conditions and where it runs."""
     able, why = local_conditions(group_size, disable_p2p)
-    return RankStatement(able, why, _host_id(), torch.cuda.current_device() if able else -1)
+    if not able:
+        return RankStatement(able, why, _host_id(), -1)
+    device = torch.cuda.current_device()
+    return RankStatement(able, why, _host_id(), device, _gpu_uuid(device), _reachable_gpus(device))
 
 
 def choose_path(store, rank: int, group_size: int, *, cuda_group: bool, alive: int, mine: RankStatement,
@@ -98,12 +115,33 @@ def choose_path(store, rank: int, group_size: int, *, cuda_group: bool, alive: i
         store.wait(keys, wait)
     except RuntimeError as err:  # a rank never stated its conditions
         return PathChoice(False, f"not every rank stated its conditions within {wait} ({err})")
-    states = [RankStatement(**json.loads(store.get(k))) for k in keys]
+    states = [_statement_of(json.loads(store.get(k))) for k in keys]
     for r, s in enumerate(states):
         if not s.able:
             return PathChoice(False, f"rank {r}: {s.why}")
     hosts = {s.host for s in states}
     if len(hosts) > 1:
         return PathChoice(False, f"the ranks run on {len(hosts)} hosts; CUDA IPC reaches one host only")
+    unreachable = _first_unreachable(states)
+    if unreachable:
+        return PathChoice(False, unreachable)
     devices = sorted({s.device for s in states})
     return PathChoice(True, f"{group_size} rank(s) on one host, GPU(s) {devices}")
+
+
+def _statement_of(posted: dict) -> RankStatement:
+    return RankStatement(**{**posted, "reaches": tuple(posted.get("reaches", ()))})
+
+
+def _first_unreachable(states: list[RankStatement]) -> str:
+    """Why the ranks' GPUs cannot all map each other's memory ("" when they
+    can): rank a's GPU must reach rank b's for every pair on different GPUs
+    (each rank writes into every other's receive region)."""
+    for a, sa in enumerate(states):
+        for b, sb in enumerate(states):
+            if not sa.gpu or not sb.gpu or sa.gpu == sb.gpu:
+                continue
+            if sb.gpu not in sa.reaches:
+                return (f"rank {a}'s GPU (cuda:{sa.device} there) has no peer access to rank {b}'s "
+                        f"(cuda:{sb.device} there); CUDA IPC between them would fail")
+    return ""

@@ -18,8 +18,8 @@ from _harness import World
 pytestmark = pytest.mark.timeout(60)
 
 
-def able(host="node-a", device=0):
-    return RankStatement(True, "", host, device)
+def able(host="node-a", device=0, gpu="", reaches=()):
+    return RankStatement(True, "", host, device, gpu, tuple(reaches))
 
 
 def unable(why):
@@ -49,6 +49,24 @@ def test_every_rank_able_on_one_host_takes_the_fast_path():
     answers, _ = choose_everywhere([able(device=0), able(device=1), able(device=0), able(device=1)])
     assert all(a.fast for a in answers), answers
     assert len({a.reason for a in answers}) == 1 and "GPU(s) [0, 1]" in answers[0].reason
+
+
+def test_ranks_on_gpus_with_peer_access_take_the_fast_path():
+    both = ("GPU-a", "GPU-b")
+    answers, _ = choose_everywhere([able(device=0, gpu="GPU-a", reaches=both),
+                                    able(device=1, gpu="GPU-b", reaches=both),
+                                    able(device=0, gpu="GPU-a", reaches=both)])
+    assert all(a.fast for a in answers), answers
+
+
+def test_gpus_without_peer_access_send_everyone_to_the_collective_path():
+    # Rank 1 runs with another CUDA_VISIBLE_DEVICES: its index 0 is GPU-b, and GPU-b does not
+    # reach GPU-a. Every rank must say so, naming the pair, whatever its own view.
+    answers, _ = choose_everywhere([able(device=0, gpu="GPU-a", reaches=("GPU-a", "GPU-b")),
+                                    able(device=0, gpu="GPU-b", reaches=("GPU-b",))])
+    assert [a.fast for a in answers] == [False, False]
+    assert len({a.reason for a in answers}) == 1, answers
+    assert "rank 1's GPU" in answers[0].reason and "no peer access to rank 0's" in answers[0].reason
 
 
 def test_one_unable_rank_sends_everyone_to_the_collective_path_and_is_named():
