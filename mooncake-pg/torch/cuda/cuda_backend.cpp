@@ -1,6 +1,8 @@
 #include "cuda_backend.h"
 
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include "../tensor_checks.h"
 #include "../without_gil.h"
@@ -395,6 +397,22 @@ c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::scatter(std::vector<at::Tens
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::barrier(const c10d::BarrierOptions& opts) {
+  // As with NCCL and the reference: when barrier() returns, every rank's
+  // work queued before it on its current stream has run. Each rank waits for
+  // its own stream, then the ranks meet on the host (a failed peer fails
+  // that meeting; the stream's own work ends even when a peer died, see the
+  // watchdog of the IPC plane). During graph capture nothing can wait: the
+  // barrier is then the host's alone, at capture time, as before.
+  int device = device_.load();
+  if (device < 0 && !opts.device_ids.empty()) device = static_cast<int>(opts.device_ids.front());
+  if (device < 0 && c10::cuda::device_count() > 0) device = c10::cuda::current_device();
+  if (device >= 0) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream();
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(current.stream(), &capture));
+    if (capture == cudaStreamCaptureStatusNone) runWithoutGil([&] { current.synchronize(); });
+  }
   return host_->barrier(opts);
 }
 

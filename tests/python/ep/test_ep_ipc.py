@@ -182,11 +182,7 @@ def test_late_rank_is_masked_within_the_timeout_and_rejoins():
 def _dies_before_dispatch(ctx, victim):
     buffer_of(ctx)
     run_round(ctx, CASE, device="cuda", timeout_us=-1)  # sets the fast path up, with every rank
-    dist.barrier()
-    # The barrier of a "mooncake" CUDA group is ordered on the stream: the
-    # victim waits for it to finish on the GPU, or the survivors' barrier
-    # (ahead of their dispatch on their streams) would wait for a dead rank.
-    torch.cuda.synchronize()
+    dist.barrier()  # every rank's earlier work has run: the victim dies between calls
     if ctx.rank == victim:
         os._exit(17)
     expect = [0 if r == victim else 1 for r in range(ctx.size)]

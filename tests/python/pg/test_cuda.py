@@ -222,6 +222,27 @@ def test_stream_semantics_and_async_work(world):
     assert all(world.run(_stream_semantics_rank, timeout=120))
 
 
+def _barrier_rank(ctx):
+    """dist.barrier() returns after the work each rank queued before it on
+    its current stream has run (NCCL's and the reference's semantics): a
+    slow kernel (about 0.1 s of GPU cycles), then a write, then the barrier;
+    afterwards the stream is idle, without any synchronisation by the test.
+    A barrier that met on the host alone would return with the kernel still
+    running."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    flag = torch.zeros(1, device=dev)
+    torch.cuda._sleep(int(2e8))
+    flag.fill_(1.0)
+    dist.barrier()
+    idle = torch.cuda.current_stream().query()
+    return idle, flag.item()
+
+
+def test_barrier_waits_for_the_work_queued_before_it(world):
+    results = world.run(_barrier_rank, timeout=120)
+    assert all(idle and flag == 1.0 for idle, flag in results), results
+
+
 def _graph_rank(ctx):
     dev = torch.device("cuda", torch.cuda.current_device())
     W, r = ctx.size, ctx.rank
