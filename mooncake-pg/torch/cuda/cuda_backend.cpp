@@ -405,7 +405,12 @@ c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::barrier(const c10d::BarrierO
   // barrier is then the host's alone, at capture time, as before.
   int device = device_.load();
   if (device < 0 && !opts.device_ids.empty()) device = static_cast<int>(opts.device_ids.front());
-  if (device < 0 && c10::cuda::device_count() > 0) device = c10::cuda::current_device();
+  if (device < 0 && c10::cuda::device_count() > 0) {
+    // No CUDA operation on this group yet: the current device's stream, if
+    // this process uses CUDA at all (no context is created just to wait).
+    const c10::DeviceIndex current = c10::cuda::current_device();
+    if (c10::cuda::hasPrimaryContext(current)) device = current;
+  }
   if (device >= 0) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream();
