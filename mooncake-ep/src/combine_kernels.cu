@@ -30,14 +30,8 @@ __global__ void __launch_bounds__(kSendThreads) combineSendKernel(EpKernelContex
   const RegionLayout& lay = ctx.layout;
   const int dest = blockIdx.x / lay.L, le = blockIdx.x % lay.L;
   CallCounters* counters = &ctx.counters->combine;
-  __shared__ uint32_t sequence;
-  if (threadIdx.x == 0) sequence = sendSequence(counters);
-  // One decision for the whole block (it meets at a barrier below).
-  const bool skip = threadIdx.x == 0 && skipDestination(args.active_ranks, ctx.escape, ctx.rank, dest);
-  if (__syncthreads_or(skip)) {
-    if (threadIdx.x == 0) finishSendBlock(counters, sequence);
-    return;
-  }
+  const uint32_t sequence = beginSendBlock(counters, args.active_ranks, ctx.escape, ctx.rank, dest);
+  if (sequence == 0) return;
   const int parity = static_cast<int>(sequence & 1);
   char* region = ctx.regions[dest];
   const int expert = ctx.rank * lay.L + le;

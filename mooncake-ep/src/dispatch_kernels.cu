@@ -54,17 +54,8 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSendKernel(EpKernelConte
   const RegionLayout& lay = ctx.layout;
   const int expert = blockIdx.x, dest = expert / lay.L, le = expert % lay.L;
   CallCounters* counters = &ctx.counters->dispatch;
-  __shared__ uint32_t sequence;
-  if (threadIdx.x == 0) sequence = sendSequence(counters);
-  // Nothing goes to a rank this rank masks, and a rank masked by its own
-  // caller takes no part at all: not even signals (the peers then give up
-  // on it, or skip it if they mask it too).
-  // One decision for the whole block (it meets at barriers below).
-  const bool skip = threadIdx.x == 0 && skipDestination(args.active_ranks, ctx.escape, ctx.rank, dest);
-  if (__syncthreads_or(skip)) {
-    if (threadIdx.x == 0) finishSendBlock(counters, sequence);
-    return;
-  }
+  const uint32_t sequence = beginSendBlock(counters, args.active_ranks, ctx.escape, ctx.rank, dest);
+  if (sequence == 0) return;
   const int parity = static_cast<int>(sequence & 1);
   char* region = ctx.regions[dest];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;

@@ -36,6 +36,25 @@ __device__ __forceinline__ bool skipDestination(const int32_t* active_ranks, con
          (escape.departed_bits >> dest & 1u) != 0 || ld_relaxed_sys(escape.departed_seen + dest) != 0;
 }
 
+// The start of every send block, by all its threads: the call's number
+// (read by thread 0, shared), and one decision for the whole block whether it
+// sends to `dest` at all (its threads meet at barriers later). Nothing goes
+// to a rank this rank masks, and a rank masked by its own caller takes no
+// part at all, not even signals (the peers then give up on it, or skip it if
+// they mask it too): such a block counts itself done and gets 0 (never a
+// call number), and must return.
+__device__ __forceinline__ uint32_t beginSendBlock(CallCounters* counters, const int32_t* active_ranks,
+                                                   const WaitEscape& escape, int rank, int dest) {
+  __shared__ uint32_t sequence;
+  if (threadIdx.x == 0) sequence = sendSequence(counters);
+  const bool skip = threadIdx.x == 0 && skipDestination(active_ranks, escape, rank, dest);
+  if (__syncthreads_or(skip)) {  // also publishes `sequence` to the block
+    if (threadIdx.x == 0) finishSendBlock(counters, sequence);
+    return 0;
+  }
+  return sequence;
+}
+
 // Wait kernels, at their start: copy the host-mapped departed words into
 // departed_seen, a thread per peer (R parallel PCIe reads, overlapping the
 // wait for the peers' signals).
