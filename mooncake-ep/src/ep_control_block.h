@@ -23,11 +23,12 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_calls.h"  // kIpcHandleBytes (mooncake-pg/cuda/src)
 #include "mooncake/ep/cuda/ep_ipc_group.h"
 
 namespace mooncake::ep::cuda {
 
-constexpr size_t kIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
+using mooncake::pg::cuda::kIpcHandleBytes;
 
 struct alignas(64) EpRankSlot {
   std::atomic<uint32_t> attached;  // release: pid, device and handle are written

@@ -8,7 +8,7 @@
 #include <functional>
 #include <vector>
 
-#include "cuda_calls.h"  // cudaWhat, DeviceScope (mooncake-pg/cuda/src)
+#include "cuda_calls.h"  // cudaWhat, DeviceScope, IPC export and mapping (mooncake-pg/cuda/src)
 #include "ep_control_block.h"
 #include "kernel_args.h"
 
@@ -17,6 +17,8 @@ namespace {
 
 using mooncake::pg::cuda::cudaWhat;
 using mooncake::pg::cuda::DeviceScope;
+using mooncake::pg::cuda::exportIpcHandle;
+using mooncake::pg::cuda::mapPeerAllocations;
 
 std::string checkSizes(int rank, int num_ranks, const EpIpcGroupOptions& o) {
   if (num_ranks < 1 || num_ranks > kMaxEpRanks || rank < 0 || rank >= num_ranks) {
@@ -108,36 +110,22 @@ std::unique_ptr<EpIpcGroup> EpIpcGroup::open(const std::string& name, int rank, 
   EpControlBlock::Identity identity;
   identity.device = state->device;
   identity.region_bytes = state->layout.total;
-  if (num_ranks > 1) {
-    cudaIpcMemHandle_t handle;
-    static_assert(sizeof(handle) == kIpcHandleBytes);
-    if ((err = cudaIpcGetMemHandle(&handle, state->region)) != cudaSuccess) {
-      return fail(cudaWhat("cudaIpcGetMemHandle", err));
-    }
-    std::memcpy(identity.region_handle, &handle, sizeof(handle));
-  }
   std::string why;
+  if (num_ranks > 1 && !(why = exportIpcHandle(state->region, identity.region_handle)).empty()) return fail(why);
   state->control = EpControlBlock::open(name, rank, num_ranks, options, identity, &why);
   if (!state->control) {
     if (error) *error = why;
     return nullptr;
   }
   if (!(why = state->control->registerWithCuda()).empty()) return fail(why);
-  state->peer_regions.assign(num_ranks, nullptr);
-  state->peer_regions[rank] = state->region;
-  for (int q = 0; q < num_ranks; ++q) {
-    if (q == rank) continue;
-    cudaIpcMemHandle_t handle;
-    std::memcpy(&handle, state->control->slot(q).region_handle, sizeof(handle));
-    void* mapped = nullptr;
-    // Lazy peer access: ranks on other GPUs of the host are reached through it.
-    if ((err = cudaIpcOpenMemHandle(&mapped, handle, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess) {
-      // The peers that did open wait for this rank in calls: mark it gone.
-      state->control->header().departed[rank].store(1, std::memory_order_release);
-      return fail("opening the receive region of rank " + std::to_string(q) + ": " +
-                  cudaWhat("cudaIpcOpenMemHandle", err));
-    }
-    state->peer_regions[q] = static_cast<char*>(mapped);
+  int failed = -1;
+  why = mapPeerAllocations(
+      num_ranks, rank, state->region, [&](int q) { return state->control->slot(q).region_handle; },
+      &state->peer_regions, &failed);
+  if (!why.empty()) {
+    // The peers that did open wait for this rank in calls: mark it gone.
+    state->control->header().departed[rank].store(1, std::memory_order_release);
+    return fail("opening the receive region of rank " + std::to_string(failed) + ": " + why);
   }
   return std::unique_ptr<EpIpcGroup>(new EpIpcGroup(std::move(state)));
 }

@@ -16,13 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "cuda_calls.h"  // kIpcHandleBytes
 #include "kernel_args.h"
 #include "mooncake/pg/collectives.h"
 
 namespace mooncake::pg::cuda {
 
 constexpr int kBarrierSets = 2;       // barriers alternate between two sets of flags (stream_sync.h)
-constexpr size_t kIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
 
 struct alignas(64) RankControl {
   // Written once while attaching, read by peers after `attached` (acquire).

@@ -5,7 +5,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstring>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace mooncake::pg::cuda {
 
@@ -36,5 +39,44 @@ class DeviceScope {
  private:
   int saved_ = -1;
 };
+
+// The bytes of a cudaIpcMemHandle_t, as control blocks store them.
+constexpr size_t kIpcHandleBytes = sizeof(cudaIpcMemHandle_t);
+static_assert(kIpcHandleBytes == 64);
+
+// Exports the allocation at `base` into `out`; "" or what failed.
+inline std::string exportIpcHandle(void* base, unsigned char (&out)[kIpcHandleBytes]) {
+  cudaIpcMemHandle_t handle;
+  if (const cudaError_t err = cudaIpcGetMemHandle(&handle, base); err != cudaSuccess) {
+    return cudaWhat("cudaIpcGetMemHandle", err);
+  }
+  std::memcpy(out, &handle, sizeof(handle));
+  return {};
+}
+
+// Maps every peer's exported allocation (`handle_of(q)`, the bytes exportIpcHandle
+// wrote) into this process: mapped[q], with mapped[rank] = `own`. Lazy peer
+// access, so that ranks on other GPUs of the host are reached too. On a
+// failure, returns what failed and sets *failed to the peer; the mappings
+// already made stay in `mapped` for the caller's cleanup.
+inline std::string mapPeerAllocations(int size, int rank, char* own,
+                                      const std::function<const unsigned char*(int)>& handle_of,
+                                      std::vector<char*>* mapped, int* failed) {
+  mapped->assign(size, nullptr);
+  (*mapped)[rank] = own;
+  for (int q = 0; q < size; ++q) {
+    if (q == rank) continue;
+    cudaIpcMemHandle_t handle;
+    std::memcpy(&handle, handle_of(q), sizeof(handle));
+    void* base = nullptr;
+    if (const cudaError_t err = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
+        err != cudaSuccess) {
+      *failed = q;
+      return cudaWhat("cudaIpcOpenMemHandle", err);
+    }
+    (*mapped)[q] = static_cast<char*>(base);
+  }
+  return {};
+}
 
 }  // namespace mooncake::pg::cuda

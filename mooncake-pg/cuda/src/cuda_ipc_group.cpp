@@ -77,15 +77,8 @@ std::unique_ptr<CudaIpcGroup> CudaIpcGroup::open(const std::string& name, int ra
   identity.device = state->device;
   identity.staging_bytes = staging_bytes;
   identity.one_shot_bytes = options.one_shot_bytes;
-  if (size > 1) {
-    cudaIpcMemHandle_t handle;
-    static_assert(sizeof(handle) == kIpcHandleBytes);
-    if ((err = cudaIpcGetMemHandle(&handle, state->staging)) != cudaSuccess) {
-      return fail(cudaWhat("cudaIpcGetMemHandle", err));
-    }
-    std::memcpy(identity.staging_handle, &handle, sizeof(handle));
-  }
   std::string why;
+  if (size > 1 && !(why = exportIpcHandle(state->staging, identity.staging_handle)).empty()) return fail(why);
   state->control = ControlBlock::open(name, rank, size, options.attach_timeout, options.rank_names, identity, &why);
   if (!state->control) {
     if (error) *error = why;
@@ -93,20 +86,13 @@ std::unique_ptr<CudaIpcGroup> CudaIpcGroup::open(const std::string& name, int ra
   }
   if (!(why = state->control->registerWithCuda()).empty()) return fail(why);
 
-  state->peer_staging.assign(size, nullptr);
-  state->peer_staging[rank] = state->staging;
-  for (int q = 0; q < size; ++q) {
-    if (q == rank) continue;
-    cudaIpcMemHandle_t handle;
-    std::memcpy(&handle, state->control->block(q).staging_handle, sizeof(handle));
-    void* mapped = nullptr;
-    // Lazy peer access: ranks on other GPUs of the host are reached through it.
-    if ((err = cudaIpcOpenMemHandle(&mapped, handle, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess) {
-      return fail("opening the staging buffer of " + state->control->rankName(q) + " (cuda:" +
-                  std::to_string(state->control->block(q).device) + " in its process): " +
-                  cudaWhat("cudaIpcOpenMemHandle", err));
-    }
-    state->peer_staging[q] = static_cast<char*>(mapped);
+  int failed = -1;
+  why = mapPeerAllocations(
+      size, rank, state->staging, [&](int q) { return state->control->block(q).staging_handle; },
+      &state->peer_staging, &failed);
+  if (!why.empty()) {
+    return fail("opening the staging buffer of " + state->control->rankName(failed) + " (cuda:" +
+                std::to_string(state->control->block(failed).device) + " in its process): " + why);
   }
 
   state->sync = std::make_unique<StreamSync>(*state->control, options.sync, options.timeout, state->abortWord());
