@@ -139,6 +139,22 @@ def poll(predicate, timeout=30.0, interval=0.02):
         time.sleep(interval)
 
 
+def observe(ctx, work, t, start):
+    """What a rank saw of a collective on the default group: the tensor, the
+    Work's failure hint and local success, the active mask, the world size,
+    and the seconds since `start`."""
+    import torch.distributed as dist
+
+    return {
+        "value": t.tolist(),
+        "hint": ctx.pg.get_failed_ranks_hint(work).tolist(),
+        "local_success": ctx.pg.get_local_success(work),
+        "mask": ctx.pg.get_active_ranks(dist.group.WORLD).tolist(),
+        "world": dist.get_world_size(),
+        "took": time.monotonic() - start,
+    }
+
+
 def replacement_joins(ctx):
     """A replacement process (started with is_extension): joins the group,
     then runs a full-world all_reduce and says what it got."""

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _elastic import Job, poll, replacement_joins
+from _elastic import Job, observe, poll, replacement_joins
 from _harness import HOST
 
 pytestmark = pytest.mark.timeout(120)
@@ -41,14 +41,7 @@ def _survivor_or_victim(ctx):
     t = torch.tensor([float(ctx.rank + 1)])
     work = dist.all_reduce(t, async_op=True)
     work.wait()
-    ctx.say({
-        "value": t.tolist(),
-        "hint": ctx.pg.get_failed_ranks_hint(work).tolist(),
-        "local_success": ctx.pg.get_local_success(work),
-        "mask": ctx.pg.get_active_ranks(_world()).tolist(),
-        "world": dist.get_world_size(),
-        "took": time.monotonic() - start,
-    })
+    ctx.say(observe(ctx, work, t, start))
     t = torch.ones(3)
     work = dist.all_reduce(t, async_op=True)
     work.wait()

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _elastic import Job, die, poll, replacement_joins
+from _elastic import Job, die, observe, poll, replacement_joins
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -27,17 +27,6 @@ USABLE_WITHIN = 3.0  # seconds from a death to the survivors' completed collecti
 
 def _world():
     return dist.group.WORLD
-
-
-def _observe(ctx, work, t, start):
-    return {
-        "value": t.tolist(),
-        "hint": ctx.pg.get_failed_ranks_hint(work).tolist(),
-        "local_success": ctx.pg.get_local_success(work),
-        "mask": ctx.pg.get_active_ranks(_world()).tolist(),
-        "world": dist.get_world_size(),
-        "took": time.monotonic() - start,
-    }
 
 
 # ---------------------------------------------------------------------------
@@ -54,7 +43,7 @@ def _rank_dies(ctx, victim):
     t = torch.tensor([float(ctx.rank + 1)])
     work = dist.all_reduce(t, async_op=True)
     work.wait()
-    ctx.say(_observe(ctx, work, t, start))
+    ctx.say(observe(ctx, work, t, start))
     after = torch.ones(3)
     work = dist.all_reduce(after, async_op=True)
     work.wait()
@@ -227,7 +216,7 @@ def _manual(ctx):
     t = torch.tensor([float(ctx.rank + 1)])
     work = dist.all_reduce(t, async_op=True)
     work.wait()
-    ctx.say(_observe(ctx, work, t, time.monotonic()))
+    ctx.say(observe(ctx, work, t, time.monotonic()))
     sync = ctx.pg.sync_after_failure(_world())
     ctx.say(("sync", str(sync.status)))
     poll(lambda: not ctx.pg.get_peer_state(_world(), [1])[0], timeout=10)
@@ -336,7 +325,7 @@ def _two_die(ctx):
     t = torch.full((8,), float(ctx.rank + 1))
     work = dist.all_reduce(t, async_op=True)
     work.wait()
-    ctx.say(_observe(ctx, work, t, time.monotonic()))
+    ctx.say(observe(ctx, work, t, time.monotonic()))
 
 
 def test_two_ranks_killed_at_once():
@@ -362,7 +351,7 @@ def _stalled(ctx):
     t = torch.full((8,), float(ctx.rank + 1))
     work = dist.all_reduce(t, async_op=True)
     work.wait()
-    ctx.say(_observe(ctx, work, t, start))
+    ctx.say(observe(ctx, work, t, start))
 
 
 def test_stalled_rank_is_given_up_at_the_heartbeat_deadline_not_the_collective_timeout():
@@ -460,7 +449,7 @@ def _survivor_of_cut(ctx):
             assert t.tolist() in ([6.0] * 8, [3.0] * 8), t  # with the cut rank, or after it was left out
             full_sums += t[0].item() == 6.0
         else:
-            failed = dict(_observe(ctx, work, t, 0.0), at=time.time())
+            failed = dict(observe(ctx, work, t, 0.0), at=time.time())
     after = torch.full((8,), float(ctx.rank + 1))
     work = dist.all_reduce(after, async_op=True)
     work.wait()
