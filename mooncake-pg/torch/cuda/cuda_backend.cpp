@@ -1,6 +1,7 @@
 #include "cuda_backend.h"
 
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -413,10 +414,10 @@ c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::barrier(const c10d::BarrierO
   }
   if (device >= 0) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream();
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    C10_CUDA_CHECK(cudaStreamIsCapturing(current.stream(), &capture));
-    if (capture == cudaStreamCaptureStatusNone) runWithoutGil([&] { current.synchronize(); });
+    if (c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {
+      const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream();
+      runWithoutGil([&] { current.synchronize(); });
+    }
   }
   return host_->barrier(opts);
 }
