@@ -4,7 +4,6 @@
 // calls themselves (call_sequence.cuh).
 #include "mooncake/ep/cuda/ep_ipc_group.h"
 
-#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -160,9 +159,7 @@ int EpIpcGroup::numRanks() const { return state_->num_ranks; }
 int EpIpcGroup::device() const { return state_->device; }
 const EpIpcGroupOptions& EpIpcGroup::options() const { return state_->options; }
 
-void EpIpcGroup::abortWaits() {
-  state_->control->slot(state_->rank).abort.store(1, std::memory_order_release);
-}
+void EpIpcGroup::abortWaits() { state_->control->slot(state_->rank).abort.store(1, std::memory_order_release); }
 
 std::string EpIpcGroup::enqueueCall(const std::function<cudaError_t()>& launch) {
   State& g = *state_;
