@@ -2,7 +2,6 @@
 // barrier. The moving and reducing operations are in cuda_ipc_group_move.cpp
 // and cuda_ipc_group_reduce.cpp.
 #include <algorithm>
-#include <cstring>
 #include <thread>
 
 #include "group_state.h"
