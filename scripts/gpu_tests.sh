@@ -21,7 +21,7 @@ ARCH=${CUDA_ARCH:-90}
 ninja -C build-gpu mooncake_pg_py mooncake_ep_ipc_py mooncake_engine_py ep_cuda_tests ep_cuda_rank pg_cuda_tests \
   pg_cuda_rank te_tests >> build-gpu.log || { tail -40 build-gpu.log; exit 1; }
 
-GPUS=$(nvidia-smi -L | wc -l)
+GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")  # honours CUDA_VISIBLE_DEVICES, as gpu_bench.sh
 echo "GPUs: $GPUS"
 [ "$GPUS" -gt 1 ] && nvidia-smi topo -m || true
 PLACEMENTS=${GPU_PLACEMENTS:-$([ "$GPUS" -gt 1 ] && echo "1 all" || echo "1")}
