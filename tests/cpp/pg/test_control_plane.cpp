@@ -675,7 +675,7 @@ class LinkEvidence : public ::testing::Test {
 };
 
 TEST_F(LinkEvidence, ActivationWaitsUntilTheJoinerIsConnectedBothWays) {
-  EXPECT_NE(machine.rankState(2), RankState::kOffline);  // AwaitingActivation, no evidence yet
+  EXPECT_EQ(machine.rankState(2), RankState::kSynced);  // AwaitingActivation, no evidence yet
   EXPECT_EQ(machine.rankState(0), RankState::kHealthy);
   EXPECT_EQ(machine.rankState(7), RankState::kOffline);
   auto proposed = machine.send(1, control::ProposeRequest{10, "l", true, {2}});
@@ -683,7 +683,7 @@ TEST_F(LinkEvidence, ActivationWaitsUntilTheJoinerIsConnectedBothWays) {
   // One direction of each pair is not enough.
   auto half = report(2, {0, 1});
   EXPECT_FALSE(answer(half) || activated(half));
-  EXPECT_NE(machine.rankState(2), RankState::kOffline);
+  EXPECT_EQ(machine.rankState(2), RankState::kSynced);
   auto three_quarters = report(0, {2});
   EXPECT_FALSE(answer(three_quarters) || activated(three_quarters));
   // The last missing link admits it: the new view shows seat 2 Active.
@@ -731,7 +731,7 @@ TEST_F(LinkEvidence, EvidenceAboutASeatIsForgottenWhenAnotherProcessTakesIt) {
   machine.disconnect(3);  // the joiner dies before anyone activates it
   EXPECT_EQ(machine.rankState(2), RankState::kOffline);
   machine.join("l", 2, 3, /*reports_links=*/true, /*session=*/4);  // its replacement
-  EXPECT_NE(machine.rankState(2), RankState::kOffline);
+  EXPECT_EQ(machine.rankState(2), RankState::kSynced);
   auto proposed = machine.send(1, control::ProposeRequest{10, "l", true, {2}});
   EXPECT_FALSE(answer(proposed) || activated(proposed));  // the old process's links prove nothing
   machine.send(4, control::LinkReport{"l", {0, 1}, {}});     // the replacement's own
@@ -1343,7 +1343,7 @@ TEST(ControlTakeOver, SuccessorRebuildsTheGroupsAndFailsTheLostCoordinatorsSeats
   EXPECT_EQ(standbys.back().second.coordinator_rank, 1);
   EXPECT_EQ(standbys.back().second.ranks, (std::vector<int32_t>{2, 3}));
   EXPECT_EQ(standbys.back().second.addresses, (std::vector<std::string>{"standby-2", "standby-3"}));
-  EXPECT_NE(machine.rankState(2), RankState::kOffline);
+  EXPECT_EQ(machine.rankState(2), RankState::kHealthy);  // active and connected to the successor
 
   // It serves: a sync, a proposal, and a replacement of global rank 0.
   machine.send(3, control::SyncRequest{9, "t", {0}});
