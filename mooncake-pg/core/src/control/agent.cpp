@@ -74,7 +74,6 @@ class AgentImpl final : public Agent {
 
  private:
   struct GroupSlot {
-    int seat = -1;
     GroupRegistration registration;  // as registered: sent again to a successor coordinator
     ViewListener listener;
     LossListener on_loss;
@@ -102,11 +101,12 @@ class AgentImpl final : public Agent {
   bool call(Request request, TimePoint deadline, Message* reply, std::string* error, bool resend = false);
   // The connection is broken: calls in flight fail, the heartbeat thread fails over.
   void loseConnection(const std::string& why);
-  std::string currentAddress() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return address_;
-  }
   std::string standbyAddress() const { return standby_ != nullptr ? standby_->address() : std::string(); }
+  // What this process says when it connects: who it is, where its standby
+  // listens, and whether it resumes with `rejoins` groups (failover).
+  Hello hello(bool resume, uint32_t rejoins) const {
+    return Hello{global_rank_, static_cast<int32_t>(::getpid()), standbyAddress(), resume, rejoins};
+  }
   // Connects to `address`, says `hello` (and sends `rejoins`), and waits for
   // the answer. On success *fd and *decoder hold the connection.
   bool greet(const std::string& address, const Hello& hello, const std::vector<Rejoin>& rejoins,
@@ -159,9 +159,8 @@ class AgentImpl final : public Agent {
 bool AgentImpl::start(std::string* error) {
   // A replacement may wait up to heartbeat_timeout for its predecessor to be
   // declared gone.
-  Hello hello{global_rank_, static_cast<int32_t>(::getpid()), standbyAddress(), false, 0};
-  if (!greet(address_, hello, {}, Clock::now() + options_.request_timeout, answerDeadline(options_.heartbeat_timeout),
-             &fd_, &decoder_, error)) {
+  if (!greet(address_, hello(/*resume=*/false, 0), {}, Clock::now() + options_.request_timeout,
+             answerDeadline(options_.heartbeat_timeout), &fd_, &decoder_, error)) {
     return false;
   }
   last_heard_ = Clock::now();
@@ -250,6 +249,7 @@ bool AgentImpl::failover(const std::string& why, std::string* final_why) {
   std::vector<int> expected(standbys.ranks.begin(), standbys.ranks.end());
   MC_LOG(Warning) << "control plane agent (global rank " << global_rank_ << "): " << why
                   << "; failing over (candidates: global ranks " << listText(expected) << ")";
+  const Hello resume = hello(/*resume=*/true, static_cast<uint32_t>(rejoins.size()));
   std::string tried;
   for (size_t i = 0; i < standbys.ranks.size(); ++i) {
     const int rank = standbys.ranks[i];
@@ -263,13 +263,11 @@ bool AgentImpl::failover(const std::string& why, std::string* final_why) {
       standby_->takeOver(expected, standbys.coordinator_rank);  // this process is the next in line: its standby serves
       address = standby_->address();
     }
-    Hello hello{global_rank_, static_cast<int32_t>(::getpid()), standbyAddress(), true,
-                static_cast<uint32_t>(rejoins.size())};
     const TimePoint now = Clock::now();
     UniqueFd fd;
     FrameDecoder decoder;
     std::string error;
-    if (!greet(address, hello, rejoins, now + std::min(options_.heartbeat_timeout, options_.failover_timeout),
+    if (!greet(address, resume, rejoins, now + std::min(options_.heartbeat_timeout, options_.failover_timeout),
                now + options_.failover_timeout + options_.heartbeat_timeout, &fd, &decoder, &error)) {
       MC_LOG(Warning) << "control plane agent (global rank " << global_rank_ << "): candidate global rank " << rank
                       << ": " << error;
@@ -578,7 +576,8 @@ uint64_t AgentImpl::deliver(const GroupView& view, bool notify) {
   in_listener_ = nullptr;
   if (slot->view.epoch == view.epoch) {
     slot->delivered_active =
-        slot->seat >= 0 && slot->seat < static_cast<int>(view.members.size()) && view.isActive(slot->seat);
+        slot->registration.rank >= 0 && slot->registration.rank < static_cast<int>(view.members.size()) &&
+        view.isActive(slot->registration.rank);
   }
   changed_.notify_all();
   return slot->view.epoch;
@@ -594,7 +593,6 @@ bool AgentImpl::registerGroup(const GroupRegistration& registration, ViewListene
     return false;
   };
   auto slot = std::make_shared<GroupSlot>();
-  slot->seat = registration.rank;
   slot->registration = registration;
   slot->listener = std::move(on_view);
   {
@@ -726,7 +724,7 @@ bool AgentImpl::joinGroup(const std::string& key, std::chrono::milliseconds dead
   if (lost_) return fail(lost_reason_);
   if (stopping_) return fail("the agent is shutting down");
   if (unregistered()) return fail("the group was unregistered while joining");
-  return fail("seat " + std::to_string(slot->seat) + " was not activated within " + millisecondsText(deadline) +
+  return fail("seat " + std::to_string(slot->registration.rank) + " was not activated within " + millisecondsText(deadline) +
               " (a member must propose its activation)");
 }
 
