@@ -115,12 +115,16 @@ void CoordinatorState::handleHello(TimePoint now, SessionId session, const Hello
                   << millisecondsText(options_.heartbeat_timeout) << " for it to go offline";
 }
 
-void CoordinatorState::accept(TimePoint now, SessionId session, Effects* effects) {
+void CoordinatorState::admit(TimePoint now, SessionId session, Effects* effects) {
   Session& s = sessions_.at(session);
   s.accepted = true;
   s.last_seen = now;
   online_by_global_rank_[s.global_rank] = session;
   effects->sends.push_back({session, Reply{0, "", {}}});
+}
+
+void CoordinatorState::accept(TimePoint now, SessionId session, Effects* effects) {
+  admit(now, session, effects);
   tellStandbys(effects, session);
 }
 
@@ -145,6 +149,12 @@ void CoordinatorState::tellStandbys(Effects* effects, SessionId to) {
   }
   told_standbys_ = standbys;
   for (const auto& [global_rank, session] : online_by_global_rank_) effects->sends.push_back({session, standbys});
+}
+
+bool CoordinatorState::loseSeat(const Group& group, Seat& seat) {
+  if (seat.state != MemberState::kActive && seat.state != MemberState::kAwaitingActivation) return false;
+  if (group.auto_deactivate) seat.state = MemberState::kInactive;
+  return true;
 }
 
 void CoordinatorState::goOffline(TimePoint now, const std::vector<SessionId>& sessions, const std::string& why,
@@ -185,13 +195,7 @@ void CoordinatorState::goOffline(TimePoint now, const std::vector<SessionId>& se
                     effects);
       continue;
     }
-    for (int seat : lost_seats) {
-      Seat& lost = group->seats[seat];
-      if (group->auto_deactivate &&
-          (lost.state == MemberState::kActive || lost.state == MemberState::kAwaitingActivation)) {
-        lost.state = MemberState::kInactive;
-      }
-    }
+    for (int seat : lost_seats) loseSeat(*group, group->seats[seat]);
     publish(*group, effects);  // at least the online flags changed
     advanceProposals(now, *group, effects);
   }

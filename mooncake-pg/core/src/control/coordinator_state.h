@@ -74,8 +74,6 @@ class CoordinatorState {
   // the groups are rebuilt from what they reported and every rejoined
   // process is accepted; without, everyone is refused, now and later.
   void beginTakeOver(TimePoint now, const std::vector<int>& candidates, int lost_rank);
-  bool recovering() const { return recovery_.has_value(); }
-
  private:
   struct Session {
     int global_rank = -1;   // set by Hello
@@ -153,11 +151,18 @@ class CoordinatorState {
   bool isOnline(SessionId session) const;
   Session* acceptedSession(SessionId session);
   void handleHello(TimePoint now, SessionId session, const Hello& hello, Effects* effects);
+  // Accepts the session: it counts online and gets its answer.
+  void admit(TimePoint now, SessionId session, Effects* effects);
+  // admit(), then the session learns the standby candidates.
   void accept(TimePoint now, SessionId session, Effects* effects);
   // The processes of these sessions are offline: their connections close,
   // their seats go Inactive in groups that deactivate on failure, and each
   // group they hold seats of gets one new view.
   void goOffline(TimePoint now, const std::vector<SessionId>& sessions, const std::string& why, Effects* effects);
+  // A seat whose process is gone: Inactive when the group deactivates on
+  // failure and the seat was Active or awaiting activation. True when it was
+  // one of those (a loss worth naming).
+  static bool loseSeat(const Group& group, Seat& seat);
   void handleAck(TimePoint now, SessionId session, const ViewAck& ack, Effects* effects);
 
   // Views (coordinator_state.cpp)
@@ -181,7 +186,7 @@ class CoordinatorState {
   void handleRejoin(TimePoint now, SessionId session, const Rejoin& rejoin, Effects* effects);
   // Ends the take-over when every expected process rejoined or `deadline_passed`.
   void finishTakeOver(TimePoint now, bool deadline_passed, Effects* effects);
-  void rebuildGroups(TimePoint now, const std::vector<SessionId>& rejoined, Effects* effects);
+  void rebuildGroups(const std::vector<SessionId>& rejoined, Effects* effects);
 
   // Registration (coordinator_registration.cpp)
   void handleRegister(TimePoint now, SessionId session, const RegisterGroupRequest& request, Effects* effects,

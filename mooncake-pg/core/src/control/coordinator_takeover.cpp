@@ -95,20 +95,15 @@ void CoordinatorState::finishTakeOver(TimePoint now, bool deadline_passed, Effec
                   << (missing.empty() ? std::string() : " (gone: global ranks " + listText(missing) + ")");
   // Late resumers (not counted: outside `expected`) are accepted alike.
   for (SessionId id : rejoined) {
-    Session& s = sessions_.at(id);
-    if (online_by_global_rank_.count(s.global_rank) != 0) continue;
-    s.accepted = true;
-    s.last_seen = now;
-    online_by_global_rank_[s.global_rank] = id;
-    effects->sends.push_back({id, Reply{0, "", {}}});
+    if (online_by_global_rank_.count(sessions_.at(id).global_rank) == 0) admit(now, id, effects);
   }
-  rebuildGroups(now, rejoined, effects);
-  tellStandbys(effects);
+  rebuildGroups(rejoined, effects);
+  tellStandbys(effects);  // once, to everyone
   // Processes that connected without resume meanwhile were refused; those
   // still saying nothing keep their Hello deadline.
 }
 
-void CoordinatorState::rebuildGroups(TimePoint now, const std::vector<SessionId>& rejoined, Effects* effects) {
+void CoordinatorState::rebuildGroups(const std::vector<SessionId>& rejoined, Effects* effects) {
   struct Reported {
     GroupView newest;
     std::vector<std::pair<SessionId, GroupRegistration>> holders;
@@ -171,20 +166,13 @@ void CoordinatorState::rebuildGroups(TimePoint now, const std::vector<SessionId>
     // Every seat nobody rejoined for is gone, as if its process went offline.
     std::vector<int> gone;
     for (size_t i = 0; i < group.seats.size(); ++i) {
-      Seat& seat = group.seats[i];
-      if (seat.holder != 0 || (seat.state != MemberState::kActive && seat.state != MemberState::kAwaitingActivation)) {
-        continue;
-      }
-      gone.push_back(static_cast<int>(i));
-      if (group.auto_deactivate) seat.state = MemberState::kInactive;
+      if (group.seats[i].holder == 0 && loseSeat(group, group.seats[i])) gone.push_back(static_cast<int>(i));
     }
-    for (auto& entry : sessions_) entry.second.acked_epochs.erase(key);
     Group& stored = groups_[key] = std::move(group);
     MC_LOG(Warning) << "control plane: group '" << key << "' rebuilt from " << group_report.holders.size()
                     << " rejoined seats at epoch " << stored.epoch << "; seats without a process: " << listText(gone);
     publish(stored, effects);
   }
-  (void)now;
 }
 
 }  // namespace mooncake::pg::control
