@@ -77,8 +77,9 @@ Agent& controlAgent(const c10::intrusive_ptr<c10d::Store>& store, int global_ran
   std::lock_guard lock(r.mutex);
   c10::intrusive_ptr<c10d::Store> root = rootStore(store);
   const ControlOptions options = controlOptions();
+  const bool failover = failoverEnabled();
   std::string error;
-  if (!r.coordinator && (global_rank == 0 || failoverEnabled())) {
+  if (!r.coordinator && (global_rank == 0 || failover)) {
     r.coordinator = Coordinator::standby(settings().host_ip, options, global_rank, &error);
     TORCH_CHECK(r.coordinator != nullptr, "mooncake: cannot start the membership coordinator: ", error);
     // A take-over tells later processes (joiners, a replacement of global
@@ -131,7 +132,7 @@ Agent& controlAgent(const c10::intrusive_ptr<c10d::Store>& store, int global_ran
     }
     root->setTimeout(deadline_guard);
   }
-  r.agent = Agent::connect(address, global_rank, options, &error, failoverEnabled() ? r.coordinator.get() : nullptr);
+  r.agent = Agent::connect(address, global_rank, options, &error, failover ? r.coordinator.get() : nullptr);
   TORCH_CHECK(r.agent != nullptr, "mooncake: cannot join the membership coordinator at ", address, ": ", error);
   r.global_rank = global_rank;
   return *r.agent;
