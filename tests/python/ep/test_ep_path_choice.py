@@ -12,7 +12,6 @@ import torch.distributed as dist
 
 from mooncake._ep_ipc_path.choice import RankStatement, choose_path
 from _ep_rounds import RANK_ENV, buffer_of
-from _memory_store import MemoryStore
 from _harness import World
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,7 +29,7 @@ def choose_everywhere(statements, *, cuda_group=True, alive=None, silent=(), wai
     """Runs choose_path on one thread per rank; ranks in `silent` never take part."""
     world = len(statements)
     alive = (1 << world) - 1 if alive is None else alive
-    store = MemoryStore()
+    store = dist.HashStore()  # one in-memory store, shared by the thread ranks
     answers = [None] * world
 
     def rank_main(r):
@@ -84,7 +83,7 @@ def test_ranks_on_two_hosts_take_the_collective_path():
 def test_a_group_without_cuda_decides_alone_without_the_store():
     answers, store = choose_everywhere([able(), able()], cuda_group=False)
     assert [a.fast for a in answers] == [False, False]
-    assert "CUDA" in answers[0].reason and store.sets == 0
+    assert "CUDA" in answers[0].reason and store.num_keys() == 0
 
 
 def test_an_inactive_rank_means_the_collective_path_at_once():
