@@ -17,7 +17,6 @@ import torch.distributed as dist
 from _ep_refs import GRID, Case
 from _ep_rounds import RANK_ENV, buffer_of, run_grid, run_round
 from _harness import World
-from mooncake._gpu_placement import gpu_of_rank
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -27,16 +26,11 @@ pytestmark = [
 ]
 
 
-def _pick_gpu(rank, size):
-    torch.cuda.set_device(gpu_of_rank(rank))
-
-
 PATH_ENV = {"ipc": "auto", "collective": "0"}
 
 
 def _world(size, path="collective"):
-    return World(size, gloo=False, env={**RANK_ENV, "MOONCAKE_EP_FAST_PATH": PATH_ENV[path]}, backend="mooncake",
-                 before_init=_pick_gpu)
+    return World(size, gloo=False, env={**RANK_ENV, "MOONCAKE_EP_FAST_PATH": PATH_ENV[path]}, backend="mooncake")
 
 
 def _grid_on(ctx, path):

@@ -24,7 +24,6 @@ import torch.distributed as dist
 from _ep_refs import Case, expected_combine, expert_fn, inputs_of
 from _ep_rounds import RANK_ENV, buffer_of, check_dispatch, run_round
 from _harness import World
-from mooncake._gpu_placement import gpu_of_rank
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -33,12 +32,8 @@ pytestmark = [
 ]
 
 
-def _pick_gpu(rank, size):
-    torch.cuda.set_device(gpu_of_rank(rank))
-
-
 def _world(size):
-    return World(size, gloo=False, env=RANK_ENV, backend="mooncake", before_init=_pick_gpu)
+    return World(size, gloo=False, env=RANK_ENV, backend="mooncake")  # the harness picks the GPU
 
 
 def _expert_outputs(recv_x, recv_count, rank, fp8):
