@@ -42,7 +42,7 @@ from mooncake._ep_collective.events import EventHandle, EventOverlap, call_event
 from mooncake._ep_collective.exchange import Exchange
 from mooncake._ep_collective.fp8 import CHANNELS_PER_SCALE, quantize
 from mooncake._ep_collective.handle import DispatchHandle, DispatchState
-from mooncake._ep_collective.presence import Presence, mask_of, ranks_of
+from mooncake._ep_collective.presence import Presence, bits_of, mask_of, ranks_of
 from mooncake._ep_collective.routing import (SendPlan, bitmap_bytes, block_begins, pack_bits, plan_sends, segments,
                                               token_rows, unpack_bits)
 from mooncake._ep_collective.sizes import ep_buffer_size_hint
@@ -180,7 +180,7 @@ class Buffer:
         # the ranks every member sees active (the smallest of the bits), so
         # that the path choice starts from the same view on every rank.
         alive = self._read_alive()
-        votes = torch.tensor([-secrets.randbits(62)] + [alive >> r & 1 for r in range(self.group_size)],
+        votes = torch.tensor([-secrets.randbits(62)] + bits_of(alive, self.group_size),
                              dtype=torch.int64, device=control)
         dist.all_reduce(votes, op=dist.ReduceOp.MIN, group=self.group)
         votes = votes.tolist()
@@ -258,7 +258,7 @@ class Buffer:
             try:
                 return self._ipc.dispatch(self._connection, x, topk_idx, active_ranks,
                                           num_max_dispatch_tokens_per_rank, num_experts, timeout_us, use_fp8,
-                                          async_finish, return_recv_hook, DispatchHandle)
+                                          async_finish, return_recv_hook)
             except FastPathUnavailable as err:
                 self._fall_back(str(err))
                 checks.check_topk_idx(topk_idx, num_tokens, num_experts, x.device)
@@ -473,7 +473,7 @@ class Buffer:
         mask = checks.check_active_ranks(active_ranks, self.group_size)
         if mask is None:
             alive = self._connection.alive()
-            mask = torch.tensor([alive >> r & 1 for r in range(self.group_size)], dtype=torch.int32)
+            mask = torch.tensor(bits_of(alive, self.group_size), dtype=torch.int32)
         return mask
 
 

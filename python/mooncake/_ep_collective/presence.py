@@ -54,6 +54,11 @@ def mask_of(ranks) -> int:
     return out
 
 
+def bits_of(mask: int, n: int) -> list[int]:
+    """The first `n` bits of `mask`, one int (0 or 1) per rank."""
+    return [mask >> r & 1 for r in range(n)]
+
+
 def ranks_of(mask: int) -> list[int]:
     out, r = [], 0
     while mask:

@@ -22,6 +22,8 @@ from datetime import timedelta
 
 import torch
 
+from mooncake._ep_collective.presence import ranks_of
+
 ENV_SWITCH = "MOONCAKE_EP_FAST_PATH"  # "auto" (default) or "0"/"off": always the collective path
 STORE_WAIT = timedelta(seconds=60)
 
@@ -107,7 +109,7 @@ def choose_path(store, rank: int, group_size: int, *, cuda_group: bool, alive: i
     if not cuda_group:  # the same on every rank: no need to ask the others
         return PathChoice(False, "the group's collectives take no CUDA tensors (not a 'mooncake' CUDA group)")
     store.set(f"ipc/{rank}", json.dumps(mine.__dict__))
-    missing = [r for r in range(group_size) if not alive >> r & 1]
+    missing = ranks_of(((1 << group_size) - 1) & ~alive)
     if missing:
         return PathChoice(False, f"rank(s) {missing} inactive in the group at connect()")
     keys = [f"ipc/{r}" for r in range(group_size)]

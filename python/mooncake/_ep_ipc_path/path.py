@@ -27,6 +27,8 @@ import torch
 
 from mooncake._ep_collective.events import call_event
 from mooncake._ep_collective.fp8 import CHANNELS_PER_SCALE
+from mooncake._ep_collective.handle import DispatchHandle
+from mooncake._ep_collective.presence import bits_of, ranks_of
 
 ATTACH_TIMEOUT_ENV = "MOONCAKE_EP_ATTACH_TIMEOUT_MS"
 
@@ -55,11 +57,6 @@ def _attach_timeout_ms() -> int:
     if value <= 0:
         raise ValueError(f"{ATTACH_TIMEOUT_ENV}: must be > 0 milliseconds, got {value}")
     return value
-
-
-def _check_on(device: torch.device, name: str, t: torch.Tensor) -> None:
-    if t.device != device:
-        raise ValueError(f"{name}: must be on {device}, where this Buffer's fast path runs, got {t.device}")
 
 
 class _InFlight:
@@ -137,9 +134,7 @@ class IpcPath:
         key = f"open/{self._opens}"
         # Agree first (one rank may see a peer inactive that another does not
         # yet): every rank opens, or none does.
-        everyone = (1 << self.group_size) - 1
-        alive = self._alive()
-        missing = [r for r in range(self.group_size) if not alive >> r & 1] if alive != everyone else []
+        missing = ranks_of(((1 << self.group_size) - 1) & ~self._alive())
         refusal = self._agree(f"{key}/ready",
                               f"rank(s) {missing} inactive in the group (the fast path is set up with every rank)"
                               if missing else "")
@@ -189,7 +184,7 @@ class IpcPath:
 
     # ------------------------------------------------------------- dispatch
     def dispatch(self, connection, x, topk_idx, active_ranks, tokens_per_rank, num_experts, timeout_us, use_fp8,
-                 async_finish, return_recv_hook, make_handle):
+                 async_finish, return_recv_hook):
         device = x.device
         if device.type != "cuda":
             raise ValueError(f"x: this Buffer runs the CUDA IPC fast path; tensors must be on a CUDA device, "
@@ -225,7 +220,7 @@ class IpcPath:
                            src_info.data_ptr(), layout_range.data_ptr(), stream, stages)
 
         state = IpcDispatchState(connection=connection, group=group, topk_idx=topk_idx)
-        handle = make_handle(src_info, layout_range, tokens_per_rank, hidden, num_experts, state)
+        handle = DispatchHandle(src_info, layout_range, tokens_per_rank, hidden, num_experts, state)
         tensors = (x, topk_idx, recv_x, recv_count, src_info, layout_range)
 
         def received() -> None:
@@ -244,10 +239,9 @@ class IpcPath:
                              "resized since); dispatch again")
         if not state.received:
             raise ValueError("handle: its dispatch's receive hook has not been called; call it before combine")
+        # The devices were checked against the dispatch's (check_combine_inputs): the fast path's device.
         src_info, layout_range = handle[0], handle[1]
         device = self._device
-        for name, t in (("x", expert_out), ("topk_idx", topk_idx), ("topk_weights", topk_weights)):
-            _check_on(device, name, t)
         in_flight = self._in_flight["combine"]
         in_flight.check_new_call(return_recv_hook)
         y = expert_out.contiguous()
@@ -297,9 +291,8 @@ class IpcPath:
         its answer for rows it never sent) until update_ep_member()."""
         if active_ranks is None:
             if self._default_mask is None:
-                alive = self._alive()
-                self._default_mask = torch.tensor([alive >> r & 1 for r in range(self.group_size)],
-                                                  dtype=torch.int32, device=device)
+                self._default_mask = torch.tensor(bits_of(self._alive(), self.group_size), dtype=torch.int32,
+                                                  device=device)
             return self._default_mask, lambda: None
         if active_ranks.device == device:
             return active_ranks, lambda: None
