@@ -45,11 +45,13 @@ FLUSH_BYTES = 256 << 20
 
 
 class EventTimer:
-    """Average, min and max of one operation, timed with CUDA events."""
+    """Samples of one operation, timed with CUDA events after an L2 flush
+    (`flush`, a 256 MiB buffer shared by every timer of a rank) and a
+    barrier; the first `warmup` calls are not recorded."""
 
-    def __init__(self, device):
-        self.device = device
-        self.flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+    def __init__(self, flush, warmup):
+        self.flush = flush
+        self.warmup = warmup
         self.samples = []
         self.host_samples = []
 
@@ -63,20 +65,19 @@ class EventTimer:
         host_us = (time.perf_counter() - host_start) * 1e6
         end.record()
         end.synchronize()
-        self.samples.append(start.elapsed_time(end) * 1e3)  # microseconds
-        self.host_samples.append(host_us)
+        if self.warmup > 0:
+            self.warmup -= 1
+        else:
+            self.samples.append(start.elapsed_time(end) * 1e3)  # microseconds
+            self.host_samples.append(host_us)
         return result
-
-    def clear(self):
-        self.samples.clear()
-        self.host_samples.clear()
 
 
 def _rank_main(rank, world, port, args, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from mooncake import pg  # noqa: F401 - registers the backends
-    from mooncake._gpu_placement import gpu_of_rank
+    from mooncake._gpu_placement import gpu_of_rank, gpus_used
     from mooncake.mooncake_ep_buffer import Buffer
 
     torch.cuda.set_device(gpu_of_rank(rank))
@@ -94,6 +95,7 @@ def _rank_main(rank, world, port, args, queue):
     dispatch_bytes = selections * (HIDDEN + HIDDEN // 128 * 4 + 16)
     combine_bytes = selections * 2 * HIDDEN
     rows = []
+    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)  # the L2 flush of every timing
     paths = [("ipc", Buffer(group))]
     if not args.skip_collective:
         paths.append(("collective", Buffer(group, disable_p2p=True)))
@@ -101,46 +103,41 @@ def _rank_main(rank, world, port, args, queue):
         if buffer.path != name:
             raise RuntimeError(f"rank {rank}: wanted the {name} path, got {buffer.path} ({buffer.path_reason})")
         iters = args.iters if name == "ipc" else args.collective_iters
-        dispatch_t, combine_t = EventTimer(device), EventTimer(device)
-        for it in range(args.warmup + iters):
+        dispatch_t, combine_t = EventTimer(flush, args.warmup), EventTimer(flush, args.warmup)
+        for _ in range(args.warmup + iters):
             recv_x, count, handle, _, _ = dispatch_t.time(
                 lambda: buffer.dispatch(x, topk, active, TOKENS, EXPERTS, -1, use_fp8=True))
             y = recv_x[0].to(torch.bfloat16)  # the "experts": identity of the FP8 values
             combine_t.time(lambda: buffer.combine(y, topk, weights, active, -1, handle))
-            if it < args.warmup:
-                dispatch_t.clear()
-                combine_t.clear()
         if buffer.path != name:  # the fast path sets up at its first dispatch and may fall back
             raise RuntimeError(f"rank {rank}: the {name} path fell back to {buffer.path} ({buffer.path_reason})")
         rows.append((name, "dispatch", dispatch_t, dispatch_bytes))
         rows.append((name, "combine", combine_t, combine_bytes))
         if name == "ipc":
-            rows += _graph_rows(buffer, x, topk, weights, active, device, args, dispatch_bytes, combine_bytes)
+            rows += _graph_rows(buffer, x, topk, weights, active, flush, args, dispatch_bytes, combine_bytes)
             if args.profile:
                 _profile(rank, buffer, x, topk, weights, active)
     # The bound: the same bytes copied device to device on this rank's GPU;
     # and when the ranks are spread over GPUs, copied into the next GPU (over
     # NVLink), the bound that matters there. Decided alike on every rank (each
     # timing meets the others at a barrier).
-    spread = world > 1 and len({gpu_of_rank(r) for r in range(world)}) > 1
+    spread = gpus_used(world) > 1
     next_gpu = torch.device("cuda", gpu_of_rank(rank + 1))  # another GPU whenever more than one is used
     bounds = [("d2d-copy", device)] + ([("peer-copy", next_gpu)] if spread else [])
     for bound, target in bounds:
         for phase, nbytes in (("dispatch", dispatch_bytes), ("combine", combine_bytes)):
             src = torch.empty(nbytes, dtype=torch.uint8, device=device)
             dst = torch.empty(nbytes, dtype=torch.uint8, device=target)
-            timer = EventTimer(device)
-            for it in range(args.warmup + args.iters):
+            timer = EventTimer(flush, args.warmup)
+            for _ in range(args.warmup + args.iters):
                 timer.time(lambda: dst.copy_(src))
-                if it < args.warmup:
-                    timer.clear()
             rows.append((bound, phase, timer, nbytes))
     queue.put((rank, [(path, phase, t.samples, t.host_samples, nbytes) for path, phase, t, nbytes in rows]))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _graph_rows(buffer, x, topk, weights, active, device, args, dispatch_bytes, combine_bytes):
+def _graph_rows(buffer, x, topk, weights, active, flush, args, dispatch_bytes, combine_bytes):
     """The fast path replayed from CUDA graphs: one graph holds a dispatch,
     another a combine of fixed expert outputs (any rows of the right shape:
     combine's time does not depend on their values); replays are timed like
@@ -155,13 +152,10 @@ def _graph_rows(buffer, x, topk, weights, active, device, args, dispatch_bytes, 
         _, _, graph_handle, _, _ = buffer.dispatch(x, topk, active, TOKENS, EXPERTS, -1, use_fp8=True)
     with torch.cuda.graph(combine_graph):
         buffer.combine(y, topk, weights, active, -1, graph_handle)
-    dispatch_t, combine_t = EventTimer(device), EventTimer(device)
-    for it in range(args.warmup + args.iters):
+    dispatch_t, combine_t = EventTimer(flush, args.warmup), EventTimer(flush, args.warmup)
+    for _ in range(args.warmup + args.iters):
         dispatch_t.time(dispatch_graph.replay)
         combine_t.time(combine_graph.replay)
-        if it < args.warmup:
-            dispatch_t.clear()
-            combine_t.clear()
     return [("ipc-graph", "dispatch", dispatch_t, dispatch_bytes), ("ipc-graph", "combine", combine_t, combine_bytes)]
 
 

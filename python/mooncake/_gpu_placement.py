@@ -29,7 +29,12 @@ def gpu_of_rank(rank: int) -> int:
     return rank % gpus
 
 
+def gpus_used(world: int) -> int:
+    """How many GPUs `world` ranks run on."""
+    return len({gpu_of_rank(r) for r in range(world)})
+
+
 def placement(world: int) -> str:
     """How `world` ranks are placed, for labels: "1 GPU" or "2 GPUs"."""
-    used = len({gpu_of_rank(r) for r in range(world)})
+    used = gpus_used(world)
     return f"{used} GPU" + ("s" if used > 1 else "")
