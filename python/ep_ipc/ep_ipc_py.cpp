@@ -116,16 +116,12 @@ class PyEpIpcGroup {
 PYBIND11_MODULE(_ep_ipc, m) {
   m.doc() = "EP dispatch/combine kernels over CUDA IPC between the processes of one host (docs/ep-kernels.md)";
   m.attr("MAX_RANKS") = kMaxEpRanks;
-  m.def("receive_region_bytes", &epReceiveRegionBytes, py::arg("max_tokens_per_rank"), py::arg("hidden"),
-        py::arg("num_experts"), py::arg("num_ranks"),
-        "Device bytes of one rank's receive region for these sizes.");
   py::class_<PyEpIpcGroup>(m, "EpIpcGroup")
       .def(py::init<const std::string&, int, int, int, int, int, int, int>(), py::arg("name"), py::arg("rank"),
            py::arg("num_ranks"), py::arg("max_tokens_per_rank"), py::arg("hidden"), py::arg("num_experts"),
            py::arg("device"), py::arg("attach_timeout_ms"),
            "Collective: every rank of the host group opens the same name with the same sizes.")
       .def("close", &PyEpIpcGroup::close)
-      .def("abort_waits", [](PyEpIpcGroup& g) { g.group().abortWaits(); })
       .def("dispatch", &PyEpIpcGroup::dispatch, py::arg("x"), py::arg("topk_idx"), py::arg("num_tokens"),
            py::arg("num_topk"), py::arg("active_ranks"), py::arg("timeout_us"), py::arg("use_fp8"),
            py::arg("recv_x"), py::arg("recv_scales"), py::arg("recv_count"), py::arg("src_info"),
