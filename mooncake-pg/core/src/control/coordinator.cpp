@@ -287,31 +287,37 @@ class CoordinatorImpl final : public Coordinator {
 }  // namespace
 }  // namespace control
 
-std::unique_ptr<Coordinator> Coordinator::start(const std::string& host, const ControlOptions& options,
-                                                std::string* error) {
+namespace {
+
+// A coordinator that serves at once (`serve`), or a standby of the process
+// of global rank `host_rank` that listens until it takes over.
+std::unique_ptr<Coordinator> startCoordinator(const std::string& host, const ControlOptions& options, int host_rank,
+                                              bool serve, std::string* error) {
   std::string why;
   try {
     auto coordinator = std::make_unique<control::CoordinatorImpl>(options);
-    if (coordinator->start(host, &why)) return coordinator;
+    coordinator->setHostRank(host_rank);
+    if (coordinator->start(host, &why, serve)) return coordinator;
   } catch (const std::exception& e) {  // e.g. no thread could be started
     why = e.what();
   }
-  if (error != nullptr) *error = "cannot start the control-plane coordinator on " + host + ": " + why;
+  if (error != nullptr) {
+    *error = std::string("cannot start the ") + (serve ? "" : "standby ") + "control-plane coordinator on " + host +
+             ": " + why;
+  }
   return nullptr;
+}
+
+}  // namespace
+
+std::unique_ptr<Coordinator> Coordinator::start(const std::string& host, const ControlOptions& options,
+                                                std::string* error) {
+  return startCoordinator(host, options, /*host_rank=*/-1, /*serve=*/true, error);
 }
 
 std::unique_ptr<Coordinator> Coordinator::standby(const std::string& host, const ControlOptions& options,
                                                   int host_global_rank, std::string* error) {
-  std::string why;
-  try {
-    auto coordinator = std::make_unique<control::CoordinatorImpl>(options);
-    coordinator->setHostRank(host_global_rank);
-    if (coordinator->start(host, &why, /*serve=*/false)) return coordinator;
-  } catch (const std::exception& e) {
-    why = e.what();
-  }
-  if (error != nullptr) *error = "cannot start the standby control-plane coordinator on " + host + ": " + why;
-  return nullptr;
+  return startCoordinator(host, options, host_global_rank, /*serve=*/false, error);
 }
 
 }  // namespace mooncake::pg
