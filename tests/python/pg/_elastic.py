@@ -155,6 +155,29 @@ def observe(ctx, work, t, start):
     }
 
 
+def lose_a_rank_between_collectives(ctx, victim, leave=die):
+    """Every rank all_reduces and says ("before", sum, epoch); `victim` then
+    leaves (`leave`); the others all_reduce twice and say observe() of the
+    first and ("after", values, local success, epoch) of the second."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)
+    ctx.say(("before", t.item(), ctx.pg.get_current_epoch(dist.group.WORLD)))
+    if ctx.rank == victim:
+        leave()
+    start = time.monotonic()
+    t = torch.tensor([float(ctx.rank + 1)])
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    ctx.say(observe(ctx, work, t, start))
+    after = torch.ones(3)
+    work = dist.all_reduce(after, async_op=True)
+    work.wait()
+    ctx.say(("after", after.tolist(), ctx.pg.get_local_success(work), ctx.pg.get_current_epoch(dist.group.WORLD)))
+
+
 def replacement_joins(ctx):
     """A replacement process (started with is_extension): joins the group,
     then runs a full-world all_reduce and says what it got."""

@@ -13,13 +13,12 @@ coordinator and is activated again.
 import datetime
 import os
 import signal
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from _elastic import Job, observe, poll, replacement_joins
+from _elastic import Job, lose_a_rank_between_collectives, poll, replacement_joins
 from _harness import HOST
 
 pytestmark = pytest.mark.timeout(120)
@@ -32,20 +31,7 @@ def _world():
 
 
 def _survivor_or_victim(ctx):
-    t = torch.tensor([float(ctx.rank + 1)])
-    dist.all_reduce(t)
-    ctx.say(("before", t.item(), ctx.pg.get_current_epoch(_world())))
-    if ctx.rank == 0:
-        os.kill(os.getpid(), signal.SIGKILL)
-    start = time.monotonic()
-    t = torch.tensor([float(ctx.rank + 1)])
-    work = dist.all_reduce(t, async_op=True)
-    work.wait()
-    ctx.say(observe(ctx, work, t, start))
-    t = torch.ones(3)
-    work = dist.all_reduce(t, async_op=True)
-    work.wait()
-    ctx.say(("after", t.tolist(), ctx.pg.get_local_success(work), ctx.pg.get_current_epoch(_world())))
+    lose_a_rank_between_collectives(ctx, 0, leave=lambda: os.kill(os.getpid(), signal.SIGKILL))
     ctx.signal(f"degraded{ctx.rank}")
     if ctx.events.get("no replacement") is not None:
         return

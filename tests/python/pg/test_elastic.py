@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _elastic import Job, die, observe, poll, replacement_joins
+from _elastic import Job, die, lose_a_rank_between_collectives, observe, poll, replacement_joins
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -34,20 +34,7 @@ def _world():
 
 
 def _rank_dies(ctx, victim):
-    t = torch.tensor([float(ctx.rank + 1)])
-    dist.all_reduce(t)
-    ctx.say(("before", t.item(), ctx.pg.get_current_epoch(_world())))
-    if ctx.rank == victim:
-        die()
-    start = time.monotonic()
-    t = torch.tensor([float(ctx.rank + 1)])
-    work = dist.all_reduce(t, async_op=True)
-    work.wait()
-    ctx.say(observe(ctx, work, t, start))
-    after = torch.ones(3)
-    work = dist.all_reduce(after, async_op=True)
-    work.wait()
-    ctx.say(("after", after.tolist(), ctx.pg.get_local_success(work), ctx.pg.get_current_epoch(_world())))
+    lose_a_rank_between_collectives(ctx, victim)
     gathered = torch.zeros(dist.get_world_size()) - 1
     dist.all_gather_into_tensor(gathered, torch.tensor([float(ctx.rank)]))
     ctx.say(("gathered", gathered.tolist()))
