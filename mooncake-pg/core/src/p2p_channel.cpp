@@ -130,6 +130,7 @@ class P2pChannel::Impl {
   static uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
   void loop();
   bool stepRecv(int peer);
+  bool harvestAcks(int peer);
   bool stepSend(int peer);
   // `cut` (test only, test_faults.h): nothing is read from the peers'
   // notices and nobody is probed; only the P2P timeout still applies.
@@ -407,6 +408,7 @@ int P2pChannel::Impl::writeData(int peer, const char* src, uint64_t remote, size
 void P2pChannel::Impl::failPeer(int peer, const std::string& why, bool gone) {
   Peer& p = peers_[peer];
   if (p.failure.empty()) p.failure = why;
+  harvestAcks(peer);  // what had fully arrived completes; the rest fails below
   RecvLane& rl = recv_lanes_[peer];
   for (const Outstanding& o : rl.outstanding) {
     if (o.chunk >= 0) p.quarantined.push_back(o.chunk);
@@ -420,6 +422,56 @@ void P2pChannel::Impl::failPeer(int peer, const std::string& why, bool gone) {
   rl.ops.clear();
   for (SendOp& op : send_lanes_[peer].ops) op.done(failure(peer, p.failure));
   send_lanes_[peer].ops.clear();
+}
+
+// The receiver's side of acknowledgements: copies out the chunks whose
+// acks arrived and completes every receive that has all its bytes (or a
+// refusal). Also run before a peer is failed, so that a message whose last
+// ack landed before the peer went away still completes.
+bool P2pChannel::Impl::harvestAcks(int peer) {
+  RecvLane& lane = recv_lanes_[peer];
+  const size_t chunk = options_.chunk_bytes;
+  bool progressed = false;
+  // Acknowledgements may come in any order.
+  for (auto it = lane.outstanding.begin(); it != lane.outstanding.end();) {
+    AckSlot* slot = &acks_[static_cast<size_t>(peer) * kSlotsPerLane + it->seq % kSlotsPerLane];
+    AckSlot ack;
+    if (!tryLoad(slot, token(peers_[peer].epoch, it->seq), ack)) {
+      ++it;
+      continue;
+    }
+    reset(slot);
+    RecvOp& op = *it->op;
+    if (ack.length == kAckSizeMismatch) {
+      if (op.error.empty()) {
+        op.error = "message size mismatch with rank " + std::to_string(peer) + ": this rank receives " +
+                   std::to_string(op.total) + " bytes, the matching send has a different size";
+      }
+      op.credits_done = true;  // issue nothing more for it
+    } else if (op.error.empty() && it->length > 0) {
+      std::memcpy(op.data + it->offset, recv_pool_ + it->chunk * chunk, it->length);
+      op.received += it->length;
+    }
+    if (it->chunk >= 0) free_chunks_.push_back(it->chunk);
+    op.in_flight--;
+    it = lane.outstanding.erase(it);
+    progressed = true;
+  }
+  for (auto it = lane.ops.begin(); it != lane.ops.end();) {
+    RecvOp& op = *it;
+    bool finished = op.in_flight == 0 && op.credits_done && (op.received == op.total || !op.error.empty());
+    if (!finished) {
+      ++it;
+      continue;
+    }
+    OpResult r = op.error.empty() ? OpResult{} : failure(peer, op.error);
+    r.mismatch = !op.error.empty();  // the only error a receive keeps: the sender refused the pair (sizes differ)
+    Done done = std::move(op.done);
+    it = lane.ops.erase(it);
+    done(r);
+    progressed = true;
+  }
+  return progressed;
 }
 
 bool P2pChannel::Impl::stepRecv(int peer) {
@@ -460,45 +512,7 @@ bool P2pChannel::Impl::stepRecv(int peer) {
       progressed = true;
     }
   }
-  // Acknowledgements may come in any order.
-  for (auto it = lane.outstanding.begin(); it != lane.outstanding.end();) {
-    AckSlot* slot = &acks_[static_cast<size_t>(peer) * kSlotsPerLane + it->seq % kSlotsPerLane];
-    AckSlot ack;
-    if (!tryLoad(slot, token(peers_[peer].epoch, it->seq), ack)) {
-      ++it;
-      continue;
-    }
-    reset(slot);
-    RecvOp& op = *it->op;
-    if (ack.length == kAckSizeMismatch) {
-      if (op.error.empty()) {
-        op.error = "message size mismatch with rank " + std::to_string(peer) + ": this rank receives " +
-                   std::to_string(op.total) + " bytes, the matching send has a different size";
-      }
-      op.credits_done = true;  // issue nothing more for it
-    } else if (op.error.empty() && it->length > 0) {
-      std::memcpy(op.data + it->offset, recv_pool_ + it->chunk * chunk, it->length);
-      op.received += it->length;
-    }
-    if (it->chunk >= 0) free_chunks_.push_back(it->chunk);
-    op.in_flight--;
-    it = lane.outstanding.erase(it);
-    progressed = true;
-  }
-  for (auto it = lane.ops.begin(); it != lane.ops.end();) {
-    RecvOp& op = *it;
-    bool finished = op.in_flight == 0 && op.credits_done && (op.received == op.total || !op.error.empty());
-    if (!finished) {
-      ++it;
-      continue;
-    }
-    OpResult r = op.error.empty() ? OpResult{} : failure(peer, op.error);
-    r.mismatch = !op.error.empty();  // the only error a receive keeps: the sender refused the pair (sizes differ)
-    Done done = std::move(op.done);
-    it = lane.ops.erase(it);
-    done(r);
-    progressed = true;
-  }
+  progressed |= harvestAcks(peer);
   if (progressed) peers_[peer].last_progress = Clock::now();
   return progressed;
 }
@@ -571,7 +585,11 @@ bool P2pChannel::Impl::stepSend(int peer) {
       lane.consumed[lane.consume_seq % kSlotsPerLane] = false;
       lane.consume_seq++;
     }
-    if (finished) finished(rc == te::kOk ? finished_result : failure(peer, "rank " + std::to_string(peer) + " is unreachable"));
+    // The message is complete once its bytes landed (each data write was
+    // confirmed): the ack only tells the receiver. A receiver that got that
+    // ack may finish and exit before the ack write's reply reaches us; the
+    // failed ack fails the peer for what comes next, not this message.
+    if (finished) finished(finished_result);
     if (rc != te::kOk) {
       failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
       return true;
