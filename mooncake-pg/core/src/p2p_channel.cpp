@@ -580,6 +580,7 @@ bool P2pChannel::Impl::stepSend(int peer) {
     const uint64_t ack_remote = peers_[peer].endpoint.ack_region +
                                 (static_cast<uint64_t>(rank_) * kSlotsPerLane + index) * sizeof(AckSlot);
     int rc = writeSlot(peer, &ack, ack_remote);
+    if (rc == te::kOk && test_faults::ackRepliesLost()) rc = te::kPeerUnreachable;  // test only: it landed
     lane.consumed[index] = true;
     while (lane.consumed[lane.consume_seq % kSlotsPerLane]) {
       lane.consumed[lane.consume_seq % kSlotsPerLane] = false;

@@ -7,6 +7,7 @@ namespace mooncake::pg::test_faults {
 namespace detail {
 std::atomic<bool> traffic_cut{false};
 std::atomic<bool> control_cut{false};
+std::atomic<bool> ack_replies_lost{false};
 }  // namespace detail
 
 void cutTraffic(bool control) {

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "mooncake/pg/p2p_channel.h"
+#include "mooncake/pg/test_faults.h"
 #include "mooncake/te/transfer_engine.h"
 
 namespace mooncake::pg {
@@ -181,6 +182,25 @@ TEST_P(P2pPair, PeerThatGoesAwayFailsPendingOperations) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
   auto s = send(0, 1, 0, pattern(10, 1));  // later operations fail at once
   EXPECT_FALSE(get(s, 2s).ok);
+}
+
+TEST_P(P2pPair, ASendWhoseBytesLandedCompletesWhenItsAckReplyIsLost) {
+  // The receiver reads the last ack and may exit before the reply to that
+  // write reaches the sender: the message was delivered, so the send
+  // succeeds; only what comes next with that peer fails.
+  const std::vector<uint8_t> data = pattern(1000, 3);  // one chunk: its ack is the last
+  std::vector<uint8_t> got(data.size());
+  auto r = recv(1, 0, 0, got);
+  test_faults::loseAckReplies();
+  auto s = send(0, 1, 0, data);
+  const OpResult sent = get(s);
+  const OpResult received = get(r);
+  test_faults::loseAckReplies(false);
+  EXPECT_TRUE(sent.ok) << sent.error;
+  EXPECT_TRUE(received.ok) << received.error;
+  EXPECT_EQ(got, data);
+  auto later = send(0, 1, 0, pattern(10, 4));  // rank 1 now counts as unreachable for rank 0
+  EXPECT_FALSE(get(later, 2s).ok);
 }
 
 TEST_P(P2pPair, AbortTellsThePeerAtOnceNamingTheRanksAtFault) {

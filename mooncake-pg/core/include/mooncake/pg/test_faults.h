@@ -15,6 +15,10 @@
 // cutTraffic(/*control=*/false) cuts the data plane only (P2P channels and
 // their probes): the process stays a connected member that cannot reach its
 // peers' endpoints, as behind a broken data network.
+//
+// loseAckReplies() makes every acknowledgement a P2P sender writes land and
+// then report the peer unreachable, as when the receiver reads the ack and
+// exits before the write's reply leaves it.
 #pragma once
 
 #include <atomic>
@@ -24,10 +28,13 @@ namespace mooncake::pg::test_faults {
 namespace detail {
 extern std::atomic<bool> traffic_cut;  // the data plane's (P2P channels)
 extern std::atomic<bool> control_cut;  // the control plane's (the Agent's connection)
+extern std::atomic<bool> ack_replies_lost;
 }  // namespace detail
 
 void cutTraffic(bool control = true);
 inline bool trafficCut() { return detail::traffic_cut.load(std::memory_order_relaxed); }
 inline bool controlCut() { return detail::control_cut.load(std::memory_order_relaxed); }
+inline void loseAckReplies(bool on = true) { detail::ack_replies_lost.store(on); }
+inline bool ackRepliesLost() { return detail::ack_replies_lost.load(std::memory_order_relaxed); }
 
 }  // namespace mooncake::pg::test_faults
