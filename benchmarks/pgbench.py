@@ -11,9 +11,13 @@ reduce_scatter, alltoall; 1 broadcast, sendrecv), and #wrong (elements that
 differ from the expected result, summed over ranks; -c 0 skips the check).
 
 With --bound (CUDA), each size also gets the time of one device-to-device
-copy and of one copy into another process's buffer through CUDA IPC, measured
-in the same run, and ipc/time: the fraction of the cross-process copy bound
-the collective reaches (docs/benchmarks/pg_cuda.md):
+copy and of one copy into another rank's memory, measured in the same run:
+with every rank on one GPU, into another process's buffer through CUDA IPC
+("ipc"); with ranks spread over GPUs, into the next GPU ("peer"); and the
+ratio of that copy's time to the collective's, the fraction of the bound it
+reaches (docs/benchmarks/pg_cuda.md). With -G N the calls of each size are
+captured in one CUDA graph, replayed N times: the GPU side without the host's
+launch cost.
 
     python3 benchmarks/pgbench.py --collective all_reduce --backend mooncake -g 2 -b 4K -e 256M -f 4 --bound
 """
@@ -148,26 +152,61 @@ class Case:
         return int((got != exp).sum())
 
 
+def capture(case: Case, calls: int) -> torch.cuda.CUDAGraph:
+    """`calls` runs of the collective captured in one CUDA graph (as nccl-tests
+    -G does): replaying it times the GPU side without the host's launch cost.
+    The warm-up runs before it have set up the backend's resources."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            case.run()
+    graph.replay()  # the first replay uploads the graph
+    torch.cuda.synchronize()
+    return graph
+
+
+def timed_copy(dst: torch.Tensor, src: torch.Tensor, iters: int) -> float:
+    """Seconds per `dst.copy_(src)`, back to back, after one untimed copy."""
+
+    def sync() -> None:
+        torch.cuda.synchronize(src.device)
+        torch.cuda.synchronize(dst.device)
+
+    dst.copy_(src)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dst.copy_(src)
+    sync()
+    return (time.perf_counter() - t0) / iters
+
+
 def copy_bounds(nbytes: int, rank: int, world: int, device, iters: int) -> tuple[float, float]:
     """Seconds for one copy of `nbytes` (the bound beside a collective of that
     size): a device-to-device copy inside one process, and a copy into another
-    process's buffer through CUDA IPC (rank 1 writes into rank 0's; nan with one
-    rank). Only one process copies at a time, as a bound should."""
+    rank's GPU memory: with every rank on one GPU, into another process's
+    buffer through CUDA IPC (rank 1 writes into rank 0's); with ranks spread
+    over GPUs, from rank 0's GPU into rank 1's (peer copy over the GPUs' link).
+    nan with one rank. Only one process copies at a time, as a bound should."""
     from torch.multiprocessing.reductions import reduce_tensor
+
+    from mooncake._gpu_placement import gpu_of_rank  # noqa: PLC0415
 
     src = torch.empty(max(1, nbytes), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
+    if world > 1 and gpu_of_rank(1) != gpu_of_rank(0):  # spread: "peer" in the header
+        local = peer = 0.0
+        if rank == 0:
+            remote = torch.empty_like(src, device=torch.device("cuda", gpu_of_rank(1)))
+            local = timed_copy(dst, src, iters)
+            peer = timed_copy(remote, src, iters)
+            del remote
+        t = torch.tensor([local, peer], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return float(t[0]), float(t[1])
 
-    def timed(fn) -> float:
-        fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / iters
-
-    local = timed(lambda: dst.copy_(src)) if rank == 0 else 0.0
+    local = timed_copy(dst, src, iters) if rank == 0 else 0.0
     ipc = float("nan")
     if world > 1:
         handle = [reduce_tensor(dst) if rank == 0 else None]
@@ -176,7 +215,7 @@ def copy_bounds(nbytes: int, rank: int, world: int, device, iters: int) -> tuple
         if rank == 1:
             rebuild, rebuild_args = handle[0]
             peer = rebuild(*rebuild_args)
-            ipc = timed(lambda: peer.copy_(src))
+            ipc = timed_copy(peer, src, iters)
             del peer
         dist.barrier()
     t = torch.tensor([local if rank == 0 else 0.0, ipc if rank == 1 else 0.0], dtype=torch.float64, device=device)
@@ -192,15 +231,17 @@ def bench(args, rank: int, world: int) -> None:
         device = torch.device("cuda", gpu_of_rank(rank))
         torch.cuda.set_device(device)
         where = f" on {placement(world)}"
+        bound_name = "peer" if world > 1 and gpu_of_rank(1) != gpu_of_rank(0) else "ipc"  # copy_bounds' second
     else:
         device = torch.device("cpu")
     if rank == 0:
         print(f"# pgbench: {args.collective} backend={args.backend} world={world}{where} dtype={args.datatype} "
-              f"op={args.op} iters={args.iters} warmup={args.warmup_iters}")
+              f"op={args.op} iters={args.iters} warmup={args.warmup_iters}"
+              + (f" cudagraph={args.cudagraph}" if args.cudagraph else ""))
         print(f"#{'':>10} {'':>12} {'':>8} {'':>6} {'':>5}   {'out-of-place':^34}   {'in-place':^34}")
         print(f"#{'size(B)':>10} {'count':>12} {'type':>8} {'redop':>6} {'root':>5}   "
               f"{'time(us)':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>7}   {'time(us)':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>7}"
-              + (f"   {'d2d(us)':>9} {'ipc(us)':>9} {'ipc/time':>8}" if args.bound else ""))
+              + (f"   {'d2d(us)':>9} {bound_name + '(us)':>9} {bound_name + '/time':>8}" if args.bound else ""))
     stat = {0: None, 1: torch.sum, 2: torch.min, 3: torch.max}[args.average]
     for nbytes in sizes(args):
         cols = []
@@ -219,15 +260,21 @@ def bench(args, rank: int, world: int) -> None:
                 if args.device == "cuda":
                     torch.cuda.synchronize()
                 wrong = case.wrong()
+            calls = args.iters * args.agg_iters
+            graph = capture(case, calls) if args.cudagraph else None
             dist.barrier()
             clock = time.process_time if args.cputime else time.perf_counter
             t0 = clock()
-            for _ in range(args.iters):
-                for _ in range(args.agg_iters):
+            if graph is not None:
+                for _ in range(args.cudagraph):
+                    graph.replay()
+                calls *= args.cudagraph
+            else:
+                for _ in range(calls):
                     case.run()
             if args.device == "cuda":
                 torch.cuda.synchronize()
-            t = torch.tensor([(clock() - t0) / (args.iters * args.agg_iters)], dtype=torch.float64)
+            t = torch.tensor([(clock() - t0) / calls], dtype=torch.float64)
             w = torch.tensor([wrong], dtype=torch.int64)
             if args.device == "cuda":
                 t, w = t.cuda(), w.cuda()
@@ -293,6 +340,9 @@ def main() -> int:
     p.add_argument("-t", "--nthreads", type=int, default=1)
     p.add_argument("-J", "--report_json", action="store_true")
     p.add_argument("--port", type=int, default=29500)
+    p.add_argument("-G", "--cudagraph", type=int, default=0,
+                   help="CUDA: capture the -n x -m calls in one graph and time this many replays of it "
+                        "(the GPU side alone, as nccl-tests -G)")
     p.add_argument("--bound", action="store_true",
                    help="CUDA: also time one device copy and one cross-process CUDA IPC copy of each size "
                         "(the bounds), and print ipc/time")
@@ -304,6 +354,8 @@ def main() -> int:
     args.device = args.device or ("cpu" if args.backend in ("mooncake-cpu", "gloo") else "cuda")
     if (args.backend in ("mooncake-cpu", "gloo")) != (args.device == "cpu"):
         p.error(f"backend {args.backend} does not run on device {args.device}")
+    if args.cudagraph and args.device != "cuda":
+        p.error("-G captures CUDA graphs: it needs --device cuda")
     if args.bound and args.device != "cuda":
         p.error("--bound measures device copies: it needs --device cuda")
     if args.op == "avg":

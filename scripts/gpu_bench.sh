@@ -8,7 +8,8 @@
 #
 # On a host with several GPUs the ranks run one per GPU (MOONCAKE_TEST_GPUS
 # unset): all_reduce of "mooncake" against NCCL at world 2 (and 4 with four
-# GPUs), which the issue compares by bus bandwidth, and the EP benchmark with
+# GPUs), which the issue compares by bus bandwidth, eagerly and replayed from
+# CUDA graphs (-G: the GPU side without the host's launch cost), and the EP benchmark with
 # its peer-GPU copy bound. On one GPU: the shared-GPU runs, time-sliced and
 # under MPS (NCCL refuses several ranks on one GPU; it runs at world 1 only).
 set -uo pipefail
@@ -18,7 +19,7 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD/python"
 export MOONCAKE_PG_REQUIRE_CUDA_IPC=1  # never time the staged path by mistake
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")  # honours CUDA_VISIBLE_DEVICES
-SIZES=(-b 4K -e 256M -f 4)
+SIZES=(-b 4K -e 256M -f 4 -w 5 -n 50)
 run() {  # name, then the command; a failure is reported and the others still run
   local name=$1
   shift
@@ -36,6 +37,11 @@ if [ "$GPUS" -gt 1 ]; then
     run "nccl_w${w}_spread" python3 benchmarks/pgbench.py --collective all_reduce --backend nccl -g "$w" "${SIZES[@]}"
     run "mooncake_w${w}_spread" python3 benchmarks/pgbench.py --collective all_reduce --backend mooncake -g "$w" \
       "${SIZES[@]}" --bound
+    # The GPU side alone (the calls captured in a CUDA graph): both backends.
+    run "nccl_w${w}_spread_graph" python3 benchmarks/pgbench.py --collective all_reduce --backend nccl -g "$w" \
+      "${SIZES[@]}" -G 5
+    run "mooncake_w${w}_spread_graph" python3 benchmarks/pgbench.py --collective all_reduce --backend mooncake \
+      -g "$w" "${SIZES[@]}" -G 5
   done
   worlds=(2)
   [ "$GPUS" -ge 4 ] && worlds=(2 4)

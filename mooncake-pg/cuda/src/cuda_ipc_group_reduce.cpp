@@ -3,12 +3,20 @@
 // all_reduce and reduce up to one_shot_bytes take one step: every rank
 // stages its input, a barrier, and each rank that wants the result folds all
 // the inputs straight out of the peers' staging halves, then a closing
-// barrier. Larger ones go in an even number of rounds of two steps: rank r
-// folds segment r of the round from every rank's half into segment r of its
-// own half and of its output (reduce-scatter), a barrier, then copies the
-// other segments from their owners' halves (all-gather, launched together
-// with the next round's staging). A rank stages all but its own segment, so
-// it reads (3 - 2/W)x and writes 2x its input in all (5x at first).
+// barrier. Larger ones go in an even number of rounds of two steps, and move
+// data between ranks only by writing into the peers' staging (a push: over
+// NVLink, a write is posted and needs no round trip, so it sustains more than
+// a read of the peer, and it leaves nothing to stage locally):
+//   1. rank r writes segment d of the round's input into rank d's half, in
+//      the inbox for r's part of segment d (scatter);
+//   2. a barrier; rank r folds segment r (its own part from the input, the
+//      others from its inboxes) into its output, and writes the result into
+//      every peer's half, in the inbox for r's reduced segment (gather);
+//   3. a barrier; rank r copies the reduced segments from its inboxes into
+//      its output, in one launch with the next round's step 1.
+// Each rank writes 2 (W - 1) / W of its input into the peers (what a ring
+// moves, and the least any schedule can) and reads and writes its own
+// memory about twice its input.
 // The sources are folded in rank order in both schedules, so the bits of the
 // result do not depend on the path or on who reduced which segment.
 #include "group_state.h"
@@ -59,42 +67,52 @@ static CudaOp reduceCommon(CudaIpcGroup::State& g, OpCode code, const void* inpu
       run.barrier();  // closing: nobody reads a staging half after it
       return;
     }
-    const RoundPlan plan = planRounds(count, g.half_bytes / esize, esize, /*even_rounds=*/true);
-    // The previous round's all-gather goes in one launch with this round's
-    // staging: it reads the peers' other half and writes another part of the
-    // output, while the staging reads this round's input and writes this
-    // rank's other half (no peer reads that half any more: they passed the
-    // last barrier after their own previous all-gather, which read it).
+    // A half holds 2 (W - 1) inboxes of one segment each: the scatter
+    // inboxes, then the gather inboxes, by source rank without this rank.
+    const size_t inbox_bytes = g.half_bytes / (2 * (g.size - 1)) / kRoundAlignBytes * kRoundAlignBytes;
+    const RoundPlan plan = planRounds(count, inbox_bytes / esize * g.size, esize, /*even_rounds=*/true);
+    auto inbox = [&](int owner, int h, int source, bool gathered) {
+      const int slot = (source < owner ? source : source - 1) + (gathered ? g.size - 1 : 0);
+      return g.half(owner, h) + static_cast<size_t>(slot) * inbox_bytes;
+    };
+    auto wantsResult = [&](int q) { return root < 0 || q == root; };
+    // Step 3 of the previous round (reads this rank's other half), launched
+    // with step 1 of this one (writes the peers' half h, whose inboxes they
+    // last read two rounds ago, before the barrier this rank passed last).
     CopyJob gather;
     for (size_t i = 0; i < plan.rounds && !run.failed(); ++i) {
       const int h = static_cast<int>(i % 2);
       const size_t begin = plan.begin(i), n = plan.length(i);
-      size_t own_begin = 0, own_length = 0;
-      alignedSegment(n, g.size, g.rank, esize, own_begin, own_length);
-      // The peers read every segment of this rank's half but its own, which
-      // the fold below fills from the input directly: it is not staged.
+      auto segment = [&](int q, size_t& seg_begin, size_t& seg_length) {
+        alignedSegment(n, g.size, q, esize, seg_begin, seg_length);
+      };
       CopyJob step = gather;
-      const size_t own_end = own_begin + own_length;
-      addCopy(step, at(input, begin * esize), g.half(g.rank, h), own_begin * esize);
-      addCopy(step, at(input, (begin + own_end) * esize), g.half(g.rank, h) + own_end * esize, (n - own_end) * esize);
+      for (int d = 0; d < g.size; ++d) {
+        if (d == g.rank) continue;
+        size_t seg_begin = 0, seg_length = 0;
+        segment(d, seg_begin, seg_length);
+        addCopy(step, at(input, (begin + seg_begin) * esize), inbox(d, h, g.rank, false), seg_length * esize);
+      }
       run.copy(step);
       run.barrier();
+      size_t own_begin = 0, own_length = 0;
+      segment(g.rank, own_begin, own_length);
       ReduceJob fold = reduceJob(own_length, type, op);
       for (int q = 0; q < g.size; ++q) {
-        fold.srcs[fold.nsrc++] =
-            q == g.rank ? at(input, (begin + own_begin) * esize) : g.half(q, h) + own_begin * esize;
+        fold.srcs[fold.nsrc++] = q == g.rank ? at(input, (begin + own_begin) * esize) : inbox(g.rank, h, q, false);
       }
-      // Only this rank touches segment `rank` of the halves in this step.
-      addDestination(fold, g.half(g.rank, h) + own_begin * esize);
       if (receives) addDestination(fold, at(output, (begin + own_begin) * esize));
+      for (int d = 0; d < g.size; ++d) {
+        if (d != g.rank && wantsResult(d)) addDestination(fold, inbox(d, h, g.rank, true));
+      }
       run.reduce(fold);
       run.barrier();
       gather = CopyJob{};
       for (int s = 0; s < g.size && receives; ++s) {
         if (s == g.rank) continue;
         size_t seg_begin = 0, seg_length = 0;
-        alignedSegment(n, g.size, s, esize, seg_begin, seg_length);
-        addCopy(gather, g.half(s, h) + seg_begin * esize, at(output, (begin + seg_begin) * esize), seg_length * esize);
+        segment(s, seg_begin, seg_length);
+        addCopy(gather, inbox(g.rank, h, s, true), at(output, (begin + seg_begin) * esize), seg_length * esize);
       }
     }
     run.copy(gather);
@@ -114,9 +132,9 @@ CudaOp CudaIpcGroup::reduce(const void* input, void* output, size_t count, DataT
   return reduceCommon(*state_, OpCode::kReduce, input, output, count, type, op, root, stream);
 }
 
-// Each round stages, for every other rank d, a piece of block d into slot d
-// of this rank's half; then rank r folds slot r of every half (its own block
-// straight from its input) into its output.
+// Each round pushes, for every other rank d, a piece of block d into slot r
+// (this rank's) of d's half; then, after a barrier, rank r folds the slots of
+// its own half (its own block straight from its input) into its output.
 CudaOp CudaIpcGroup::reduceScatter(const void* input, void* output, size_t count, DataType type, ReduceOp op,
                                    cudaStream_t stream) {
   State& g = *state_;
@@ -139,14 +157,14 @@ CudaOp CudaIpcGroup::reduceScatter(const void* input, void* output, size_t count
           CopyJob job;
           for (int d = 0; d < g.size; ++d) {
             if (d == g.rank) continue;
-            addCopy(job, at(input, (d * count + begin) * esize), g.half(g.rank, h) + d * slot, n * esize);
+            addCopy(job, at(input, (d * count + begin) * esize), g.half(d, h) + g.rank * slot, n * esize);
           }
           run.copy(job);
         },
         [&](int h, size_t begin, size_t n) {
           ReduceJob job = reduceJob(n, type, op);
           for (int q = 0; q < g.size; ++q) {
-            job.srcs[job.nsrc++] = q == g.rank ? own(begin) : g.half(q, h) + g.rank * slot;
+            job.srcs[job.nsrc++] = q == g.rank ? own(begin) : g.half(g.rank, h) + q * slot;
           }
           addDestination(job, at(output, begin * esize));
           run.reduce(job);

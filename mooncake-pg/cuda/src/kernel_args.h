@@ -48,11 +48,10 @@ struct OpGuard {
   const uint32_t* peer_signature[kMaxLocalRanks] = {};  // by rank; null for this rank
 };
 
-// Several independent copies in one launch: up to one
-// per rank, plus two (all_reduce launches a round's all-gather, W - 1
-// pieces, with the next round's staging, the two parts around its own
-// segment).
-constexpr int kMaxCopyPieces = kMaxLocalRanks + 2;
+// Several independent copies in one launch: up to two per rank (all_reduce
+// launches a round's local all-gather, W - 1 pieces, with the next round's
+// pushes into the peers, W - 1 more), plus two spare.
+constexpr int kMaxCopyPieces = 2 * kMaxLocalRanks + 2;
 struct CopyPiece {
   const void* src;
   void* dst;
@@ -66,8 +65,9 @@ struct CopyJob {
   unsigned first_block[kMaxCopyPieces + 1] = {};
 };
 
-// dst[d][i] = op over k of srcs[k][i] for every destination d.
-constexpr int kMaxReduceDestinations = 2;
+// dst[d][i] = op over k of srcs[k][i] for every destination d: the own
+// output and, when the result is pushed, every peer's staging.
+constexpr int kMaxReduceDestinations = kMaxLocalRanks + 1;
 struct ReduceJob {
   const void* srcs[kMaxLocalRanks];
   int nsrc = 0;
