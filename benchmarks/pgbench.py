@@ -166,6 +166,26 @@ def capture(case: Case, calls: int) -> torch.cuda.CUDAGraph:
     return graph
 
 
+def profile_calls(case: Case, calls: int) -> None:
+    """Where the host time of `calls` eager calls goes (torch.profiler: the
+    CUDA runtime and driver calls each makes, with their host time), printed
+    by rank 0; every rank runs the calls."""
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    torch.cuda.synchronize()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            case.run()
+        host = (time.perf_counter() - t0) / calls
+        torch.cuda.synchronize()
+    if case.rank == 0:
+        print(f"# profile of {calls} calls of {case.count * case.send.element_size()} B: "
+              f"{host * 1e6:.1f} us of host time per call (under the profiler)", file=sys.stderr)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20), file=sys.stderr)
+
+
 def timed_copy(dst: torch.Tensor, src: torch.Tensor, iters: int) -> float:
     """Seconds per `dst.copy_(src)`, back to back, after one untimed copy."""
 
@@ -261,6 +281,8 @@ def bench(args, rank: int, world: int) -> None:
                     torch.cuda.synchronize()
                 wrong = case.wrong()
             calls = args.iters * args.agg_iters
+            if args.profile and not inplace and nbytes == args.minbytes:
+                profile_calls(case, calls)
             graph = capture(case, calls) if args.cudagraph else None
             dist.barrier()
             clock = time.process_time if args.cputime else time.perf_counter
@@ -343,6 +365,8 @@ def main() -> int:
     p.add_argument("-G", "--cudagraph", type=int, default=0,
                    help="CUDA: capture the -n x -m calls in one graph and time this many replays of it "
                         "(the GPU side alone, as nccl-tests -G)")
+    p.add_argument("--profile", action="store_true",
+                   help="CUDA: profile the eager calls of the smallest size (host time per CUDA call, to stderr)")
     p.add_argument("--bound", action="store_true",
                    help="CUDA: also time one device copy and one cross-process CUDA IPC copy of each size "
                         "(the bounds), and print ipc/time")

@@ -1,22 +1,29 @@
 // The reducing operations: all_reduce, reduce, reduce_scatter.
 //
-// all_reduce and reduce up to one_shot_bytes take one step: every rank
-// stages its input, a barrier, and each rank that wants the result folds all
-// the inputs straight out of the peers' staging halves, then a closing
-// barrier. Larger ones go in an even number of rounds of two steps, and move
-// data between ranks only by writing into the peers' staging (a push: over
-// NVLink, a write is posted and needs no round trip, so it sustains more than
-// a read of the peer, and it leaves nothing to stage locally):
-//   1. rank r writes segment d of the round's input into rank d's half, in
-//      the inbox for r's part of segment d (scatter);
+// Data moves between ranks only by writes into the peers' staging (a push:
+// over NVLink a write is posted and needs no round trip, so it sustains more
+// than a read of the peer, and nothing is staged locally). A rank's staging
+// half is cut into inboxes, one per source rank (schedules that need two per
+// source have a second row after the first).
+//
+// all_reduce and reduce go one of two ways, chosen alike on every rank:
+// - direct, up to one_shot_bytes, and at any size that fits one round when
+//   there are two ranks: in rounds (runRounds), every rank writes its input
+//   into its inbox at every rank that wants the result; a barrier; each such
+//   rank folds its own input and its inboxes into its output. Two barriers
+//   for a small operation, and at two ranks the least data any schedule moves
+//   (each rank's input crosses once).
+// - two-shot otherwise, in an even number of rounds of two steps:
+//   1. rank r writes segment d of the round's input into its inbox at rank d
+//      (scatter);
 //   2. a barrier; rank r folds segment r (its own part from the input, the
 //      others from its inboxes) into its output, and writes the result into
-//      every peer's half, in the inbox for r's reduced segment (gather);
-//   3. a barrier; rank r copies the reduced segments from its inboxes into
-//      its output, in one launch with the next round's step 1.
-// Each rank writes 2 (W - 1) / W of its input into the peers (what a ring
-// moves, and the least any schedule can) and reads and writes its own
-// memory about twice its input.
+//      its second inbox at every peer (gather);
+//   3. a barrier; rank r copies the reduced segments from its second inboxes
+//      into its output, in one launch with the next round's step 1.
+//   Each rank writes 2 (W - 1) / W of its input into the peers (what a ring
+//   moves, the least any schedule can at W > 2) and reads and writes its own
+//   memory about twice its input.
 // The sources are folded in rank order in both schedules, so the bits of the
 // result do not depend on the path or on who reduced which segment.
 #include "group_state.h"
@@ -37,6 +44,17 @@ ReduceJob reduceJob(size_t count, DataType type, ReduceOp op) {
 
 void addDestination(ReduceJob& job, void* dst) { job.dsts[job.ndst++] = dst; }
 
+// Where `source` writes into `owner`'s half h when the half is cut into rows
+// of W - 1 inboxes of `inbox_bytes` each (by source rank, the owner left out).
+char* inbox(const CudaIpcGroup::State& g, int owner, int h, int source, size_t inbox_bytes, int row = 0) {
+  const int slot = (source < owner ? source : source - 1) + row * (g.size - 1);
+  return g.half(owner, h) + static_cast<size_t>(slot) * inbox_bytes;
+}
+
+size_t inboxBytes(const CudaIpcGroup::State& g, int rows) {
+  return g.half_bytes / (static_cast<size_t>(rows) * (g.size - 1)) / kRoundAlignBytes * kRoundAlignBytes;
+}
+
 }  // namespace
 
 // all_reduce (root < 0: everyone gets the result) and reduce.
@@ -55,27 +73,33 @@ static CudaOp reduceCommon(CudaIpcGroup::State& g, OpCode code, const void* inpu
       return run.reduce(job);
     }
     if (bytes == 0) return;
-    if (bytes <= g.options.one_shot_bytes && bytes <= g.half_bytes) {
-      CopyJob stage;
-      addCopy(stage, input, g.half(g.rank, 0), bytes);
-      run.copy(stage);
-      run.barrier();
-      ReduceJob job = reduceJob(count, type, op);
-      for (int q = 0; q < g.size; ++q) job.srcs[job.nsrc++] = q == g.rank ? input : g.half(q, 0);
-      if (receives) addDestination(job, output);
-      run.reduce(job);
-      run.barrier();  // closing: nobody reads a staging half after it
+    auto wantsResult = [&](int q) { return root < 0 || q == root; };
+    const size_t direct_inbox = inboxBytes(g, 1);
+    if (bytes <= g.options.one_shot_bytes || (g.size == 2 && bytes <= direct_inbox)) {
+      runRounds(
+          run, planRounds(count, direct_inbox / esize, esize),
+          [&](int h, size_t begin, size_t n) {
+            CopyJob push;
+            for (int d = 0; d < g.size; ++d) {
+              if (d != g.rank && wantsResult(d)) {
+                addCopy(push, at(input, begin * esize), inbox(g, d, h, g.rank, direct_inbox), n * esize);
+              }
+            }
+            run.copy(push);
+          },
+          [&](int h, size_t begin, size_t n) {
+            if (!receives) return;
+            ReduceJob fold = reduceJob(n, type, op);
+            for (int q = 0; q < g.size; ++q) {
+              fold.srcs[fold.nsrc++] = q == g.rank ? at(input, begin * esize) : inbox(g, g.rank, h, q, direct_inbox);
+            }
+            addDestination(fold, at(output, begin * esize));
+            run.reduce(fold);
+          });
       return;
     }
-    // A half holds 2 (W - 1) inboxes of one segment each: the scatter
-    // inboxes, then the gather inboxes, by source rank without this rank.
-    const size_t inbox_bytes = g.half_bytes / (2 * (g.size - 1)) / kRoundAlignBytes * kRoundAlignBytes;
+    const size_t inbox_bytes = inboxBytes(g, 2);  // row 0: scatter, row 1: gather
     const RoundPlan plan = planRounds(count, inbox_bytes / esize * g.size, esize, /*even_rounds=*/true);
-    auto inbox = [&](int owner, int h, int source, bool gathered) {
-      const int slot = (source < owner ? source : source - 1) + (gathered ? g.size - 1 : 0);
-      return g.half(owner, h) + static_cast<size_t>(slot) * inbox_bytes;
-    };
-    auto wantsResult = [&](int q) { return root < 0 || q == root; };
     // Step 3 of the previous round (reads this rank's other half), launched
     // with step 1 of this one (writes the peers' half h, whose inboxes they
     // last read two rounds ago, before the barrier this rank passed last).
@@ -91,7 +115,7 @@ static CudaOp reduceCommon(CudaIpcGroup::State& g, OpCode code, const void* inpu
         if (d == g.rank) continue;
         size_t seg_begin = 0, seg_length = 0;
         segment(d, seg_begin, seg_length);
-        addCopy(step, at(input, (begin + seg_begin) * esize), inbox(d, h, g.rank, false), seg_length * esize);
+        addCopy(step, at(input, (begin + seg_begin) * esize), inbox(g, d, h, g.rank, inbox_bytes), seg_length * esize);
       }
       run.copy(step);
       run.barrier();
@@ -99,11 +123,11 @@ static CudaOp reduceCommon(CudaIpcGroup::State& g, OpCode code, const void* inpu
       segment(g.rank, own_begin, own_length);
       ReduceJob fold = reduceJob(own_length, type, op);
       for (int q = 0; q < g.size; ++q) {
-        fold.srcs[fold.nsrc++] = q == g.rank ? at(input, (begin + own_begin) * esize) : inbox(g.rank, h, q, false);
+        fold.srcs[fold.nsrc++] = q == g.rank ? at(input, (begin + own_begin) * esize) : inbox(g, g.rank, h, q, inbox_bytes);
       }
       if (receives) addDestination(fold, at(output, (begin + own_begin) * esize));
       for (int d = 0; d < g.size; ++d) {
-        if (d != g.rank && wantsResult(d)) addDestination(fold, inbox(d, h, g.rank, true));
+        if (d != g.rank && wantsResult(d)) addDestination(fold, inbox(g, d, h, g.rank, inbox_bytes, 1));
       }
       run.reduce(fold);
       run.barrier();
@@ -112,7 +136,7 @@ static CudaOp reduceCommon(CudaIpcGroup::State& g, OpCode code, const void* inpu
         if (s == g.rank) continue;
         size_t seg_begin = 0, seg_length = 0;
         segment(s, seg_begin, seg_length);
-        addCopy(gather, inbox(g.rank, h, s, true), at(output, (begin + seg_begin) * esize), seg_length * esize);
+        addCopy(gather, inbox(g, g.rank, h, s, inbox_bytes, 1), at(output, (begin + seg_begin) * esize), seg_length * esize);
       }
     }
     run.copy(gather);

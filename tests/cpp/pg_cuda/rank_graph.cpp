@@ -30,7 +30,9 @@ int expectSums(CudaIpcGroup& g, const char* what, const std::vector<float>& got,
 int graphReplayScenario(CudaIpcGroup& g) {
   int failures = 0;
   const int R = g.rank();
-  const size_t small = 1000, large = 1u << 20;  // one shot; reduce-scatter + all-gather in two rounds
+  // Direct; direct at world 2 with the default staging, otherwise two-shot
+  // (reduce-scatter + all-gather) in two rounds.
+  const size_t small = 1000, large = 1u << 20;
   DeviceBuffer small_in(small * 4), small_out(small * 4), large_io(large * 4);
   Stream stream;
   auto eager = [&](int tag) {
