@@ -44,15 +44,9 @@ ReduceJob reduceJob(size_t count, DataType type, ReduceOp op) {
 
 void addDestination(ReduceJob& job, void* dst) { job.dsts[job.ndst++] = dst; }
 
-// Where `source` writes into `owner`'s half h when the half is cut into rows
-// of W - 1 inboxes of `inbox_bytes` each (by source rank, the owner left out).
+// Where `source` writes into `owner`'s half h (schedule.h: inboxOffset).
 char* inbox(const CudaIpcGroup::State& g, int owner, int h, int source, size_t inbox_bytes, int row = 0) {
-  const int slot = (source < owner ? source : source - 1) + row * (g.size - 1);
-  return g.half(owner, h) + static_cast<size_t>(slot) * inbox_bytes;
-}
-
-size_t inboxBytes(const CudaIpcGroup::State& g, int rows) {
-  return g.half_bytes / (static_cast<size_t>(rows) * (g.size - 1)) / kRoundAlignBytes * kRoundAlignBytes;
+  return g.half(owner, h) + inboxOffset(owner, source, g.size, inbox_bytes, row);
 }
 
 }  // namespace
@@ -74,7 +68,7 @@ static CudaOp reduceCommon(CudaIpcGroup::State& g, OpCode code, const void* inpu
     }
     if (bytes == 0) return;
     auto wantsResult = [&](int q) { return root < 0 || q == root; };
-    const size_t direct_inbox = inboxBytes(g, 1);
+    const size_t direct_inbox = inboxBytes(g.half_bytes, g.size, 1);
     if (bytes <= g.options.one_shot_bytes || (g.size == 2 && bytes <= direct_inbox)) {
       runRounds(
           run, planRounds(count, direct_inbox / esize, esize),
@@ -98,7 +92,7 @@ static CudaOp reduceCommon(CudaIpcGroup::State& g, OpCode code, const void* inpu
           });
       return;
     }
-    const size_t inbox_bytes = inboxBytes(g, 2);  // row 0: scatter, row 1: gather
+    const size_t inbox_bytes = inboxBytes(g.half_bytes, g.size, 2);  // row 0: scatter, row 1: gather
     const RoundPlan plan = planRounds(count, inbox_bytes / esize * g.size, esize, /*even_rounds=*/true);
     // Step 3 of the previous round (reads this rank's other half), launched
     // with step 1 of this one (writes the peers' half h, whose inboxes they

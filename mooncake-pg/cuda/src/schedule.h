@@ -62,6 +62,18 @@ inline void alignedSegment(size_t count, int parts, int index, size_t unit_bytes
   length = std::min(count, begin + step) - begin;
 }
 
+// Inboxes: the reducing schedules push, so a rank's staging half is cut into
+// rows of `size - 1` inboxes, one per source rank (the owner left out), each
+// `inboxBytes` long and 16-byte aligned. `row` 0 is the first row (direct and
+// two-shot's scatter), 1 the second (two-shot's gather).
+inline size_t inboxBytes(size_t half_bytes, int size, int rows) {
+  return half_bytes / (static_cast<size_t>(rows) * (size - 1)) / kRoundAlignBytes * kRoundAlignBytes;
+}
+inline size_t inboxOffset(int owner, int source, int size, size_t inbox_bytes, int row = 0) {
+  const int slot = (source < owner ? source : source - 1) + row * (size - 1);
+  return static_cast<size_t>(slot) * inbox_bytes;
+}
+
 enum class OpCode : uint8_t { kBarrier = 1, kBroadcast, kAllreduce, kReduce, kAllgather, kReduceScatter, kAlltoall,
                               kGather, kScatter };
 

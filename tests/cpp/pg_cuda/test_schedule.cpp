@@ -76,6 +76,45 @@ TEST(CudaSchedule, SegmentsTileTheRoundAligned) {
   }
 }
 
+// Every (source, row) of an owner gets its own inbox, inside the half and
+// aligned; and a round planned for the two-shot schedule (W segments, one
+// per inbox) never overflows an inbox, at any world size and element size.
+TEST(CudaSchedule, InboxesAreDisjointAlignedAndHoldTheirSegments) {
+  for (int size : {2, 3, 4, 7, 8, 32}) {
+    for (size_t half : {size_t{4096} * size, size_t{1} << 20, size_t{32} << 20}) {
+      for (int rows : {1, 2}) {
+        const size_t inbox = inboxBytes(half, size, rows);
+        ASSERT_GT(inbox, 0u);
+        EXPECT_EQ(inbox % kRoundAlignBytes, 0u);
+        for (int owner = 0; owner < size; ++owner) {
+          std::set<size_t> offsets;
+          for (int row = 0; row < rows; ++row) {
+            for (int source = 0; source < size; ++source) {
+              if (source == owner) continue;
+              const size_t at = inboxOffset(owner, source, size, inbox, row);
+              EXPECT_TRUE(offsets.insert(at).second) << "owner " << owner << " source " << source << " row " << row;
+              EXPECT_LE(at + inbox, half);
+            }
+          }
+        }
+        for (size_t unit : {1, 2, 4, 8}) {
+          const size_t capacity = inbox / unit * size;  // as the two-shot schedule plans its rounds
+          for (size_t total : {capacity - 1, capacity, 3 * capacity + 5}) {
+            const RoundPlan plan = planRounds(total, capacity, unit, /*even_rounds=*/true);
+            for (size_t i = 0; i < plan.rounds; ++i) {
+              for (int q = 0; q < size; ++q) {
+                size_t begin = 0, length = 0;
+                alignedSegment(plan.length(i), size, q, unit, begin, length);
+                EXPECT_LE(length * unit, inbox) << "size " << size << " unit " << unit << " round " << i;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaSchedule, SignaturesTellOperationsApart) {
   std::set<uint32_t> seen;
   for (int op = 1; op <= 9; ++op) {
