@@ -31,14 +31,21 @@ class MooncakeWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
 
-  at::Tensor failedRanksHint() const { return hint_; }
+  // One int32 per seat, 1 where this rank saw the seat fail. Made on first
+  // use (a failure, or a caller asking), not with every Work: an operation
+  // that nobody asks about costs no tensor.
+  at::Tensor failedRanksHint() const;
   bool localSuccess();
 
  private:
+  // The hint, made if it was not yet; Work::mutex_ held.
+  at::Tensor& hintLocked() const;
+
   std::vector<at::Tensor> outputs_;
   const char* label_;
-  OpResult outcome_;  // guarded by Work::mutex_
-  at::Tensor hint_;
+  int max_group_size_;
+  OpResult outcome_;            // guarded by Work::mutex_
+  mutable at::Tensor hint_;     // guarded by Work::mutex_; undefined until first use
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
