@@ -207,7 +207,8 @@ def copy_bounds(nbytes: int, rank: int, world: int, device, iters: int) -> tuple
     size): a device-to-device copy inside one process, and a copy into another
     rank's GPU memory: with every rank on one GPU, into another process's
     buffer through CUDA IPC (rank 1 writes into rank 0's); with ranks spread
-    over GPUs, from rank 0's GPU into rank 1's (peer copy over the GPUs' link).
+    over GPUs, from rank 0's GPU into rank 1's (peer copy over the GPUs' link:
+    the bound at world 2; at larger worlds a reference for one link only).
     nan with one rank. Only one process copies at a time, as a bound should."""
     from torch.multiprocessing.reductions import reduce_tensor
 
@@ -368,8 +369,9 @@ def main() -> int:
     p.add_argument("--profile", action="store_true",
                    help="CUDA: profile the eager calls of the smallest size (host time per CUDA call, to stderr)")
     p.add_argument("--bound", action="store_true",
-                   help="CUDA: also time one device copy and one cross-process CUDA IPC copy of each size "
-                        "(the bounds), and print ipc/time")
+                   help="CUDA: also time one device copy and one copy into another rank's memory of each size "
+                        "(the bounds: through CUDA IPC with ranks sharing a GPU, into the next GPU with ranks "
+                        "spread), and print bound/time")
     args = p.parse_args()
     if args.nthreads != 1:
         p.error("-t must be 1: one rank per process")

@@ -110,7 +110,7 @@ inline void addCopy(CopyJob& job, const void* src, void* dst, size_t bytes) {
 // rank's part into its own staging half, or pushed into the peers' halves),
 // barrier, consume (from the peers' halves, or from its own). Whichever way,
 // a write into a half of round i follows the barrier of round i - 1, which
-// every rank passes only after its reads of round i - 2 (the same half). See
+// every rank signals only after its reads of round i - 2 (the same half). See
 // RoundPlan for why the rounds and barriers come out even.
 template <typename Stage, typename Consume>
 void runRounds(OpRun& run, const RoundPlan& plan, Stage&& stage, Consume&& consume) {

@@ -6,6 +6,13 @@
 // on the stream by the gate that ends each barrier (sync_kernels.cu): a
 // kernel that reads the peers' memory always follows a barrier, and a wait
 // released because the group broke passes through that gate first.
+// One kind of kernel comes before any barrier of its operation: the first
+// push of a reducing operation (cuda_ipc_group_reduce.cpp), which writes into
+// the peers' staging. Its abort word is the one the previous operation's
+// gates left, so it can still write after a peer died since. It then writes
+// only into staging that no operation of the broken group reads again (every
+// later one fails at its start or at its first gate), through a mapping this
+// process keeps open; the dead-rank tests cover it.
 #pragma once
 
 #include "device_ordering.cuh"

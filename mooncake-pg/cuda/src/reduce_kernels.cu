@@ -2,7 +2,7 @@
 // of the CPU reduceInto (reduce.cpp): accumulate in the element's type except
 // fp16/bf16 (fp32, rounded once), NaN propagating through MIN/MAX, bool as
 // logic, AVG dividing once at the end. The sources are folded in index order,
-// so the one-shot and the reduce-scatter schedules give identical bits.
+// so the direct and the two-shot schedules give identical bits.
 //
 // Each thread handles 16 bytes of every source per step when every pointer is
 // 16-byte aligned (one vector load per source), grid-stride, with a scalar

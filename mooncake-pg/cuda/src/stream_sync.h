@@ -4,9 +4,10 @@
 // Barrier protocol. Rank r's block holds arrival[set][q] for every peer q.
 // A barrier of `set` on rank r's stream:
 //   1. writes 1 into arrival[set][r] of every peer (release: everything the
-//      stream did before, the staged data included, is visible first);
+//      stream did before, the data it staged or pushed into the peers
+//      included, is visible first);
 //   2. waits until its own arrival[set][q] == 1 for every peer (acquire:
-//      the kernels after it see what the peers staged);
+//      the kernels after it see what the peers staged or pushed here);
 //   3. clears its own arrival[set][q] to 0.
 // Every value is a constant, so a captured barrier replays as it ran. A flag
 // is reused safely because consecutive barriers alternate sets: q writes

@@ -44,7 +44,8 @@ int survivorChecks(CudaIpcGroup& g, const OpResult& r, int victim, double second
 
 // The last rank enqueues a large all_reduce behind 300 ms of other work on
 // its stream and is killed before its stream gets there; the others are in
-// the middle of the same all_reduce (their staging done, waiting for it).
+// the middle of the same all_reduce (their pushes into its staging done,
+// waiting for it at the barrier).
 int deadRankScenario(CudaIpcGroup& g) {
   int failures = 0;
   const int victim = g.size() - 1;

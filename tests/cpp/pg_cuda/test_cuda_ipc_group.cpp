@@ -47,6 +47,20 @@ TEST(CudaIpcGroup, EveryDtypeAndReductionMatchesTheCpu) {
   expectAllPassed(runRanks("reductions", 3, {"staging=1048576"}));
 }
 
+// Two ranks, 512 KiB halves: the 768 KiB reductions are under one_shot_bytes
+// but larger than an inbox, so the direct schedule runs in two rounds.
+TEST(CudaIpcGroup, TwoRanksGoDirectInSeveralRounds) {
+  REQUIRE_GPU();
+  expectAllPassed(runRanks("reductions", 2, {"staging=1048576", "one_shot=1048576"}));
+}
+
+// Two ranks, 512 KiB halves: the collectives up to 16 MiB, reduce to a root
+// included, take the two-shot schedule that two ranks otherwise skip.
+TEST(CudaIpcGroup, TwoRanksTakeTwoShotWhenARoundDoesNotFit) {
+  REQUIRE_GPU();
+  expectAllPassed(runRanks("collectives", 2, {"staging=1048576"}));
+}
+
 // World 2 takes the direct schedule for both sizes unless the staging is too
 // small for the large one (then two-shot); world 4 takes two-shot for it.
 TEST(CudaIpcGroup, AllReduceCapturedInAGraphReplaysWithNewInputs) {

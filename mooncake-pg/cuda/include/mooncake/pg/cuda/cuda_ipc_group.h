@@ -60,8 +60,9 @@ struct CudaIpcGroupOptions {
   // between pipeline rounds (MOONCAKE_PG_CUDA_STAGING_BYTES).
   size_t staging_bytes = 64u << 20;
   // all_reduce / reduce at or below this size (and, with two ranks, at any
-  // size that fits one round) fold every input on every rank in one step;
-  // above it they reduce-scatter then all-gather (cuda_ipc_group_reduce.cpp).
+  // size that fits one round) go direct: every rank that wants the result
+  // folds every input; above it they reduce-scatter then all-gather
+  // (cuda_ipc_group_reduce.cpp).
   size_t one_shot_bytes = 256u << 10;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // one operation's deadline
   std::chrono::milliseconds attach_timeout{std::chrono::seconds(60)};
