@@ -17,17 +17,6 @@
 namespace mooncake::pg {
 namespace {
 
-// A byte count from the environment (plain decimal), or `fallback`.
-size_t envBytes(const char* name, size_t fallback) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return fallback;
-  char* end = nullptr;
-  unsigned long long v = std::strtoull(text, &end, 10);
-  TORCH_CHECK_VALUE(end != text && *end == '\0' && v >= 4096, name, " must be a number of bytes >= 4096, got '", text,
-                    "'");
-  return static_cast<size_t>(v);
-}
-
 // A tensor the core can read and write as one block: `t` itself when it is
 // contiguous, else a contiguous copy (written back by the caller).
 at::Tensor contiguousOf(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }

@@ -1,5 +1,9 @@
 #include "settings.h"
 
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+
 #include "mooncake/te/transfer_engine.h"
 
 namespace mooncake::pg {
@@ -7,6 +11,16 @@ namespace mooncake::pg {
 PgSettings& settings() {
   static PgSettings s;
   return s;
+}
+
+size_t envBytes(const char* name, size_t fallback, size_t minimum) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text, &end, 10);
+  TORCH_CHECK_VALUE(end != text && *end == '\0' && text[0] != '-' && v >= minimum, name,
+                    " must be a number of bytes >= ", minimum, ", got '", text, "'");
+  return static_cast<size_t>(v);
 }
 
 te::TransferEngine* pgTransferEngine(std::string* error) {

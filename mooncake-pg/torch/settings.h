@@ -28,6 +28,11 @@ struct PgSettings {
 
 PgSettings& settings();
 
+// A byte count from the environment variable `name` (plain decimal), or
+// `fallback` when it is unset or empty; a ValueError naming the variable
+// when it is not a number of at least `minimum` bytes.
+size_t envBytes(const char* name, size_t fallback, size_t minimum = 4096);
+
 // The process's transfer engine for P2P: the one given to set_transfer_engine,
 // else one made on first use (P2PHANDSHAKE on the host of set_host_ip).
 // Null, with *error set, when it cannot be started.

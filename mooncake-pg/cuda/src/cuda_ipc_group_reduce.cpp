@@ -12,7 +12,8 @@
 //   into its inbox at every rank that wants the result; a barrier; each such
 //   rank folds its own input and its inboxes into its output. Two barriers
 //   for a small operation, and at two ranks the least data any schedule moves
-//   (each rank's input crosses once).
+//   (each rank's input crosses once). One round of at most fused_bytes runs
+//   as one kernel (fused_kernels.cu), with the same pushes and flags.
 // - two-shot otherwise, in an even number of rounds of two steps:
 //   1. rank r writes segment d of the round's input into its inbox at rank d
 //      (scatter);
@@ -70,8 +71,25 @@ static CudaOp reduceCommon(CudaIpcGroup::State& g, OpCode code, const void* inpu
     auto wantsResult = [&](int q) { return root < 0 || q == root; };
     const size_t direct_inbox = inboxBytes(g.half_bytes, g.size, 1);
     if (bytes <= g.options.one_shot_bytes || (g.size == 2 && bytes <= direct_inbox)) {
+      const RoundPlan plan = planRounds(count, direct_inbox / esize, esize);
+      auto foldJob = [&](int h, size_t begin, size_t n) {
+        ReduceJob fold = reduceJob(n, type, op);
+        for (int q = 0; q < g.size; ++q) {
+          fold.srcs[fold.nsrc++] = q == g.rank ? at(input, begin * esize) : inbox(g, g.rank, h, q, direct_inbox);
+        }
+        if (receives) addDestination(fold, at(output, begin * esize));
+        return fold;
+      };
+      if (plan.rounds == 1 && bytes <= g.options.fused_bytes) {
+        void* receivers[kMaxLocalRanks];
+        int npush = 0;
+        for (int d = 0; d < g.size; ++d) {
+          if (d != g.rank && wantsResult(d)) receivers[npush++] = inbox(g, d, 0, g.rank, direct_inbox);
+        }
+        return run.fusedDirect(input, receivers, npush, bytes, foldJob(0, 0, count));
+      }
       runRounds(
-          run, planRounds(count, direct_inbox / esize, esize),
+          run, plan,
           [&](int h, size_t begin, size_t n) {
             CopyJob push;
             for (int d = 0; d < g.size; ++d) {
@@ -82,13 +100,7 @@ static CudaOp reduceCommon(CudaIpcGroup::State& g, OpCode code, const void* inpu
             run.copy(push);
           },
           [&](int h, size_t begin, size_t n) {
-            if (!receives) return;
-            ReduceJob fold = reduceJob(n, type, op);
-            for (int q = 0; q < g.size; ++q) {
-              fold.srcs[fold.nsrc++] = q == g.rank ? at(input, begin * esize) : inbox(g, g.rank, h, q, direct_inbox);
-            }
-            addDestination(fold, at(output, begin * esize));
-            run.reduce(fold);
+            if (receives) run.reduce(foldJob(h, begin, n));
           });
       return;
     }

@@ -75,6 +75,11 @@ class OpRun {
   void barrier();
   void copy(const CopyJob& job);
   void reduce(const ReduceJob& job);
+  // The direct schedule's single round as one kernel (fused_kernels.cu):
+  // `bytes` of `src` pushed to each of the `npush` destinations, the first
+  // barrier, `fold`, the closing barrier and the finished mark. It is the
+  // whole operation: nothing may come before or after it.
+  void fusedDirect(const void* src, void* const* push_dst, int npush, size_t bytes, const ReduceJob& fold);
   // Ends the operation: the finished mark, the event the next operation on
   // another stream waits for. A CUDA error while enqueueing breaks the group
   // (the peers would otherwise wait for steps that never come).
@@ -82,6 +87,9 @@ class OpRun {
 
  private:
   OpGuard guard();
+  // The words written with a barrier's signals: the started mark (eager)
+  // and the signature with the operation's first barrier.
+  StreamSync::BarrierExtras barrierExtras(bool first) const;
   void check(cudaError_t err, const char* what);
   // Enqueues the held-back barrier, if any, with `finished` as its last
   // write, and gated (StreamSync::barrier) when a kernel follows it.
@@ -97,6 +105,7 @@ class OpRun {
   StreamSync::BarrierExtras pending_extras_;
   bool signature_checked_ = false;
   bool must_break_ = false;  // failed after enqueueing began
+  bool finished_marked_ = false;  // a kernel of the operation writes its finished mark
   OpResult result_;
 };
 

@@ -94,4 +94,26 @@ struct BarrierKernelArgs {
   unsigned long long timeout_ns;
 };
 
+// The direct schedule's one round as one kernel of one block, for small
+// all_reduce / reduce (fused_kernels.cu): push the input into the receivers'
+// inboxes, the first barrier (set 0), fold, the closing barrier (set 1), the
+// finished mark. The same pushes, flags and signature word as the unfused
+// steps, so ranks may mix the two forms.
+constexpr int kFusedThreads = 512;
+struct FusedDirectArgs {
+  const void* push_src = nullptr;
+  void* push_dst[kMaxLocalRanks] = {};
+  int npush = 0;
+  size_t push_bytes = 0;
+  OpGuard start_guard;         // before the push: the abort word only
+  BarrierKernelArgs first{};   // set 0, with the started mark and the signature
+  OpGuard fold_guard;          // after the first barrier: the abort word and the signature check
+  ReduceJob fold;              // ndst 0: this rank wants no result
+  bool vectorized = false;      // set by launchFusedDirect
+  BarrierKernelArgs closing{};  // set 1
+  uint32_t* finished_word = nullptr;  // eager: this rank's progress word (host-mapped), set last
+  uint32_t finished_value = 0;
+};
+static_assert(sizeof(FusedDirectArgs) <= 4096, "kernel parameters beyond 4 KiB need CUDA 12.1's large-parameter path");
+
 }  // namespace mooncake::pg::cuda

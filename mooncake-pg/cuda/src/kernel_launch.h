@@ -12,6 +12,8 @@ namespace mooncake::pg::cuda {
 cudaError_t launchCopy(const CopyJob& job, const OpGuard& guard, int sm_count, cudaStream_t stream);
 cudaError_t launchReduce(const ReduceJob& job, const OpGuard& guard, int sm_count, cudaStream_t stream);
 cudaError_t launchBarrierKernel(const BarrierKernelArgs& args, cudaStream_t stream);
+// One block; cudaErrorInvalidValue for a reduction no kernel exists for.
+cudaError_t launchFusedDirect(const FusedDirectArgs& args, cudaStream_t stream);
 // *word = value after all prior work of the stream (release, system scope).
 cudaError_t launchMarkKernel(uint32_t* word, uint32_t value, cudaStream_t stream);
 // If the group is broken (*broken_by >= 0, host-mapped): reports kDeviceAborted

@@ -75,22 +75,27 @@ OpGuard OpRun::guard() {
   return guard;
 }
 
+StreamSync::BarrierExtras OpRun::barrierExtras(bool first) const {
+  StreamSync::BarrierExtras extras;
+  extras.op_id = static_cast<uint32_t>(id_);
+  if (first) {
+    if (!capturing_) {
+      extras.started = &g_.control->mine().started;
+      extras.started_value = static_cast<uint32_t>(id_);
+    }
+    extras.signature_word = g_.signatureWord(g_.rank);
+    extras.signature = signature_;
+  }
+  return extras;
+}
+
 void OpRun::barrier() {
   if (failed()) return;
   flushBarrier();
   const bool first = barriers_ == 0;
   ++barriers_;
   if (g_.size == 1) return;
-  pending_extras_ = StreamSync::BarrierExtras{};
-  pending_extras_.op_id = static_cast<uint32_t>(id_);
-  if (first) {
-    if (!capturing_) {
-      pending_extras_.started = &g_.control->mine().started;
-      pending_extras_.started_value = static_cast<uint32_t>(id_);
-    }
-    pending_extras_.signature_word = g_.signatureWord(g_.rank);
-    pending_extras_.signature = signature_;
-  }
+  pending_extras_ = barrierExtras(first);
   barrier_pending_ = true;
 }
 
@@ -117,13 +122,38 @@ void OpRun::reduce(const ReduceJob& job) {
   check(launchReduce(job, guard(), g_.sm_count, stream_), "launching a reduction kernel");
 }
 
+void OpRun::fusedDirect(const void* src, void* const* push_dst, int npush, size_t bytes, const ReduceJob& fold) {
+  if (failed()) return;
+  if (barriers_ != 0 || barrier_pending_ || g_.size == 1) {
+    return fail(OpResult{false, "internal error: a fused operation must be the operation's only step", {}});
+  }
+  FusedDirectArgs args;
+  args.push_src = src;
+  for (int d = 0; d < npush; ++d) args.push_dst[d] = push_dst[d];
+  args.npush = npush;
+  args.push_bytes = bytes;
+  args.start_guard = guard();  // before any barrier: no signature to check yet
+  args.first = g_.sync->kernelBarrierArgs(0, barrierExtras(/*first=*/true));
+  barriers_ = 1;
+  args.fold_guard = guard();  // after the first barrier: checks the peers' signatures
+  args.fold = fold;
+  args.closing = g_.sync->kernelBarrierArgs(1, barrierExtras(/*first=*/false));
+  barriers_ = 2;
+  if (!capturing_) {
+    args.finished_word = g_.control->deviceWord(&g_.control->mine().finished);
+    args.finished_value = static_cast<uint32_t>(id_);
+    finished_marked_ = true;
+  }
+  check(launchFusedDirect(args, stream_), "launching the fused all_reduce kernel");
+}
+
 CudaOp OpRun::finish() {
   if (!failed() && barriers_ % 2 != 0) {
     fail(OpResult{false, "internal error: an operation ran an odd number of barriers", {}});
   }
   if (barrier_pending_) {
     flushBarrier(/*finished=*/!capturing_);
-  } else if (!failed() && !capturing_) {
+  } else if (!failed() && !capturing_ && !finished_marked_) {
     check(g_.sync->mark(stream_, false, &g_.control->mine().finished, static_cast<uint32_t>(id_)),
           "marking the end of an operation");
   }

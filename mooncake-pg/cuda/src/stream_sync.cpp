@@ -157,6 +157,14 @@ cudaError_t StreamSync::barrierWithMemOps(cudaStream_t stream, int set, const Ba
 }
 
 cudaError_t StreamSync::barrierWithKernel(cudaStream_t stream, int set, const BarrierExtras& extras) {
+  cudaError_t err = launchBarrierKernel(kernelBarrierArgs(set, extras), stream);
+  if (err == cudaSuccess && extras.finished != nullptr) {
+    err = launchMarkKernel(control_.deviceWord(extras.finished), extras.finished_value, stream);
+  }
+  return err;
+}
+
+BarrierKernelArgs StreamSync::kernelBarrierArgs(int set, const BarrierExtras& extras) const {
   const int me = control_.rank();
   BarrierKernelArgs args{};
   for (int q = 0; q < control_.size(); ++q) {
@@ -174,11 +182,7 @@ cudaError_t StreamSync::barrierWithKernel(cudaStream_t stream, int set, const Ba
   args.op_id = extras.op_id;
   args.size = control_.size();
   args.timeout_ns = static_cast<unsigned long long>(timeout_.count()) * 1000000ull;
-  cudaError_t err = launchBarrierKernel(args, stream);
-  if (err == cudaSuccess && extras.finished != nullptr) {
-    err = launchMarkKernel(control_.deviceWord(extras.finished), extras.finished_value, stream);
-  }
-  return err;
+  return args;
 }
 
 cudaError_t StreamSync::mark(cudaStream_t stream, bool capturing, std::atomic<uint32_t>* word, uint32_t value) {

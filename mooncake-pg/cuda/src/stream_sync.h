@@ -65,6 +65,9 @@ class StreamSync {
   // barrier kernel always does it; after memory operations it is a
   // one-thread kernel.
   cudaError_t barrier(cudaStream_t stream, bool capturing, int set, const BarrierExtras& extras, bool gate);
+  // The kernel form's arguments for a barrier of `set` (barrier_warp.cuh),
+  // for a kernel that runs the barrier itself.
+  BarrierKernelArgs kernelBarrierArgs(int set, const BarrierExtras& extras) const;
   // *word = value once everything before on the stream has completed.
   cudaError_t mark(cudaStream_t stream, bool capturing, std::atomic<uint32_t>* word, uint32_t value);
 

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "../settings.h"
+
 namespace mooncake::pg {
 namespace {
 
@@ -17,7 +19,11 @@ bool requireIpcFromEnv() {
 }  // namespace
 
 CudaFastPath::CudaFastPath(MooncakeCpuBackend& host)
-    : host_(host), require_ipc_(requireIpcFromEnv()), watcher_([this] { watch(); }) {}
+    : host_(host),
+      require_ipc_(requireIpcFromEnv()),
+      staging_bytes_(envBytes("MOONCAKE_PG_CUDA_STAGING_BYTES", cuda::CudaIpcGroupOptions{}.staging_bytes)),
+      fused_bytes_(envBytes("MOONCAKE_PG_CUDA_FUSED_BYTES", cuda::CudaIpcGroupOptions{}.fused_bytes, 0)),
+      watcher_([this] { watch(); }) {}
 
 CudaFastPath::~CudaFastPath() { shutdown(); }
 
@@ -42,6 +48,8 @@ std::shared_ptr<cuda::CudaIpcGroup> CudaFastPath::groupFor(int device) {
     options.device = device_;
     options.timeout = host_.collectiveTimeout();
     options.rank_names = config.active;
+    options.staging_bytes = staging_bytes_;
+    options.fused_bytes = fused_bytes_;
     std::string error;
     const int seat = host_.getRank();
     group_ = std::shared_ptr<cuda::CudaIpcGroup>(cuda::CudaIpcGroup::open("/mooncake-pg-cuda-" + key, seat, n, options,

@@ -66,6 +66,8 @@ class CudaFastPath {
   bool unusable_ = false;        // the configuration group_key_ cannot use the fast path
   std::string open_error_;       // why group_key_'s group could not be opened ("" if it was)
   const bool require_ipc_;       // MOONCAKE_PG_REQUIRE_CUDA_IPC=1
+  const size_t staging_bytes_;   // MOONCAKE_PG_CUDA_STAGING_BYTES (CudaIpcGroupOptions::staging_bytes)
+  const size_t fused_bytes_;     // MOONCAKE_PG_CUDA_FUSED_BYTES (CudaIpcGroupOptions::fused_bytes)
   int device_ = -1;              // the GPU of this rank's fast groups
 
   std::mutex mutex_;

@@ -70,6 +70,26 @@ TEST(CudaIpcGroup, AllReduceCapturedInAGraphReplaysWithNewInputs) {
   expectAllPassed(runRanks("graph", 4, {"sync=kernels"}));
 }
 
+// The small direct reductions as one kernel (fused_bytes): every dtype x op
+// against the CPU at worlds 3 and 2 (at 2 the 768 KiB case is fused too),
+// every collective at world 4 (reduce to a root: the root pushes nothing),
+// and a captured graph with one fused and one unfused all_reduce.
+TEST(CudaIpcGroup, FusedSmallReductionsMatchTheCpu) {
+  REQUIRE_GPU();
+  expectAllPassed(runRanks("reductions", 3, {"fused=1048576"}));
+  expectAllPassed(runRanks("reductions", 2, {"fused=1048576"}));
+  expectAllPassed(runRanks("collectives", 4, {"fused=1048576"}));
+  expectAllPassed(runRanks("graph", 2, {"fused=65536"}));
+}
+
+// The fused kernel's barriers spin on the GPU: a stalled rank must still
+// time the others out, and a mismatched operation must still be reported.
+TEST(CudaIpcGroup, FusedKernelFailsLikeTheStepsDo) {
+  REQUIRE_GPU();
+  expectAllPassed(runRanks("stall", 3, {"timeout_ms=2000", "fused=65536"}, std::chrono::seconds(60)));
+  expectAllPassed(runRanks("mismatch", 2, {"timeout_ms=10000", "fused=65536"}, std::chrono::seconds(60)));
+}
+
 TEST(CudaIpcGroup, DeadRankFailsTheOthersNamingIt) {
   REQUIRE_GPU();
   const std::vector<int> status = runRanks("dead", 4, {"timeout_ms=30000"}, std::chrono::seconds(60));

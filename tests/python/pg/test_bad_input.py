@@ -193,3 +193,29 @@ def test_cuda_tensor_error_names_the_argument(cuda_outcomes):
         assert kind == "ValueError" and "output_tensor" in message and "cuda" in message, (kind, message)
         kind, message = out["all_reduce"]
         assert kind == "ValueError" and "tensor" in message and "cuda" in message, (kind, message)
+
+
+_INIT_WITH_ENV = """
+import torch.distributed as dist
+from mooncake import pg  # noqa: F401
+try:
+    dist.init_process_group("mooncake-cpu", store=dist.HashStore(), rank=0, world_size=1)
+    print("created")
+except ValueError as e:
+    print("ValueError:", e)
+"""
+
+
+@pytest.mark.parametrize("value", ["12", "4k", "-8192"])
+def test_a_bad_byte_count_in_the_environment_names_the_variable(value):
+    """Byte counts read from the environment (settings.cpp envBytes) are
+    checked when the group is made: a ValueError that names the variable and
+    the rule, never a silent default."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, MOONCAKE_PG_SHM_SLOT_BYTES=value)
+    out = subprocess.run([sys.executable, "-c", _INIT_WITH_ENV], env=env, capture_output=True, text=True, timeout=90)
+    assert "ValueError:" in out.stdout, out.stdout + out.stderr
+    assert "MOONCAKE_PG_SHM_SLOT_BYTES" in out.stdout and ">= 4096" in out.stdout, out.stdout

@@ -57,13 +57,23 @@ enum class SyncMode : uint8_t { kAuto, kStreamMemOps, kKernels };
 
 struct CudaIpcGroupOptions {
   // Device bytes per rank for staging, split in two halves that alternate
-  // between pipeline rounds (MOONCAKE_PG_CUDA_STAGING_BYTES).
+  // between pipeline rounds. Every rank must use the same (open checks).
+  // The torch backend takes it from MOONCAKE_PG_CUDA_STAGING_BYTES.
   size_t staging_bytes = 64u << 20;
   // all_reduce / reduce at or below this size (and, with two ranks, at any
   // size that fits one round) go direct: every rank that wants the result
   // folds every input; above it they reduce-scatter then all-gather
   // (cuda_ipc_group_reduce.cpp).
   size_t one_shot_bytes = 256u << 10;
+  // A direct all_reduce / reduce of at most this many bytes in one round runs
+  // as one kernel (push, barrier, fold, closing barrier) instead of three
+  // kernels and two batches of stream memory operations: fewer launches on
+  // the host and no gaps between the steps on the GPU. Its barriers spin on
+  // an SM, so it suits one rank per GPU (or MPS), not ranks time-sliced on a
+  // shared GPU. Ranks need not agree: both forms use the same inboxes and
+  // flags. 0: never (the default until it is measured on a GPU). The torch
+  // backend takes it from MOONCAKE_PG_CUDA_FUSED_BYTES.
+  size_t fused_bytes = 0;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // one operation's deadline
   std::chrono::milliseconds attach_timeout{std::chrono::seconds(60)};
   int device = -1;  // CUDA ordinal in this process; -1: the current device
