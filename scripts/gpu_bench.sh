@@ -42,6 +42,11 @@ if [ "$GPUS" -gt 1 ]; then
       "${SIZES[@]}" -G 5
     run "mooncake_w${w}_spread_graph" python3 benchmarks/pgbench.py --collective all_reduce --backend mooncake \
       -g "$w" "${SIZES[@]}" -G 5
+    # Small all_reduces as one kernel (CudaIpcGroupOptions::fused_bytes, off by default), up to 4 MiB.
+    for mode in "" "-G 5"; do
+      MOONCAKE_PG_CUDA_FUSED_BYTES=65536 run "mooncake_w${w}_spread_fused${mode:+_graph}" python3 \
+        benchmarks/pgbench.py --collective all_reduce --backend mooncake -g "$w" -b 4K -e 4M -f 4 -w 5 -n 50 $mode
+    done
   done
   worlds=(2)
   [ "$GPUS" -ge 4 ] && worlds=(2 4)

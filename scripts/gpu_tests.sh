@@ -12,6 +12,8 @@
 #   GPU_CTEST='^EpIpcGroup\.' scripts/gpu_tests.sh     (the CTest regex; "" skips CTest)
 #   GPU_PLACEMENTS="1" scripts/gpu_tests.sh            (only the shared-GPU placement;
 #                                                       default "1 all" on several GPUs)
+# Both placements together took 561 s on two H200s (2026-11-29): against the
+# device's 600 s per call, run GPU_PLACEMENTS=all and GPU_PLACEMENTS=1 in two.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CC=${CC_GPU:-/usr/bin/gcc} CXX=${CXX_GPU:-/usr/bin/g++} CUDAHOSTCXX=${CXX_GPU:-/usr/bin/g++}
