@@ -2,7 +2,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include "mooncake/te/transfer_engine.h"
 
@@ -17,9 +19,11 @@ size_t envBytes(const char* name, size_t fallback, size_t minimum) {
   const char* text = std::getenv(name);
   if (text == nullptr || *text == '\0') return fallback;
   char* end = nullptr;
+  errno = 0;
   const unsigned long long v = std::strtoull(text, &end, 10);
-  TORCH_CHECK_VALUE(end != text && *end == '\0' && text[0] != '-' && v >= minimum, name,
-                    " must be a number of bytes >= ", minimum, ", got '", text, "'");
+  // strtoull takes a sign (and wraps a negative value) after any blanks: digits only.
+  const bool digits = end != text && *end == '\0' && std::strchr(text, '-') == nullptr && errno != ERANGE;
+  TORCH_CHECK_VALUE(digits && v >= minimum, name, " must be a number of bytes >= ", minimum, ", got '", text, "'");
   return static_cast<size_t>(v);
 }
 

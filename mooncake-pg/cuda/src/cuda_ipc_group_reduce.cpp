@@ -12,8 +12,9 @@
 //   into its inbox at every rank that wants the result; a barrier; each such
 //   rank folds its own input and its inboxes into its output. Two barriers
 //   for a small operation, and at two ranks the least data any schedule moves
-//   (each rank's input crosses once). One round of at most fused_bytes runs
-//   as one kernel (fused_kernels.cu), with the same pushes and flags.
+//   (each rank's input crosses once). One round of at most fused_bytes (and
+//   one_shot_bytes: one block does it all) runs as one kernel
+//   (fused_kernels.cu), with the same pushes and flags.
 // - two-shot otherwise, in an even number of rounds of two steps:
 //   1. rank r writes segment d of the round's input into its inbox at rank d
 //      (scatter);
@@ -80,7 +81,7 @@ static CudaOp reduceCommon(CudaIpcGroup::State& g, OpCode code, const void* inpu
         if (receives) addDestination(fold, at(output, begin * esize));
         return fold;
       };
-      if (plan.rounds == 1 && bytes <= g.options.fused_bytes) {
+      if (plan.rounds == 1 && bytes <= std::min(g.options.fused_bytes, g.options.one_shot_bytes)) {
         void* receivers[kMaxLocalRanks];
         int npush = 0;
         for (int d = 0; d < g.size; ++d) {

@@ -42,7 +42,10 @@ int main(int argc, char** argv) {
   CudaIpcGroupOptions options;
   if (args.has("staging")) options.staging_bytes = std::stoull(args.get("staging"));
   if (args.has("one_shot")) options.one_shot_bytes = std::stoull(args.get("one_shot"));
-  if (args.has("fused")) options.fused_bytes = std::stoull(args.get("fused"));
+  // fused_rank=N: only rank N fuses (the others take the steps).
+  if (args.has("fused") && (!args.has("fused_rank") || std::stoi(args.get("fused_rank")) == args.rank)) {
+    options.fused_bytes = std::stoull(args.get("fused"));
+  }
   if (args.has("timeout_ms")) options.timeout = std::chrono::milliseconds(std::stoll(args.get("timeout_ms")));
   if (args.get("sync") == "kernels") options.sync = SyncMode::kKernels;
   if (args.get("sync") == "memops") options.sync = SyncMode::kStreamMemOps;

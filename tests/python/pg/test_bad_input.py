@@ -206,7 +206,7 @@ except ValueError as e:
 """
 
 
-@pytest.mark.parametrize("value", ["12", "4k", "-8192"])
+@pytest.mark.parametrize("value", ["12", "4k", "-8192", " -8192", "99999999999999999999999"])
 def test_a_bad_byte_count_in_the_environment_names_the_variable(value):
     """Byte counts read from the environment (settings.cpp envBytes) are
     checked when the group is made: a ValueError that names the variable and

@@ -65,12 +65,15 @@ struct CudaIpcGroupOptions {
   // folds every input; above it they reduce-scatter then all-gather
   // (cuda_ipc_group_reduce.cpp).
   size_t one_shot_bytes = 256u << 10;
-  // A direct all_reduce / reduce of at most this many bytes in one round runs
-  // as one kernel (push, barrier, fold, closing barrier) instead of three
-  // kernels and two batches of stream memory operations: fewer launches on
-  // the host and no gaps between the steps on the GPU. Its barriers spin on
-  // an SM, so it suits one rank per GPU (or MPS), not ranks time-sliced on a
-  // shared GPU. Ranks need not agree: both forms use the same inboxes and
+  // A direct all_reduce / reduce of at most this many bytes (and at most
+  // one_shot_bytes) in one round runs as one kernel of one block (push,
+  // barrier, fold, closing barrier) instead of three kernels and two batches
+  // of stream memory operations: fewer launches on the host and no gaps
+  // between the steps on the GPU. Its barriers spin on an SM, so it suits one
+  // rank per GPU (or MPS), not ranks time-sliced on a shared GPU; and they
+  // are the kernel form's, with its deadline, also in a captured graph
+  // (whose replays are otherwise not timed out with stream memory
+  // operations). Ranks need not agree: both forms use the same inboxes and
   // flags. 0: never (the default until it is measured on a GPU). The torch
   // backend takes it from MOONCAKE_PG_CUDA_FUSED_BYTES.
   size_t fused_bytes = 0;
