@@ -71,7 +71,9 @@ static CudaOp reduceCommon(CudaIpcGroup::State& g, OpCode code, const void* inpu
     if (bytes == 0) return;
     auto wantsResult = [&](int q) { return root < 0 || q == root; };
     const size_t direct_inbox = inboxBytes(g.half_bytes, g.size, 1);
-    if (bytes <= g.options.one_shot_bytes || (g.size == 2 && bytes <= direct_inbox)) {
+    const ReduceSchedule schedule =
+        reduceSchedule(bytes, g.size, g.half_bytes, g.options.one_shot_bytes, g.options.fused_bytes);
+    if (schedule != ReduceSchedule::kTwoShot) {
       const RoundPlan plan = planRounds(count, direct_inbox / esize, esize);
       auto foldJob = [&](int h, size_t begin, size_t n) {
         ReduceJob fold = reduceJob(n, type, op);
@@ -81,7 +83,7 @@ static CudaOp reduceCommon(CudaIpcGroup::State& g, OpCode code, const void* inpu
         if (receives) addDestination(fold, at(output, begin * esize));
         return fold;
       };
-      if (plan.rounds == 1 && bytes <= std::min(g.options.fused_bytes, g.options.one_shot_bytes)) {
+      if (schedule == ReduceSchedule::kDirectFused) {
         void* receivers[kMaxLocalRanks];
         int npush = 0;
         for (int d = 0; d < g.size; ++d) {

@@ -74,6 +74,22 @@ inline size_t inboxOffset(int owner, int source, int size, size_t inbox_bytes, i
   return static_cast<size_t>(slot) * inbox_bytes;
 }
 
+// How an all_reduce / reduce of `bytes` runs (cuda_ipc_group_reduce.cpp):
+// direct (every receiver folds every input) up to one_shot_bytes, and at two
+// ranks at any size that fits one round, where it moves no more than
+// two-shot; as one kernel when that is one round of at most fused_bytes and
+// one_shot_bytes; two-shot otherwise. `half_bytes` is a staging half; at
+// least two ranks.
+enum class ReduceSchedule : uint8_t { kDirectFused, kDirect, kTwoShot };
+inline ReduceSchedule reduceSchedule(size_t bytes, int size, size_t half_bytes, size_t one_shot_bytes,
+                                     size_t fused_bytes) {
+  const size_t direct_inbox = inboxBytes(half_bytes, size, 1);
+  if (bytes > one_shot_bytes && !(size == 2 && bytes <= direct_inbox)) return ReduceSchedule::kTwoShot;
+  const bool one_round = bytes <= direct_inbox;  // planRounds: one round when the payload fits
+  if (one_round && bytes <= std::min(fused_bytes, one_shot_bytes)) return ReduceSchedule::kDirectFused;
+  return ReduceSchedule::kDirect;
+}
+
 enum class OpCode : uint8_t { kBarrier = 1, kBroadcast, kAllreduce, kReduce, kAllgather, kReduceScatter, kAlltoall,
                               kGather, kScatter };
 

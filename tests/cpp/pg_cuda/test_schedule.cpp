@@ -115,6 +115,26 @@ TEST(CudaSchedule, InboxesAreDisjointAlignedAndHoldTheirSegments) {
   }
 }
 
+// Which way an all_reduce goes, against the rules written out by hand.
+TEST(CudaSchedule, ReductionsGoDirectWhenSmallOrAtTwoRanksAndFuseOnlyWhenAsked) {
+  const size_t half = 32u << 20, one_shot = 256u << 10;
+  // Small: direct; fused only when fused_bytes reaches it.
+  EXPECT_EQ(reduceSchedule(4096, 4, half, one_shot, 0), ReduceSchedule::kDirect);
+  EXPECT_EQ(reduceSchedule(4096, 4, half, one_shot, 65536), ReduceSchedule::kDirectFused);
+  EXPECT_EQ(reduceSchedule(65537, 4, half, one_shot, 65536), ReduceSchedule::kDirect);
+  // Larger than one_shot_bytes: two-shot, except at two ranks up to a whole half.
+  EXPECT_EQ(reduceSchedule(one_shot + 1, 4, half, one_shot, 0), ReduceSchedule::kTwoShot);
+  EXPECT_EQ(reduceSchedule(one_shot + 1, 2, half, one_shot, 0), ReduceSchedule::kDirect);
+  EXPECT_EQ(reduceSchedule(half, 2, half, one_shot, 0), ReduceSchedule::kDirect);
+  EXPECT_EQ(reduceSchedule(half + 16, 2, half, one_shot, 0), ReduceSchedule::kTwoShot);
+  // Never fused above one_shot_bytes, whatever fused_bytes says.
+  EXPECT_EQ(reduceSchedule(one_shot + 16, 2, half, one_shot, half), ReduceSchedule::kDirect);
+  // A direct operation of several rounds (one_shot_bytes above the inbox) is not fused.
+  const size_t small_half = 3 * 4096;  // world 4: inboxes of 4096 bytes
+  EXPECT_EQ(reduceSchedule(8192, 4, small_half, one_shot, one_shot), ReduceSchedule::kDirect);
+  EXPECT_EQ(reduceSchedule(4096, 4, small_half, one_shot, one_shot), ReduceSchedule::kDirectFused);
+}
+
 TEST(CudaSchedule, SignaturesTellOperationsApart) {
   std::set<uint32_t> seen;
   for (int op = 1; op <= 9; ++op) {
