@@ -5,7 +5,7 @@
 // all_reduce loads both). It answers which way the CUDA backend's kernels
 // should move data between GPUs, and what the best of them reaches.
 //
-//   nvcc -O3 -arch=sm_90 -o nvlink_probe benchmarks/nvlink_probe.cu && ./nvlink_probe [blocks_per_sm ...]
+//   nvcc -O3 -arch=sm_90 -I mooncake-pg/cuda/src -o nvlink_probe benchmarks/nvlink_probe.cu && ./nvlink_probe [blocks_per_sm ...]
 //
 // Needs two GPUs with peer access. Prints GB/s per direction (bytes / time).
 #include <cuda_runtime.h>
@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "copy_range.cuh"
 
 #define CHECK(x)                                                                    \
   do {                                                                              \
@@ -24,18 +26,11 @@
     }                                                                               \
   } while (0)
 
-// Grid-stride copy of 16-byte words, four loads in flight per thread.
+// Grid-stride copy of 16-byte words with the loop the CUDA backend's copy
+// kernels use (copy_range.cuh: four loads in flight per thread).
 __global__ void copyKernel(const uint4* src, uint4* dst, size_t words) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < words; i += 4 * stride) {
-    const uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
-    dst[i] = a;
-    dst[i + stride] = b;
-    dst[i + 2 * stride] = c;
-    dst[i + 3 * stride] = d;
-  }
-  for (; i < words; i += stride) dst[i] = src[i];
+  mooncake::pg::cuda::copyWords(src, dst, words, static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x, stride);
 }
 
 struct Side {

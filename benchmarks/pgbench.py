@@ -212,11 +212,11 @@ def copy_bounds(nbytes: int, rank: int, world: int, device, iters: int) -> tuple
     nan with one rank. Only one process copies at a time, as a bound should."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    from mooncake._gpu_placement import gpu_of_rank  # noqa: PLC0415
+    from mooncake._gpu_placement import gpu_of_rank, gpus_used  # noqa: PLC0415
 
     src = torch.empty(max(1, nbytes), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    if world > 1 and gpu_of_rank(1) != gpu_of_rank(0):  # spread: "peer" in the header
+    if gpus_used(world) > 1:  # spread: "peer" in the header
         local = peer = 0.0
         if rank == 0:
             remote = torch.empty_like(src, device=torch.device("cuda", gpu_of_rank(1)))
@@ -247,12 +247,12 @@ def copy_bounds(nbytes: int, rank: int, world: int, device, iters: int) -> tuple
 def bench(args, rank: int, world: int) -> None:
     where = ""
     if args.device == "cuda":
-        from mooncake._gpu_placement import gpu_of_rank, placement  # noqa: PLC0415
+        from mooncake._gpu_placement import gpu_of_rank, gpus_used, placement  # noqa: PLC0415
 
         device = torch.device("cuda", gpu_of_rank(rank))
         torch.cuda.set_device(device)
         where = f" on {placement(world)}"
-        bound_name = "peer" if world > 1 and gpu_of_rank(1) != gpu_of_rank(0) else "ipc"  # copy_bounds' second
+        bound_name = "peer" if gpus_used(world) > 1 else "ipc"  # copy_bounds' second bound
     else:
         device = torch.device("cpu")
     if rank == 0:

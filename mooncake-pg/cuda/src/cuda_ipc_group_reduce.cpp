@@ -83,22 +83,26 @@ static CudaOp reduceCommon(CudaIpcGroup::State& g, OpCode code, const void* inpu
         if (receives) addDestination(fold, at(output, begin * esize));
         return fold;
       };
-      if (schedule == ReduceSchedule::kDirectFused) {
-        void* receivers[kMaxLocalRanks];
+      // This rank's inbox in half h of every rank that wants the result: where
+      // both forms push (so that ranks may mix them).
+      void* receivers[kMaxLocalRanks];
+      auto receiverInboxes = [&](int h) {
         int npush = 0;
         for (int d = 0; d < g.size; ++d) {
-          if (d != g.rank && wantsResult(d)) receivers[npush++] = inbox(g, d, 0, g.rank, direct_inbox);
+          if (d != g.rank && wantsResult(d)) receivers[npush++] = inbox(g, d, h, g.rank, direct_inbox);
         }
+        return npush;
+      };
+      if (schedule == ReduceSchedule::kDirectFused) {
+        const int npush = receiverInboxes(0);
         return run.fusedDirect(input, receivers, npush, bytes, foldJob(0, 0, count));
       }
       runRounds(
           run, plan,
           [&](int h, size_t begin, size_t n) {
             CopyJob push;
-            for (int d = 0; d < g.size; ++d) {
-              if (d != g.rank && wantsResult(d)) {
-                addCopy(push, at(input, begin * esize), inbox(g, d, h, g.rank, direct_inbox), n * esize);
-              }
+            for (int i = 0, npush = receiverInboxes(h); i < npush; ++i) {
+              addCopy(push, at(input, begin * esize), receivers[i], n * esize);
             }
             run.copy(push);
           },
