@@ -15,6 +15,16 @@ inside each block, the transfer engine's tcp between blocks), Gloo its usual
 tcp everywhere.
 
     PYTHONPATH=python python3 benchmarks/pg_vs_gloo.py --world 4 --hosts 2 --csv docs/benchmarks/pg_cpu_2hosts.csv
+
+With --netns (as root) each block is a network namespace of its own with its
+own address, joined to the others by veth pairs through a bridge
+(mooncake/_virtual_hosts.py), and --rate shapes every host's link in both
+directions with tc tbf: real separate hosts on a network of that bandwidth.
+No set_host_ip is needed: the backend picks the address on the route to
+MASTER_ADDR (host 0's address).
+
+    PYTHONPATH=python python3 benchmarks/pg_vs_gloo.py --world 2 4 --hosts 2 --netns --rate 10gbit \
+        --csv docs/benchmarks/pg_cpu_netns.csv
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import argparse
 import csv
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -79,8 +90,8 @@ def _time(fn, group, iters: int, max_group) -> float:
     return float(elapsed)
 
 
-def _worker(rank: int, world: int, port: int, ops, sizes, budget_s: float, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, world: int, master: str, port: int, ops, sizes, budget_s: float, queue) -> None:
+    os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(port))
     from mooncake import pg  # noqa: F401  (registers mooncake-cpu)
 
     dist.init_process_group("mooncake-cpu", rank=rank, world_size=world)
@@ -102,10 +113,11 @@ def _worker(rank: int, world: int, port: int, ops, sizes, budget_s: float, queue
         queue.put(None)
 
 
-def _spawn(ranks, world: int, port: int, args, sizes):
+def _spawn(ranks, world: int, port: int, args, sizes, master: str = "127.0.0.1"):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, args.ops, sizes, args.budget, queue)) for r in ranks]
+    procs = [ctx.Process(target=_worker, args=(r, world, master, port, args.ops, sizes, args.budget, queue))
+             for r in ranks]
     for p in procs:
         p.start()
     return procs, queue
@@ -114,7 +126,7 @@ def _spawn(ranks, world: int, port: int, args, sizes):
 def _relay(args, sizes) -> int:
     """Inside one host's namespace: run its ranks, print rank 0's rows."""
     ranks = [int(r) for r in args.ranks.split(",")]
-    procs, queue = _spawn(ranks, args.world[0], args.port, args, sizes)
+    procs, queue = _spawn(ranks, args.world[0], args.port, args, sizes, args.master)
     if 0 in ranks:
         while (item := queue.get(timeout=900)) is not None:
             print("ROW " + json.dumps(item), flush=True)
@@ -123,15 +135,23 @@ def _relay(args, sizes) -> int:
     return 0
 
 
-def _rows_across_hosts(world: int, hosts: int, args, sizes):
-    """Starts each block of ranks as its own host and yields rank 0's rows."""
+def _rows_across_hosts(world: int, hosts: int, args, sizes, virtual_hosts=None):
+    """Starts each block of ranks as its own host (a user+pid namespace, or a
+    network namespace of `virtual_hosts`) and yields rank 0's rows."""
     port = _free_port()
+    master = virtual_hosts.address(0) if virtual_hosts else "127.0.0.1"
     blocks = [list(range(world))[h * world // hosts:(h + 1) * world // hosts] for h in range(hosts)]
-    common = ["--world", str(world), "--port", str(port), "--budget", str(args.budget), "--max-bytes",
-              str(args.max_bytes), "--ops", *args.ops]
-    procs = [subprocess.Popen(["unshare", "-Urp", "--fork", "--kill-child", sys.executable, os.path.abspath(__file__),
-                               "--ranks", ",".join(map(str, b)), *common], stdout=subprocess.PIPE, text=True)
-             for b in blocks]
+    common = ["--world", str(world), "--port", str(port), "--master", master, "--budget", str(args.budget),
+              "--max-bytes", str(args.max_bytes), "--ops", *args.ops]
+
+    def host(h, argv):
+        if virtual_hosts:
+            return virtual_hosts.command(h, argv)
+        return ["unshare", "-Urp", "--fork", "--kill-child", *argv]
+
+    procs = [subprocess.Popen(host(h, [sys.executable, os.path.abspath(__file__), "--ranks", ",".join(map(str, b)),
+                                       *common]), stdout=subprocess.PIPE, text=True)
+             for h, b in enumerate(blocks)]
     for line in procs[0].stdout:
         if line.startswith("ROW "):
             yield tuple(json.loads(line[4:]))
@@ -145,6 +165,9 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=1, help="split the ranks over this many namespace hosts")
     parser.add_argument("--ranks", help=argparse.SUPPRESS)  # internal: the ranks of one namespace host
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--master", default="127.0.0.1", help=argparse.SUPPRESS)
+    parser.add_argument("--netns", action="store_true", help="hosts are network namespaces over veth (root)")
+    parser.add_argument("--rate", help="with --netns: every host link shaped to this tc rate, e.g. 10gbit")
     parser.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
     parser.add_argument("--max-bytes", type=int, default=16 << 20)
     parser.add_argument("--budget", type=float, default=0.05, help="seconds of work per size and backend (approx.)")
@@ -154,12 +177,34 @@ def main() -> int:
     if args.ranks is not None:
         return _relay(args, sizes)
     rows = []
-    if args.hosts > 1:
+    virtual_hosts = None
+    # A SIGTERM (a timeout) unwinds like an error, so the hosts are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    if args.netns:
+        from mooncake._virtual_hosts import VirtualHosts, unavailable
+
+        if args.hosts < 2:
+            parser.error("--netns needs --hosts >= 2")
+        if (why := unavailable()) is not None:
+            parser.error(f"--netns: {why}")
+        virtual_hosts = VirtualHosts(args.hosts, rate=args.rate).__enter__()
+        print(f"ranks split over {args.hosts} hosts (network namespaces, link {args.rate or 'unshaped'})")
+    elif args.hosts > 1:
         print(f"ranks split over {args.hosts} hosts (user+pid namespaces)")
+    try:
+        _run(args, sizes, rows, virtual_hosts)
+    finally:
+        if virtual_hosts:
+            virtual_hosts.close()
+    _write_csv(args, rows)
+    return 0
+
+
+def _run(args, sizes, rows, virtual_hosts) -> None:
     print(f"{'world':>5} {'op':>15} {'bytes':>10} {'mooncake us':>12} {'gloo us':>12} {'ratio':>7}")
     for world in args.world:
         if args.hosts > 1:
-            items = _rows_across_hosts(world, args.hosts, args, sizes)
+            items = _rows_across_hosts(world, args.hosts, args, sizes, virtual_hosts)
         else:
             procs, queue = _spawn(range(world), world, _free_port(), args, sizes)
             items = iter(lambda: queue.get(timeout=900), None)
@@ -171,13 +216,15 @@ def main() -> int:
         if args.hosts == 1:
             for p in procs:
                 p.join(timeout=60)
+
+
+def _write_csv(args, rows) -> None:
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["world", "op", "bytes", "mooncake_us", "gloo_us", "ratio"])
             for world, op, nbytes, t_mc, t_gloo in rows:
                 w.writerow([world, op, nbytes, f"{t_mc * 1e6:.2f}", f"{t_gloo * 1e6:.2f}", f"{t_mc / t_gloo:.3f}"])
-    return 0
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ Agent& controlAgent(const c10::intrusive_ptr<c10d::Store>& store, int global_ran
   const bool failover = failoverEnabled();
   std::string error;
   if (!r.coordinator && (global_rank == 0 || failover)) {
-    r.coordinator = Coordinator::standby(settings().host_ip, options, global_rank, &error);
+    r.coordinator = Coordinator::standby(hostIp(), options, global_rank, &error);
     TORCH_CHECK(r.coordinator != nullptr, "mooncake: cannot start the membership coordinator: ", error);
     // A take-over tells later processes (joiners, a replacement of global
     // rank 0) where the coordinator is now, if the store survived; off the

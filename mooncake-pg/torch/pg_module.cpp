@@ -157,7 +157,7 @@ PYBIND11_MODULE(MOONCAKE_PG_MODULE_NAME, m) {
   m.def("set_host_ip", [](const std::string& host) {
     TORCH_CHECK_VALUE(!host.empty(), "set_host_ip: host must not be empty");
     std::lock_guard lock(settings().mutex);
-    TORCH_CHECK(settings().groups_created.load() == 0 || settings().host_ip == host,
+    TORCH_CHECK(settings().groups_created.load() == 0 || settings().host_ip.empty() || settings().host_ip == host,
                 "set_host_ip: cannot change the host after the first group was created");
     settings().host_ip = host;
   }, py::arg("host"));

@@ -2,6 +2,11 @@
 
 #include <c10/util/Exception.h>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +18,59 @@ namespace mooncake::pg {
 PgSettings& settings() {
   static PgSettings s;
   return s;
+}
+
+namespace {
+
+// The local address the kernel would send from to reach `host` (a UDP
+// "connect" sends nothing), "" when it cannot tell.
+std::string localAddressToward(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr) return {};
+  std::string out;
+  for (addrinfo* a = found; a != nullptr && out.empty(); a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    char text[INET6_ADDRSTRLEN] = {};
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      const void* raw = local.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+                                                    : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+      if (::inet_ntop(local.ss_family, raw, text, sizeof(text)) != nullptr) out = text;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return out;
+}
+
+std::string chooseHostIp() {
+  for (const char* name : {"MC_TCP_BIND_ADDRESS", "MASTER_ADDR"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') continue;
+    if (std::strcmp(name, "MC_TCP_BIND_ADDRESS") == 0) return value;
+    std::string toward = localAddressToward(value);
+    if (!toward.empty()) return toward;
+  }
+  return "127.0.0.1";
+}
+
+}  // namespace
+
+std::string hostIp() {
+  PgSettings& s = settings();
+  std::lock_guard lock(s.mutex);
+  if (s.host_ip.empty()) {
+    // An engine given to set_transfer_engine is reached at its own host.
+    s.host_ip = s.transfer_engine_ptr != 0 ? reinterpret_cast<te::TransferEngine*>(s.transfer_engine_ptr)->localHost()
+                                           : chooseHostIp();
+  }
+  return s.host_ip;
 }
 
 size_t envBytes(const char* name, size_t fallback, size_t minimum) {
@@ -28,6 +86,7 @@ size_t envBytes(const char* name, size_t fallback, size_t minimum) {
 }
 
 te::TransferEngine* pgTransferEngine(std::string* error) {
+  const std::string host = hostIp();
   PgSettings& s = settings();
   std::lock_guard lock(s.mutex);
   if (s.transfer_engine_ptr != 0) return reinterpret_cast<te::TransferEngine*>(s.transfer_engine_ptr);
@@ -36,9 +95,9 @@ te::TransferEngine* pgTransferEngine(std::string* error) {
   static te::TransferEngine* owned = nullptr;
   if (owned == nullptr) {
     auto* engine = new te::TransferEngine();
-    if (engine->init("P2PHANDSHAKE", s.host_ip) != te::kOk) {
+    if (engine->init("P2PHANDSHAKE", host) != te::kOk) {
       delete engine;
-      if (error) *error = "cannot start the transfer engine on host " + s.host_ip + " (see MC_LOG_LEVEL=INFO)";
+      if (error) *error = "cannot start the transfer engine on host " + host + " (see MC_LOG_LEVEL=INFO)";
       return nullptr;
     }
     owned = engine;

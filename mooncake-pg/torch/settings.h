@@ -16,7 +16,7 @@ namespace mooncake::pg {
 
 struct PgSettings {
   std::mutex mutex;
-  std::string host_ip = "127.0.0.1";
+  std::string host_ip;  // set_host_ip's, or the one hostIp() chose; empty before either
   std::vector<std::string> device_filter;
   uint64_t transfer_engine_ptr = 0;  // an external TransferEngine (set_transfer_engine), 0 = own
   // Negative: not set; the group's torch timeout applies.
@@ -27,6 +27,14 @@ struct PgSettings {
 };
 
 PgSettings& settings();
+
+// The address this process is reached at (transfer engine, coordinator):
+// set_host_ip's; else the host of set_transfer_engine's engine; else
+// MC_TCP_BIND_ADDRESS; else this host's address on the
+// route to MASTER_ADDR (the job's store: on a multi-host job, the network
+// the peers share; a loopback MASTER_ADDR gives 127.0.0.1); else 127.0.0.1.
+// Chosen once, then kept in settings().host_ip. Takes settings().mutex.
+std::string hostIp();
 
 // A byte count from the environment variable `name` (plain decimal), or
 // `fallback` when it is unset or empty; a ValueError naming the variable

@@ -35,13 +35,18 @@ std::string readLink(const char* path) {
 std::string hostIdentity() {
   static const std::string identity = [] {
     std::string boot = readFirstLine("/proc/sys/kernel/random/boot_id");
+    // Namespaces split one machine into hosts: a pid namespace (its own
+    // /proc, so no cross-memory attach by pid) or a network namespace (its
+    // own addresses: a separate host on a network, as tests and benchmarks
+    // build them) make a separate host, which peers reach over the network.
     std::string pidns = readLink("/proc/self/ns/pid");
+    std::string netns = readLink("/proc/self/ns/net");
     if (boot.empty()) {
       char host[256] = {};
       ::gethostname(host, sizeof(host) - 1);
       boot = host;
     }
-    return boot + "/" + pidns;
+    return boot + "/" + pidns + "/" + netns;
   }();
   return identity;
 }

@@ -570,6 +570,12 @@ int EngineImpl::submit(BatchId id, const std::vector<TransferRequest>& requests,
       MC_LOG(Error) << "submit: a request has a null buffer, zero length or a bad opcode";
       return kInvalidArgument;
     }
+    if (r.trailer_length > 0 &&
+        (r.trailer == nullptr || r.trailer_length > kMaxTrailerBytes || r.opcode != Opcode::kWrite)) {
+      MC_LOG(Error) << "submit: a trailer must be 1-" << kMaxTrailerBytes << " bytes on a WRITE, got "
+                    << r.trailer_length << " bytes";
+      return kInvalidArgument;
+    }
     auto& p = targets[r.target_id];
     if (!p && !(p = peer(r.target_id))) {
       MC_LOG(Error) << "submit: unknown segment handle " << r.target_id;
@@ -596,8 +602,12 @@ int EngineImpl::submit(BatchId id, const std::vector<TransferRequest>& requests,
     PeerSegment& p = *targets[handle];
     // A remote range the cached descriptor does not cover may have been
     // registered since we fetched it: refresh once, then judge.
+    auto trailer_covered = [&](const TransferRequest& r) {
+      return r.trailer_length == 0 || p.covers(r.trailer_target, r.trailer_length);
+    };
     bool all_covered = std::all_of(group.begin(), group.end(), [&](const auto& entry) {
-      return p.covers(entry.first->request().target_offset, entry.first->request().length);
+      const TransferRequest& r = entry.first->request();
+      return p.covers(r.target_offset, r.length) && trailer_covered(r);
     });
     if (!all_covered) p.refresh();
     std::shared_ptr<const SegmentDescriptor> d = p.descriptor();
@@ -613,9 +623,20 @@ int EngineImpl::submit(BatchId id, const std::vector<TransferRequest>& requests,
         task->fail(kAddressNotRegistered);
         continue;
       }
+      if (!trailer_covered(r)) {
+        MC_LOG(Error) << "submit: trailer range [0x" << std::hex << r.trailer_target << ", +0x" << r.trailer_length
+                      << ") is not registered by " << p.name();
+        task->fail(kAddressNotRegistered);
+        continue;
+      }
       Transport* transport = chooseTransport(p, hint, local, *remote);
       if (transport == nullptr) {
         task->fail(kEndpointError);
+        continue;
+      }
+      if (r.trailer_length > 0 && !transport->ordersTrailers()) {
+        MC_LOG(Error) << "submit: transport " << transport->name() << " cannot carry a write's trailer";
+        task->fail(kInvalidArgument);
         continue;
       }
       auto it = std::find_if(by_transport.begin(), by_transport.end(),

@@ -71,7 +71,20 @@ class P2pChannel::Impl {
     Done done;
     bool bound = false;
     uint32_t op_id = 0;
-    size_t sent = 0;
+    size_t sent = 0;    // bytes handed to writes
+    size_t landed = 0;  // bytes whose writes completed
+    int in_flight = 0;  // its writes not completed yet
+  };
+  // A data write in flight: a chunk's bytes from a staging slot into the
+  // receiver's pool, with its acknowledgement as the write's trailer (the
+  // engine writes it once the bytes are in place), so the data of several
+  // chunks streams without a round trip per chunk and nothing waits.
+  struct PendingWrite {
+    te::BatchId batch;
+    int peer;
+    int staging;      // the slot its bytes come from, reused once it settles
+    uint32_t length;
+    SendOp* op;       // null once the message ended otherwise (its peer failed)
   };
   struct Outstanding {
     uint32_t seq;
@@ -136,7 +149,20 @@ class P2pChannel::Impl {
   // notices and nobody is probed; only the P2P timeout still applies.
   void checkPeers(bool cut);
   int writeSlot(int peer, const void* slot, uint64_t remote);
-  int writeData(int peer, const char* src, uint64_t remote, size_t length);
+  // Where this rank's ack for credit slot `index` goes at `peer`.
+  uint64_t ackRemote(int peer, size_t index) const;
+  // Marks credit slot `index` served and moves the lane's window on.
+  static void consume(SendLane& lane, size_t index);
+  // Starts writing `length` bytes of `src` at `remote`, then `ack` at
+  // `ack_remote`, from a free staging slot. False when none is free.
+  bool startWrite(int peer, SendOp& op, const char* src, uint64_t remote, uint32_t length, const AckSlot& ack,
+                  uint64_t ack_remote);
+  // Settles the writes that completed: messages whose bytes all landed
+  // complete; a failed write fails its peer.
+  bool reapWrites();
+  // Waits (bounded by the engine's deadlines) until no write is in flight,
+  // so that the staging memory can go.
+  void drainWrites();
   // Ends every message with `peer` and closes its lanes. Chunks it was
   // credited stay quarantined unless it is `gone` (see Peer::quarantined).
   void failPeer(int peer, const std::string& why, bool gone = false);
@@ -167,7 +193,10 @@ class P2pChannel::Impl {
   AckSlot* acks_ = nullptr;        // [size][kSlotsPerLane], written by senders
   PeerNotices* notices_ = nullptr;  // [size], written by peers that give up or reopen
   char* outbox_ = nullptr;          // one CloseSlot's room: source of control writes
-  char* staging_ = nullptr;        // one chunk: source of data writes
+  char* staging_ = nullptr;        // staging_slots_ chunks: sources of data writes in flight
+  size_t staging_slots_ = 0;
+  std::vector<int> free_staging_;
+  std::list<PendingWrite> writes_;
   char* recv_pool_ = nullptr;      // pool_chunks chunks
   std::vector<int> free_chunks_;
 
@@ -196,8 +225,11 @@ P2pChannel::Impl::Impl(te::TransferEngine& engine, int rank, int size, const P2p
       send_lanes_(size) {
   const size_t slots = static_cast<size_t>(size) * kSlotsPerLane;
   const size_t chunk = options_.chunk_bytes;
+  // As many writes in flight as a receiver's pool has chunks: enough to keep
+  // a peer's pool busy, and to spread over the engine's connections.
+  staging_slots_ = std::max<size_t>(options_.pool_chunks, 2);
   memory_bytes_ = slots * sizeof(CreditSlot) + slots * sizeof(AckSlot) + size * sizeof(PeerNotices) + sizeof(CloseSlot) +
-                  chunk + chunk * options_.pool_chunks;
+                  chunk * staging_slots_ + chunk * options_.pool_chunks;
   // Shared memory: same-host peers write it through a mapping (a memcpy).
   memory_ = static_cast<char*>(te::allocateSharedMemory(memory_bytes_));
   if (memory_ == nullptr) throw std::runtime_error("P2P: cannot allocate " + std::to_string(memory_bytes_) + " bytes");
@@ -206,7 +238,7 @@ P2pChannel::Impl::Impl(te::TransferEngine& engine, int rank, int size, const P2p
   notices_ = reinterpret_cast<PeerNotices*>(memory_ + slots * (sizeof(CreditSlot) + sizeof(AckSlot)));
   outbox_ = reinterpret_cast<char*>(notices_ + size);
   staging_ = outbox_ + sizeof(CloseSlot);
-  recv_pool_ = staging_ + chunk;
+  recv_pool_ = staging_ + chunk * staging_slots_;
   for (size_t i = 0; i < slots; ++i) {
     reset(&credits_[i]);
     reset(&acks_[i]);
@@ -216,6 +248,7 @@ P2pChannel::Impl::Impl(te::TransferEngine& engine, int rank, int size, const P2p
     reset(&notices_[p].open);
   }
   for (int c = static_cast<int>(options_.pool_chunks) - 1; c >= 0; --c) free_chunks_.push_back(c);
+  for (int c = static_cast<int>(staging_slots_) - 1; c >= 0; --c) free_staging_.push_back(c);
   if (int rc = engine_.registerLocalMemory(memory_, memory_bytes_); rc != te::kOk) {
     te::freeSharedMemory(memory_);
     throw std::runtime_error(std::string("P2P: cannot register its buffers with the transfer engine: ") +
@@ -399,10 +432,89 @@ int P2pChannel::Impl::writeSlot(int peer, const void* slot, uint64_t remote) {
   return engine_.transferSync({te::TransferRequest{te::Opcode::kWrite, outbox_, peers_[peer].handle, remote, 64}});
 }
 
-int P2pChannel::Impl::writeData(int peer, const char* src, uint64_t remote, size_t length) {
-  if (test_faults::trafficCut()) return te::kTimeout;
-  std::memcpy(staging_, src, length);
-  return engine_.transferSync({te::TransferRequest{te::Opcode::kWrite, staging_, peers_[peer].handle, remote, length}});
+bool P2pChannel::Impl::startWrite(int peer, SendOp& op, const char* src, uint64_t remote, uint32_t length,
+                                  const AckSlot& ack, uint64_t ack_remote) {
+  if (free_staging_.empty()) return false;
+  const int slot = free_staging_.back();
+  free_staging_.pop_back();
+  char* staging = staging_ + static_cast<size_t>(slot) * options_.chunk_bytes;
+  std::memcpy(staging, src, length);
+  te::TransferRequest request{te::Opcode::kWrite, staging, peers_[peer].handle, remote, length};
+  request.trailer = &ack;
+  request.trailer_length = sizeof(AckSlot);
+  request.trailer_target = ack_remote;
+  const te::BatchId batch = engine_.allocateBatchID(1);
+  int rc = test_faults::trafficCut() ? te::kTimeout  // lost on the cut cable
+           : batch == te::kInvalidBatch ? te::kNotInitialized
+                                        : engine_.submitTransfer(batch, {request});
+  if (rc != te::kOk) {
+    // Not started: the peer fails below (the caller sees its failure).
+    if (batch != te::kInvalidBatch) engine_.freeBatchID(batch);
+    free_staging_.push_back(slot);
+    op.in_flight++;  // undone by failPeer's completion of the op
+    writes_.push_back(PendingWrite{te::kInvalidBatch, peer, -1, length, &op});
+    return true;
+  }
+  op.in_flight++;
+  writes_.push_back(PendingWrite{batch, peer, slot, length, &op});
+  return true;
+}
+
+bool P2pChannel::Impl::reapWrites() {
+  bool progressed = false;
+  for (auto it = writes_.begin(); it != writes_.end();) {
+    te::TransferStatus status;
+    int rc = te::kTimeout;  // a write never started counts as lost
+    if (it->batch != te::kInvalidBatch) {
+      if (engine_.getBatchTransferStatus(it->batch, status) != te::kOk) {
+        status.state = te::TransferState::kFailed;
+        status.error = te::kEndpointError;
+      }
+      if (status.state == te::TransferState::kPending) {
+        ++it;
+        continue;
+      }
+      engine_.freeBatchID(it->batch);
+      free_staging_.push_back(it->staging);
+      rc = status.state == te::TransferState::kCompleted ? te::kOk : status.error != te::kOk ? status.error : te::kTimeout;
+    }
+    const PendingWrite write = *it;
+    it = writes_.erase(it);
+    progressed = true;
+    if (write.op == nullptr) continue;  // its message already ended
+    const int peer = write.peer;
+    SendOp& op = *write.op;
+    op.in_flight--;
+    if (rc != te::kOk) {
+      failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
+      continue;
+    }
+    peers_[peer].last_progress = Clock::now();
+    op.landed += write.length;
+    // The message is complete once its bytes landed: the engine answers a
+    // write only after its payload is in place and before its trailer (the
+    // ack) is, so the receiver cannot finish (and exit) before we know.
+    if (op.landed == op.total && op.in_flight == 0) {
+      SendLane& lane = send_lanes_[peer];
+      auto mine = std::find_if(lane.ops.begin(), lane.ops.end(), [&](const SendOp& o) { return &o == &op; });
+      Done finished = std::move(op.done);
+      lane.ops.erase(mine);
+      finished(OpResult{});
+    }
+    // Test only: the write's reply is lost after it landed; the message
+    // stands, the peer counts as unreachable for what comes next.
+    if (test_faults::ackRepliesLost()) {
+      failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(te::kPeerUnreachable) + ")");
+    }
+  }
+  return progressed;
+}
+
+void P2pChannel::Impl::drainWrites() {
+  while (!writes_.empty()) {
+    reapWrites();
+    if (!writes_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 void P2pChannel::Impl::failPeer(int peer, const std::string& why, bool gone) {
@@ -422,6 +534,9 @@ void P2pChannel::Impl::failPeer(int peer, const std::string& why, bool gone) {
   rl.ops.clear();
   for (SendOp& op : send_lanes_[peer].ops) op.done(failure(peer, p.failure));
   send_lanes_[peer].ops.clear();
+  for (PendingWrite& w : writes_) {
+    if (w.peer == peer) w.op = nullptr;  // still settles, to free its staging slot
+  }
 }
 
 // The receiver's side of acknowledgements: copies out the chunks whose
@@ -517,6 +632,18 @@ bool P2pChannel::Impl::stepRecv(int peer) {
   return progressed;
 }
 
+uint64_t P2pChannel::Impl::ackRemote(int peer, size_t index) const {
+  return peers_[peer].endpoint.ack_region + (static_cast<uint64_t>(rank_) * kSlotsPerLane + index) * sizeof(AckSlot);
+}
+
+void P2pChannel::Impl::consume(SendLane& lane, size_t index) {
+  lane.consumed[index] = true;
+  while (lane.consumed[lane.consume_seq % kSlotsPerLane]) {
+    lane.consumed[lane.consume_seq % kSlotsPerLane] = false;
+    lane.consume_seq++;
+  }
+}
+
 bool P2pChannel::Impl::stepSend(int peer) {
   SendLane& lane = send_lanes_[peer];
   bool progressed = false;
@@ -557,39 +684,37 @@ bool P2pChannel::Impl::stepSend(int peer) {
                                             ": this rank sends " + std::to_string(it->total) +
                                             " bytes, the matching receive expects " + std::to_string(credit.total));
         finished_result.mismatch = true;
+        for (PendingWrite& w : writes_) {
+          if (w.op == &*it) w.op = nullptr;  // what it wrote before the refusal no longer counts
+        }
         lane.ops.erase(it);
-      } else {
-        if (credit.length > 0) {
-          if (int rc = writeData(peer, it->data + credit.offset, credit.recv_addr, credit.length); rc != te::kOk) {
-            failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
-            return true;
-          }
-        }
+      } else if (credit.length > 0) {
+        // Data: the write carries its ack as trailer and completes later
+        // (reapWrites). Without a free staging slot, the credit waits.
+        if (free_staging_.empty()) break;
         ack.length = credit.length;
+        seal(ack, token(peers_[peer].epoch, seq));
+        reset(slot);  // before the ack can land: the ack lets the receiver reuse the slot
+        startWrite(peer, *it, it->data + credit.offset, credit.recv_addr, credit.length, ack, ackRemote(peer, index));
         it->sent += credit.length;
-        if (it->sent == it->total) {
-          finished = std::move(it->done);
-          lane.ops.erase(it);
-        }
+        consume(lane, index);
+        progressed = true;
+        continue;
+      } else {
+        finished = std::move(it->done);  // an empty message: its ack is all there is
+        lane.ops.erase(it);
       }
     }
     // Free the credit slot before acknowledging: the ack lets the receiver
     // reuse this slot for a new credit.
     reset(slot);
     seal(ack, token(peers_[peer].epoch, seq));
-    const uint64_t ack_remote = peers_[peer].endpoint.ack_region +
-                                (static_cast<uint64_t>(rank_) * kSlotsPerLane + index) * sizeof(AckSlot);
-    int rc = writeSlot(peer, &ack, ack_remote);
+    int rc = writeSlot(peer, &ack, ackRemote(peer, index));
     if (rc == te::kOk && test_faults::ackRepliesLost()) rc = te::kPeerUnreachable;  // test only: it landed
-    lane.consumed[index] = true;
-    while (lane.consumed[lane.consume_seq % kSlotsPerLane]) {
-      lane.consumed[lane.consume_seq % kSlotsPerLane] = false;
-      lane.consume_seq++;
-    }
-    // The message is complete once its bytes landed (each data write was
-    // confirmed): the ack only tells the receiver. A receiver that got that
-    // ack may finish and exit before the ack write's reply reaches us; the
-    // failed ack fails the peer for what comes next, not this message.
+    consume(lane, index);
+    // The message is complete once the ack landed; a receiver that got it
+    // may finish and exit before the write's reply reaches us, so a failed
+    // reply fails the peer for what comes next, not this message.
     if (finished) finished(finished_result);
     if (rc != te::kOk) {
       failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
@@ -638,7 +763,7 @@ void P2pChannel::Impl::loop() {
     std::vector<Posted> incoming;
     {
       std::unique_lock lock(mutex_);
-      bool busy = false;
+      bool busy = !writes_.empty();
       const auto now = Clock::now();
       for (int p = 0; p < size_ && !busy; ++p) {
         busy = !recv_lanes_[p].ops.empty() || !send_lanes_[p].ops.empty() || now < send_lanes_[p].drain_until;
@@ -674,6 +799,7 @@ void P2pChannel::Impl::loop() {
     bool progressed = !incoming.empty();
     // Test only: a cut process neither reads its slots nor writes the peers'.
     const bool cut = test_faults::trafficCut();
+    progressed |= reapWrites();
     for (int p = 0; p < size_ && !cut; ++p) {
       progressed |= stepRecv(p);
       progressed |= stepSend(p);
@@ -694,6 +820,7 @@ void P2pChannel::Impl::loop() {
   }
   // Shutting down: whatever is pending fails, and no abort() waits forever.
   for (int p = 0; p < size_; ++p) failPeer(p, "the process group was shut down");
+  drainWrites();  // the engine may still be reading the staging memory
   std::vector<Posted> left;
   {
     std::lock_guard lock(mutex_);

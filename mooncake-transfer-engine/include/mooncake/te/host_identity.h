@@ -8,8 +8,10 @@
 
 namespace mooncake::te {
 
-// Equal for two processes exactly when one can name the other by pid: same
-// running kernel (boot id) and same pid namespace. Same-host transports need it.
+// Equal for two processes exactly when they are one host to the transports:
+// same running kernel (boot id), same pid namespace (one can name the other
+// by pid, as cross-memory attach needs) and same network namespace (one set
+// of addresses). Same-host transports need it.
 std::string hostIdentity();
 
 // The start time of `pid` in clock ticks since boot (field 22 of

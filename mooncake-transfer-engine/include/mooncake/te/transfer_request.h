@@ -22,7 +22,19 @@ struct TransferRequest {
   SegmentHandle target_id = kInvalidSegment;
   uint64_t target_offset = 0;       // remote virtual address in the target segment
   uint64_t length = 0;
+  // Optional, WRITE only (ours; the reference has no such field): up to
+  // kMaxTrailerBytes more bytes, written at `trailer_target` in the same
+  // segment only once the whole payload is in place there. A peer that sees
+  // the trailer sees the payload: the completion flag of a one-sided write
+  // travels with it instead of a round trip later (as an RDMA write and a
+  // flag write on one queue pair). `trailer` is copied when submitted; the
+  // request is never split. Transports that cannot order the two refuse it.
+  const void* trailer = nullptr;
+  uint32_t trailer_length = 0;
+  uint64_t trailer_target = 0;
 };
+
+constexpr uint32_t kMaxTrailerBytes = 64;
 
 struct Notify {
   std::string name;

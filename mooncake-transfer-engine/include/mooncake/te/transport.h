@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -31,7 +32,16 @@ class Batch;
 // slice ends in exactly one completeSlice() call, from any thread.
 class TransferTask {
  public:
-  TransferTask(Batch* batch, const TransferRequest& request) : batch_(batch), request_(request) {}
+  // Keeps a copy of the request's trailer (the caller's may be gone by the
+  // time a transport sends it); request().trailer points at the copy.
+  TransferTask(Batch* batch, const TransferRequest& request) : batch_(batch), request_(request) {
+    if (request_.trailer != nullptr && request_.trailer_length > 0 && request_.trailer_length <= kMaxTrailerBytes) {
+      std::memcpy(trailer_, request_.trailer, request_.trailer_length);
+      request_.trailer = trailer_;
+    }
+  }
+  TransferTask(const TransferTask&) = delete;
+  TransferTask& operator=(const TransferTask&) = delete;
 
   const TransferRequest& request() const { return request_; }
 
@@ -50,6 +60,7 @@ class TransferTask {
 
   Batch* batch_;
   TransferRequest request_;
+  unsigned char trailer_[kMaxTrailerBytes];
   std::atomic<uint32_t> slices_left_{0};
   std::atomic<uint64_t> transferred_{0};
   std::atomic<int> first_error_{kOk};
@@ -127,6 +138,10 @@ class Transport {
   // `caller_waits` says the submitting thread blocks on the result right after,
   // so running a small task inline costs nothing.
   virtual void submit(PeerSegment& peer, const std::vector<TransferTask*>& tasks, bool caller_waits) = 0;
+
+  // Whether it writes a request's trailer only after its payload is in
+  // place (TransferRequest::trailer). The engine refuses trailers elsewhere.
+  virtual bool ordersTrailers() const { return false; }
 
   // Drops per-peer state (connections, attachments) for a segment being closed.
   virtual void forget(SegmentHandle) {}

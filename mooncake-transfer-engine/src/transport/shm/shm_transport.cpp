@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -193,6 +194,19 @@ int ShmTransport::copyAttached(const PeerProcess& process, const TransferRequest
   return kOk;
 }
 
+int ShmTransport::writeTrailer(PeerProcess& process, const SegmentDescriptor& d, const TransferRequest& r) const {
+  const BufferDescriptor* buffer = d.findBuffer(r.trailer_target, r.trailer_length);
+  if (buffer == nullptr) return kAddressNotRegistered;
+  // The payload's stores come first: a reader that sees the trailer sees them.
+  std::atomic_thread_fence(std::memory_order_release);
+  TransferRequest trailer = r;
+  trailer.source = const_cast<void*>(r.trailer);
+  trailer.target_offset = r.trailer_target;
+  trailer.length = r.trailer_length;
+  trailer.trailer_length = 0;
+  return copy(process, *buffer, trailer);
+}
+
 void ShmTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& tasks, bool /*caller_waits*/) {
   // Copies run on the calling thread: a CPU copy is the work itself, and
   // handing it to another thread would only add a wake-up to every transfer.
@@ -213,6 +227,7 @@ void ShmTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& t
     } else {
       task->expectSlices(1);
       int rc = copy(*process, *buffer, r);
+      if (rc == kOk && r.trailer_length > 0) rc = writeTrailer(*process, *d, r);
       task->completeSlice(rc == kOk ? r.length : 0, rc);
     }
   }

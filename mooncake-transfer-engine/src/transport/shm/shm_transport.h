@@ -38,6 +38,7 @@ class ShmTransport : public Transport {
   bool carries(PeerSegment& peer, const MemoryRegion& local, const BufferDescriptor& remote) override;
   void submit(PeerSegment& peer, const std::vector<TransferTask*>& tasks, bool caller_waits) override;
   void forget(SegmentHandle handle) override;
+  bool ordersTrailers() const override { return true; }  // copies run in order on one thread
 
   // How many copies went through a mapping and through cross-memory attach.
   uint64_t mappedCopies() const { return mapped_copies_.load(std::memory_order_relaxed); }
@@ -64,6 +65,8 @@ class ShmTransport : public Transport {
   bool alive(const PeerProcess& process) const;
   int copy(PeerProcess& process, const BufferDescriptor& buffer, const TransferRequest& request) const;
   int copyAttached(const PeerProcess& process, const TransferRequest& request) const;
+  // The request's trailer, after its payload (TransferRequest::trailer).
+  int writeTrailer(PeerProcess& process, const SegmentDescriptor& d, const TransferRequest& r) const;
   // Our view of the peer's shared buffer, or null to fall back to attaching.
   char* mapped(PeerProcess& process, const BufferDescriptor& buffer) const;
 

@@ -1,6 +1,8 @@
 #include "transport/tcp/tcp_transport.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 
 #include "cuda/host_staging.h"
 #include "mooncake/te/log.h"
@@ -155,12 +157,14 @@ void TcpTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& t
     // The engine checked that a registered region holds the source.
     std::optional<MemoryRegion> region = context_.regions->find(reinterpret_cast<uint64_t>(r.source), r.length);
     const int device = region ? cudaDeviceOfLocation(region->location) : -1;
-    uint64_t count = (r.length + slice_size - 1) / slice_size;
+    // A trailer must follow the whole payload on one connection: no split.
+    const uint64_t split = r.trailer_length > 0 ? std::max<uint64_t>(r.length, 1) : slice_size;
+    uint64_t count = (r.length + split - 1) / split;
     task->expectSlices(static_cast<uint32_t>(count));
     // One deadline for the whole request, however its slices are scheduled.
     const net::Deadline deadline = net::after(context_.config->budgetFor(r.length));
-    for (uint64_t offset = 0; offset < r.length; offset += slice_size) {
-      uint64_t n = std::min(slice_size, r.length - offset);
+    for (uint64_t offset = 0; offset < r.length; offset += split) {
+      uint64_t n = std::min(split, r.length - offset);
       slices.push_back(Slice{task, pool, r.opcode, static_cast<char*>(r.source) + offset, device,
                              r.target_offset + offset, n, deadline});
     }
@@ -220,8 +224,10 @@ void TcpTransport::run(const Slice& slice) const {
 }
 
 int TcpTransport::exchange(net::Socket& socket, const Slice& slice) const {
+  const TransferRequest& request = slice.task->request();
+  const bool trailer = request.trailer_length > 0;  // then this slice is the whole request
   tcp::DataHeader header;
-  header.opcode = static_cast<uint8_t>(slice.opcode);
+  header.opcode = trailer ? tcp::kWireWriteWithTrailer : static_cast<uint8_t>(slice.opcode);
   header.addr = slice.remote;
   header.length = slice.length;
   int fd = socket.fd();
@@ -230,6 +236,19 @@ int TcpTransport::exchange(net::Socket& socket, const Slice& slice) const {
     int rc = slice.local_device < 0 ? net::sendAll(fd, slice.local, slice.length, slice.deadline)
                                     : sendFromDevice(fd, slice.local, slice.length, slice.local_device, slice.deadline);
     if (rc != kOk) return rc;
+  }
+  if (trailer) {
+    struct {
+      tcp::TrailerHeader header;
+      unsigned char bytes[kMaxTrailerBytes];
+    } message;
+    message.header.addr = request.trailer_target;
+    message.header.length = request.trailer_length;
+    std::memcpy(message.bytes, request.trailer, request.trailer_length);
+    if (int rc = net::sendAll(fd, &message, sizeof(message.header) + request.trailer_length, slice.deadline);
+        rc != kOk) {
+      return rc;
+    }
   }
   tcp::DataStatus status;
   if (int rc = net::recvAll(fd, &status, sizeof(status), slice.deadline); rc != kOk) return rc;
@@ -244,12 +263,42 @@ int TcpTransport::exchange(net::Socket& socket, const Slice& slice) const {
   return kOk;
 }
 
+int TcpTransport::finishWithTrailer(int fd, net::Deadline deadline, tcp::DataStatus status) const {
+  tcp::TrailerHeader header;
+  unsigned char bytes[kMaxTrailerBytes];
+  if (int rc = net::recvAll(fd, &header, sizeof(header), deadline); rc != kOk) return rc;
+  if (header.length == 0 || header.length > kMaxTrailerBytes) return kMalformedMessage;
+  if (int rc = net::recvAll(fd, bytes, header.length, deadline); rc != kOk) return rc;
+  int io = kOk;
+  const bool registered = context_.regions->withRegion(header.addr, header.length, [&](const MemoryRegion& region) {
+    if (status.code == kOk && cudaDeviceOfLocation(region.location) >= 0) status.code = kInvalidArgument;  // flags live in host memory
+    // The answer goes out before the trailer is written: a reader that sees
+    // the trailer (and may finish and exit at once) can no longer keep the
+    // writer from learning that its write landed. Only a trailer whose
+    // answer left is written, so a writer told of a failure never has its
+    // trailer seen either.
+    io = net::sendAll(fd, &status, sizeof(status), deadline);
+    if (io != kOk || status.code != kOk) return;
+    // The payload's stores (this thread's recv) come first: a reader that
+    // sees the trailer sees them.
+    std::atomic_thread_fence(std::memory_order_release);
+    std::memcpy(reinterpret_cast<void*>(header.addr), bytes, header.length);
+  });
+  if (!registered) {
+    if (status.code == kOk) status.code = kAddressNotRegistered;
+    io = net::sendAll(fd, &status, sizeof(status), deadline);
+  }
+  return io;
+}
+
 void TcpTransport::serveConnection(net::Socket& socket) const {
   const int fd = socket.fd();
   for (;;) {
     tcp::DataHeader header;
     // Idle between requests: no deadline. Engine shutdown wakes this read.
     if (net::recvAll(fd, &header, sizeof(header), net::never()) != kOk) return;
+    const bool with_trailer = header.opcode == tcp::kWireWriteWithTrailer;
+    if (with_trailer) header.opcode = static_cast<uint8_t>(Opcode::kWrite);
     if (header.magic != tcp::kRequestMagic || header.opcode > static_cast<uint8_t>(Opcode::kWrite)) {
       MC_LOG(Warning) << "tcp: malformed request header; closing the connection";
       return;
@@ -279,7 +328,11 @@ void TcpTransport::serveConnection(net::Socket& socket) const {
         status.code = kAddressNotRegistered;
       }
       if (io != kOk) return;
-      if (net::sendAll(fd, &status, sizeof(status), deadline) != kOk) return;
+      if (with_trailer) {
+        if (finishWithTrailer(fd, deadline, status) != kOk) return;
+      } else if (net::sendAll(fd, &status, sizeof(status), deadline) != kOk) {
+        return;
+      }
     } else {
       registered = context_.regions->withRegion(header.addr, header.length, [&](const MemoryRegion& region) {
         int device = cudaDeviceOfLocation(region.location);

@@ -20,6 +20,7 @@
 
 #include "mooncake/te/transport.h"
 #include "net/socket.h"
+#include "transport/tcp/tcp_protocol.h"
 
 namespace mooncake::te {
 namespace rpc {
@@ -37,6 +38,9 @@ class TcpTransport : public Transport {
   bool reaches(PeerSegment& peer) override;
   void submit(PeerSegment& peer, const std::vector<TransferTask*>& tasks, bool caller_waits) override;
   void forget(SegmentHandle handle) override;
+  // A request with a trailer is one slice, and the trailer follows its
+  // payload on the same connection.
+  bool ordersTrailers() const override { return true; }
 
  private:
   class ConnectionPool;
@@ -54,6 +58,10 @@ class TcpTransport : public Transport {
   std::shared_ptr<ConnectionPool> poolFor(PeerSegment& peer);
   void run(const Slice& slice) const;
   int exchange(net::Socket& socket, const Slice& slice) const;
+  // Server side, after a write's payload: reads its trailer, answers the
+  // write with `status` (the payload's verdict, or the trailer's), then
+  // writes the trailer if all went well. Returns the socket's result.
+  int finishWithTrailer(int fd, net::Deadline deadline, tcp::DataStatus status) const;
   void workerLoop();
   void serveConnection(net::Socket& socket) const;
 
