@@ -3,6 +3,7 @@
 // network. AVG is summed in parts and divided once at the end.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "host_spanning_internal.h"
 #include "mooncake/pg/host_spanning_group.h"
@@ -13,36 +14,64 @@ namespace {
 // Up to this size (or with two hosts) the leaders reduce in one exchange of
 // whole buffers: one network latency, instead of 2(H-1) ring steps.
 constexpr size_t kLeadersOneExchangeBytes = 256 * 1024;
+// The one exchange goes in segments of at least this size (and at most 16
+// of them), each folded as soon as it is in.
+constexpr size_t kFoldSegmentBytes = 512 * 1024;
+constexpr size_t kMaxFoldSegments = 16;
 
 ReduceOp partialOp(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
 
 }  // namespace
 
-OpResult HostSpanningGroup::leadersAllreduce(void* buf, size_t count, DataType type, ReduceOp op, int tag) {
+OpResult HostSpanningGroup::leadersExchangeAndFold(const void* mine, void* buf, size_t count, DataType type,
+                                                  ReduceOp op, int tag) {
+  const int hosts = layout_.hosts();
+  const size_t esize = elementSize(type);
+  const size_t bytes = count * esize;
+  const auto* own = static_cast<const char*>(mine);
+  auto* data = static_cast<char*>(buf);
+  char* theirs = atLeast(leaders_incoming_, (hosts - 1) * bytes);
+  const size_t segment = std::max<size_t>(1, std::max(kFoldSegmentBytes, bytes / kMaxFoldSegments) / esize);
+  // Every segment's messages are posted at once; the channel moves them in
+  // order (FIFO per peer and tag), so segment k is in long before the last.
+  std::vector<std::unique_ptr<P2pExchange>> steps;
+  for (size_t begin = 0; begin < count; begin += segment) {
+    const size_t n = std::min(segment, count - begin);
+    auto x = std::make_unique<P2pExchange>(*channel_, tag, channel_rank_of_);
+    for (int h = 0, slot = 0; h < hosts; ++h) {
+      if (h == host_) continue;
+      x->send(layout_.leaderOf(h), own + begin * esize, n * esize);
+      x->recv(layout_.leaderOf(h), theirs + (slot++) * bytes + begin * esize, n * esize);
+    }
+    steps.push_back(std::move(x));
+  }
+  // Every leader folds the same sources in host order, so all leaders
+  // compute bit-identical results. A segment's fold writes only that
+  // segment, whose sends have ended with its exchange.
+  OpResult result;
+  std::vector<const void*> sources(hosts);
+  for (size_t k = 0; k < steps.size(); ++k) {
+    OpResult r = steps[k]->wait();  // every step is awaited, also after a failure
+    if (!r.ok && result.ok) result = r;
+    if (!result.ok) continue;
+    const size_t begin = k * segment, n = std::min(segment, count - begin);
+    for (int h = 0, slot = 0; h < hosts; ++h) {
+      sources[h] = h == host_ ? own + begin * esize : theirs + (slot++) * bytes + begin * esize;
+    }
+    reduceInto(data + begin * esize, sources.data(), hosts, n, type, op);
+  }
+  return result;
+}
+
+OpResult HostSpanningGroup::leadersAllreduce(const void* mine, void* buf, size_t count, DataType type, ReduceOp op,
+                                             int tag) {
   const int hosts = layout_.hosts();
   const size_t esize = elementSize(type);
   auto* data = static_cast<char*>(buf);
-  if (hosts == 1) return {};
   if (hosts == 2 || count * esize <= kLeadersOneExchangeBytes || count < static_cast<size_t>(hosts)) {
-    // Every leader gets every other leader's buffer and folds them in host
-    // order, so all leaders compute bit-identical results.
-    Scratch theirs((hosts - 1) * count * esize);
-    std::vector<const void*> sources(hosts);
-    P2pExchange x(*channel_, tag, channel_rank_of_);
-    for (int h = 0, slot = 0; h < hosts; ++h) {
-      if (h == host_) {
-        sources[h] = data;
-        continue;
-      }
-      char* into = theirs.data() + (slot++) * count * esize;
-      x.send(layout_.leaderOf(h), data, count * esize);
-      x.recv(layout_.leaderOf(h), into, count * esize);
-      sources[h] = into;
-    }
-    OpResult r = x.wait();
-    if (r.ok) reduceInto(data, sources.data(), hosts, count, type, op);
-    return r;
+    return leadersExchangeAndFold(mine, buf, count, type, op, tag);
   }
+  if (mine != buf) std::memcpy(buf, mine, count * esize);
   // Ring: segment i is reduced on its way around, then passed on whole.
   auto begin = [&](int i) { return count * static_cast<size_t>(i) / hosts; };
   auto length = [&](int i) { return begin(i + 1) - begin(i); };
@@ -78,12 +107,19 @@ OpResult HostSpanningGroup::allreduce(const void* input, void* output, size_t co
   // In place, the leader sums into a scratch buffer, so that its input is
   // intact until the result is complete: a failed all_reduce can then be
   // run again over the survivors.
-  Scratch scratch(isLeader() && input == output ? bytes : 0);
-  void* sum = scratch.empty() ? output : scratch.data();
-  if (!(r = fromLocal(local_->reduce(input, sum, count, type, part, 0))).ok) return settle(r);
-  if (isLeader() && !(r = leadersAllreduce(sum, count, type, part, tagOf(OpCode::kAllreduce))).ok) return settle(r);
+  const bool via_scratch = isLeader() && input == output;
+  void* sum = via_scratch ? atLeast(in_place_sum_, bytes) : output;
+  // A rank alone on its host skips the local reduction (a copy): its
+  // input is its host's part as it is.
+  const bool alone = local_->size() == 1;
+  if (!alone && !(r = fromLocal(local_->reduce(input, sum, count, type, part, 0))).ok) return settle(r);
+  if (isLeader() && layout_.hosts() > 1 &&
+      !(r = leadersAllreduce(alone ? input : sum, sum, count, type, part, tagOf(OpCode::kAllreduce))).ok) {
+    return settle(r);
+  }
+  if (alone && layout_.hosts() == 1 && sum != input) std::memcpy(sum, input, bytes);
   if (!(r = fromLocal(local_->broadcast(sum, bytes, 0))).ok) return settle(r);  // says if it wrote part of it
-  if (!scratch.empty()) std::memcpy(output, scratch.data(), bytes);
+  if (via_scratch) std::memcpy(output, sum, bytes);
   if (op == ReduceOp::kAvg) divideBy(output, count, type, size());
   return r;
 }

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 namespace mooncake::pg {
 
@@ -24,5 +25,12 @@ class Scratch {
   std::unique_ptr<char[]> bytes_;
   size_t size_ = 0;
 };
+
+// `buffer`, grown to at least `bytes`: for buffers kept across calls, so that
+// large calls do not fault in fresh pages each time.
+inline char* atLeast(std::vector<char>& buffer, size_t bytes) {
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return buffer.data();
+}
 
 }  // namespace mooncake::pg

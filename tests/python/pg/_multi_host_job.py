@@ -7,6 +7,9 @@ Argument "fail": rank world-1 exits after the first collective; the others'
 next collective must complete over the survivors (not hang), with the
 failure hint naming it: "RANK r SURVIVED <seconds> HINT <hint> VALUE <v>".
 
+Argument "stall": the same, but rank world-1 stops itself (SIGSTOP): alive,
+its connections open, silent.
+
 Argument "cut": rank 2 (the second host's leader) has its traffic cut after
 the first collective (pg._test_cut_traffic) and keeps calling collectives;
 the others' next collective completes over the survivors: "RANK r SURVIVED
@@ -15,6 +18,7 @@ the others' next collective completes over the survivors: "RANK r SURVIVED
 
 import datetime
 import os
+import signal
 import sys
 import time
 
@@ -99,7 +103,9 @@ def check_everything(gloo):
         dist.scatter(out, [torch.full((3,), float(10 * d)) for d in range(world)] if rank == root else None, src=root)
         same(out, torch.full((3,), float(10 * rank)), "scatter")
     objs = [None] * world
-    dist.all_gather_object(objs, {"rank": rank, "ns": os.readlink("/proc/self/ns/pid")})
+    # A host: a pid namespace (test_multi_host) or a network namespace (test_netns_hosts).
+    host = os.readlink("/proc/self/ns/pid") + os.readlink("/proc/self/ns/net")
+    dist.all_gather_object(objs, {"rank": rank, "ns": host})
     assert [o["rank"] for o in objs] == list(range(world))
     # P2P ring crossing hosts.
     got = torch.empty(1000)
@@ -132,6 +138,8 @@ def expect_failure():
     t = torch.ones(1000)
     dist.all_reduce(t)
     if rank == world - 1:
+        if MODE == "stall":
+            os.kill(os.getpid(), signal.SIGSTOP)  # the test kills it once the others are done
         os._exit(0)  # dies without a word
     start = time.monotonic()
     t = torch.ones(1000)
@@ -177,9 +185,9 @@ def expect_cut():
 
 
 def main():
-    timeout = datetime.timedelta(seconds={"fail": 8, "cut": 20}.get(MODE, 60))
+    timeout = datetime.timedelta(seconds={"fail": 8, "stall": 8, "cut": 20}.get(MODE, 60))
     dist.init_process_group("mooncake-cpu", timeout=timeout)
-    if MODE == "fail":
+    if MODE in ("fail", "stall"):
         expect_failure()
         return
     if MODE == "cut":

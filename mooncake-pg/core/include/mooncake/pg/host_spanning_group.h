@@ -99,8 +99,13 @@ class HostSpanningGroup : public Collectives {
   // Fails fast once broken.
   bool failedBefore(OpResult& r) const;
 
-  // Among leaders only: every leader's `buf` becomes the reduction of all of them.
-  OpResult leadersAllreduce(void* buf, size_t count, DataType type, ReduceOp op, int tag);
+  // Among leaders only: every leader's `buf` becomes the reduction of all
+  // of them; `mine` is this leader's part (it may be `buf`).
+  OpResult leadersAllreduce(const void* mine, void* buf, size_t count, DataType type, ReduceOp op, int tag);
+  // Its one-exchange form: every leader sends its buffer to every other, in
+  // segments, folding each segment as soon as it is in while the next ones
+  // are on the wire.
+  OpResult leadersExchangeAndFold(const void* mine, void* buf, size_t count, DataType type, ReduceOp op, int tag);
 
   const int rank_;
   const HostLayout layout_;
@@ -108,6 +113,11 @@ class HostSpanningGroup : public Collectives {
   std::unique_ptr<ShmGroup> local_;
   std::shared_ptr<P2pChannel> channel_;  // shared: an elastic group keeps it across epochs
   const std::vector<int> channel_rank_of_;
+  // Kept across calls (operations on a group run one at a time): large
+  // reductions do not fault in fresh pages on every call.
+  // (Grown, never shrunk: zero-filled once, when they grow.)
+  std::vector<char> leaders_incoming_;  // the other leaders' buffers
+  std::vector<char> in_place_sum_;      // an in-place all_reduce's partial result
   std::atomic<bool> failed_{false};
   std::string first_error_;  // written once, before failed_ is set
 };

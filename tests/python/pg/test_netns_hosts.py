@@ -1,0 +1,119 @@
+"""Groups whose ranks run on real separate hosts: one network namespace per
+host, each with its own address, joined through a bridge by veth pairs
+(mooncake/_virtual_hosts.py). Nothing is shared but the kernel: the ranks
+reach each other only over the network, by the addresses the backend picks
+itself (no set_host_ip: the address on the route to MASTER_ADDR).
+
+* every collective and P2P, checked against Gloo over the same ranks, at
+  world 2 (1 + 1 ranks), 4 (2 + 2) and 6 on uneven hosts (1 + 2 + 3, so the
+  leaders' ring runs too);
+* the failure twins across hosts: a rank on the last host is killed, or
+  stalled (SIGSTOP: alive, connections open, silent), or has its traffic cut;
+  the others' next collective completes over the survivors within seconds and
+  names it.
+
+Skipped with the reason where network namespaces cannot be made (not root,
+no iproute2).
+"""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from _harness import free_port
+from mooncake._virtual_hosts import VirtualHosts, unavailable
+
+JOB = str(pathlib.Path(__file__).with_name("_multi_host_job.py"))
+_WHY = unavailable()
+
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"no network namespaces here: {_WHY}")
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MC_TCP_BIND_ADDRESS"):
+        env.pop(key, None)
+    env.update(extra)
+    return env
+
+
+def _run(ranks_per_host, mode, timeout, stalled=()):
+    """Runs the job with ranks_per_host[h] ranks on host h; returns the
+    ranks' output. The ranks in `stalled` stop themselves: they are killed
+    once the others have ended."""
+    world = sum(ranks_per_host)
+    port = free_port()
+    with VirtualHosts(len(ranks_per_host)) as hosts:
+        procs, rank = [], 0
+        for h, count in enumerate(ranks_per_host):
+            for local in range(count):
+                env = _env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
+                           MASTER_ADDR=hosts.address(0), MASTER_PORT=str(port), TORCH_CPP_LOG_LEVEL="INFO")
+                procs.append(subprocess.Popen(hosts.command(h, [sys.executable, JOB, mode]), env=env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+                rank += 1
+        outputs = []
+        try:
+            for r, p in enumerate(procs):
+                if r not in stalled:
+                    out, _ = p.communicate(timeout=timeout)
+                    outputs.append(out)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    out, _ = p.communicate()
+                    outputs.append(out)
+    return procs, "\n".join(outputs)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("ranks_per_host", [(1, 1), (2, 2), (1, 2, 3)], ids=["2x1", "2x2", "1+2+3"])
+def test_every_collective_and_p2p_matches_gloo_across_hosts(ranks_per_host):
+    procs, text = _run(ranks_per_host, "check", timeout=360)
+    world = sum(ranks_per_host)
+    assert all(p.returncode == 0 for p in procs), text[-6000:]
+    found = sorted(re.findall(r"^RANK (\d+) OK HOSTS (\d+)$", text, flags=re.M), key=lambda x: int(x[0]))
+    assert found == [(str(r), str(len(ranks_per_host))) for r in range(world)], text[-6000:]
+    # The backend saw the hosts and said so.
+    assert f"span {len(ranks_per_host)} hosts" in text, text[-6000:]
+
+
+def _survivors(text):
+    return re.findall(r"^RANK (\d) SURVIVED ([\d.]+) HINT (\[[\d, ]*\]) VALUE ([\d.]+) LOCAL_SUCCESS (\w+)", text,
+                      flags=re.M)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["fail", "stall"])
+def test_rank_killed_or_stalled_on_another_host_the_others_complete_without_it(mode):
+    # Rank 3 (second host) exits, or stops itself, after the first collective.
+    _, text = _run((2, 2), mode, timeout=60, stalled=(3,) if mode == "stall" else ())
+    found = _survivors(text)
+    assert sorted(r for r, *_ in found) == ["0", "1", "2"], text[-6000:]
+    for rank, seconds, hint, value, local_success in found:
+        assert hint == "[0, 0, 0, 1]", (rank, hint)
+        assert float(value) == 3.0, (rank, value)
+        assert local_success == "False"
+        # Long before the 8 s group timeout: the membership gives it up at its
+        # heartbeat deadline (about a second), whether it is gone or silent.
+        assert float(seconds) < 5.0, (rank, seconds)
+
+
+@pytest.mark.timeout(90)
+def test_leader_cut_off_on_another_host_is_given_up():
+    _, text = _run((2, 2), "cut", timeout=60)
+    found = re.findall(r"^RANK (\d) SURVIVED ([\d.]+) HINT (\[[\d, ]*\]) VALUE ([\d.]+) LOCAL_SUCCESS (\w+) "
+                       r"AFTER ([\d.]+)$", text, flags=re.M)
+    assert sorted(r for r, *_ in found) == ["0", "1", "3"], text[-6000:]
+    for rank, seconds, hint, value, local_success, after in found:
+        assert hint == "[0, 0, 1, 0]", (rank, hint)
+        assert float(value) == 3.0 and local_success == "False", (rank, value, local_success)
+        assert float(seconds) < 5.0, (rank, seconds)
+        assert float(after) in (3.0, 2.0), (rank, after)  # see test_multi_host's note on the second collective
+    cut = re.findall(r"^RANK 2 CUT FAILED ([\d.]+) CUT_OFF (\w+)$", text, flags=re.M)
+    assert cut and cut[-1][1] == "True", text[-6000:]
