@@ -23,6 +23,7 @@ import sys
 import pytest
 
 from _harness import free_port
+from _multi_host_checks import assert_cut_leader_given_up, assert_last_rank_given_up
 
 JOB = str(pathlib.Path(__file__).with_name("_multi_host_job.py"))
 
@@ -112,38 +113,11 @@ def _two_hosts(mode, timeout):
 @pytest.mark.timeout(120)
 def test_rank_dying_on_another_host_the_others_complete_without_it():
     # Rank 3 dies after the first collective.
-    text = _two_hosts("fail", timeout=90)
-    found = re.findall(r"^RANK (\d) SURVIVED ([\d.]+) HINT (\[[\d, ]*\]) VALUE ([\d.]+) LOCAL_SUCCESS (\w+)$", text,
-                       flags=re.M)
-    assert sorted(r for r, *_ in found) == ["0", "1", "2"], text[-6000:]
-    for rank, seconds, hint, value, local_success in found:
-        # Every survivor, on either host, completes over the survivors, names
-        # the dead rank, and does so long before the 8 s group timeout (from
-        # rank 2 giving up on the arena, not by waiting for it).
-        assert hint == "[0, 0, 0, 1]", (rank, hint)
-        assert float(value) == 3.0, (rank, value)
-        assert local_success == "False"
-        assert float(seconds) < 4.0, (rank, seconds)
+    assert_last_rank_given_up(_two_hosts("fail", timeout=90), within_s=4.0)
 
 
 @pytest.mark.timeout(90)
 def test_leader_cut_off_on_another_host_is_given_up_at_the_heartbeat_deadline():
     # Rank 2, the second host's leader, has its traffic cut and keeps calling
     # collectives. Rank 0 waits for it on the network; rank 3 in their arena.
-    text = _two_hosts("cut", timeout=60)
-    found = re.findall(r"^RANK (\d) SURVIVED ([\d.]+) HINT (\[[\d, ]*\]) VALUE ([\d.]+) LOCAL_SUCCESS (\w+) "
-                       r"AFTER ([\d.]+)$", text, flags=re.M)
-    assert sorted(r for r, *_ in found) == ["0", "1", "3"], text[-6000:]
-    for rank, seconds, hint, value, local_success, after in found:
-        assert hint == "[0, 0, 1, 0]", (rank, hint)
-        assert float(value) == 3.0 and local_success == "False", (rank, value, local_success)
-        assert float(seconds) < 4.0, (rank, seconds)  # heartbeat deadline 1 s; collective timeout 20 s
-        # The next collective completes too. It normally keeps rank 3 (3.0);
-        # once, under a loaded machine, it lost rank 3 as well (2.0): an open
-        # issue of re-forming a cross-host plane right after a failure, not
-        # of the waits this test is about.
-        assert float(after) in (3.0, 2.0), (rank, after)
-    # The cut rank's calls fail, the last one saying it is cut off, and it is
-    # still running to say so.
-    cut = re.findall(r"^RANK 2 CUT FAILED ([\d.]+) CUT_OFF (\w+)$", text, flags=re.M)
-    assert cut and cut[-1][1] == "True" and float(cut[-1][0]) < 4.0, text[-6000:]
+    assert_cut_leader_given_up(_two_hosts("cut", timeout=60), within_s=4.0)
