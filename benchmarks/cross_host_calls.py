@@ -1,0 +1,83 @@
+"""A few large calls of one backend across network-namespace hosts, timed
+per operation: the quick look behind docs/benchmarks/pg_cpu_netns.md's
+"Where the time went" table (pg_vs_gloo.py is the full, side-by-side sweep).
+
+    PYTHONPATH=python python3 benchmarks/cross_host_calls.py --backend mooncake-cpu --bytes 16777216 \\
+        --rate 10gbit --ops all_reduce all_gather broadcast send_recv
+
+Ranks are spread evenly over --hosts network namespaces (root only); rank 0
+prints one line per operation: milliseconds per call and GB/s of the
+tensor's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+OPS = ["all_reduce", "all_gather", "broadcast", "send_recv"]
+
+
+def _rank(args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from mooncake import pg  # noqa: F401  (registers the mooncake backends)
+
+    dist.init_process_group(args.backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    n = args.bytes // 4
+    t, out = torch.ones(n), torch.empty(n * world)
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(t),
+        "all_gather": lambda: dist.all_gather_into_tensor(out, t),
+        "broadcast": lambda: dist.broadcast(t, 0),
+        "send_recv": lambda: dist.send(t, 1) if rank == 0 else dist.recv(t, 0) if rank == 1 else None,
+    }
+    for op in args.ops:
+        for _ in range(3):
+            calls[op]()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(args.iters):
+            calls[op]()
+        each = (time.perf_counter() - start) / args.iters
+        if rank == 0:
+            print(f"{op} {args.bytes} B: {each * 1e3:.2f} ms, {args.bytes / each / 1e9:.2f} GB/s", flush=True)
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default="mooncake-cpu")
+    parser.add_argument("--bytes", type=int, default=16 << 20)
+    parser.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--rate", help="every host link shaped to this tc rate, e.g. 10gbit")
+    parser.add_argument("--rank-process", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank_process:
+        _rank(args)
+        return 0
+    from mooncake._virtual_hosts import VirtualHosts, unavailable
+
+    if (why := unavailable()) is not None:
+        parser.error(why)
+    argv = [sys.executable, os.path.abspath(__file__), "--rank-process", "--backend", args.backend, "--bytes",
+            str(args.bytes), "--iters", str(args.iters), "--ops", *args.ops]
+    with VirtualHosts(args.hosts, rate=args.rate) as hosts:
+        procs = []
+        for r in range(args.world):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.world), MASTER_ADDR=hosts.address(0),
+                       MASTER_PORT="29512")
+            procs.append(subprocess.Popen(hosts.command(r * args.hosts // args.world, argv), env=env))
+        return max(p.wait(timeout=600) for p in procs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
