@@ -75,6 +75,32 @@ TEST_P(MultiProcess, PeerKilledMidTransferFailsWithinTheTimeout) {
   EXPECT_NE(engine_.probe(peer_->segment, 500ms), kOk);
 }
 
+TEST_P(MultiProcess, WriteWithTrailerLandsBothAndRefusesBadTrailers) {
+  constexpr size_t kPayload = 3u << 20, kBytes = kPayload + 4096;
+  start(kBytes);
+  fillPattern(buf_->data, kPayload, 99);
+  unsigned char trailer[kMaxTrailerBytes];
+  fillPattern(trailer, sizeof(trailer), 7);
+  TransferRequest r = request(Opcode::kWrite, 0, kPayload);
+  r.trailer = trailer;
+  r.trailer_length = sizeof(trailer);
+  r.trailer_target = peer_->buffer_addr + kPayload + 128;
+  ASSERT_EQ(engine_.transferSync({r}), kOk);
+  EXPECT_EQ(peer_->digestOf(0, kPayload), digest(buf_->data, kPayload));
+  EXPECT_EQ(peer_->digestOf(kPayload + 128, sizeof(trailer)), digest(trailer, sizeof(trailer)));
+  // Outside what the peer registered: the request fails, naming why.
+  TransferRequest outside = r;
+  outside.trailer_target = peer_->buffer_addr + kBytes + (1u << 30);
+  EXPECT_EQ(engine_.transferSync({outside}), kAddressNotRegistered);
+  // Structural errors refuse the submission.
+  TransferRequest too_long = r;
+  too_long.trailer_length = kMaxTrailerBytes + 1;
+  EXPECT_EQ(engine_.transferSync({too_long}), kInvalidArgument);
+  TransferRequest on_read = r;
+  on_read.opcode = Opcode::kRead;
+  EXPECT_EQ(engine_.transferSync({on_read}), kInvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, MultiProcess, ::testing::Values("tcp", "shm"),
                          [](const auto& info) { return info.param; });
 
