@@ -5,11 +5,23 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <stdexcept>
 
 #include "host_spanning_internal.h"
 
 namespace mooncake::pg {
+namespace {
+
+// Broadcasts of at least this size over more than two hosts go down a chain
+// of leaders in segments (at least kChainSegmentBytes, at most
+// kMaxChainSegments of them); smaller ones go from the root's leader to
+// every other at once (one network latency).
+constexpr size_t kChainBroadcastBytes = 1u << 20;
+constexpr size_t kChainSegmentBytes = 256u << 10;
+constexpr size_t kMaxChainSegments = 16;
+
+}  // namespace
 
 HostLayout HostLayout::fromIdentities(const std::vector<std::string>& identity_of_rank) {
   HostLayout layout;
@@ -107,7 +119,9 @@ OpResult HostSpanningGroup::broadcast(void* data, size_t bytes, int root) {
   if (host_ == root_host && !(r = fromLocal(local_->broadcast(data, bytes, layout_.localIndexOf(root)))).ok) {
     return settle(r);
   }
-  if (isLeader() && layout_.hosts() > 1) {
+  if (isLeader() && layout_.hosts() > 2 && bytes >= kChainBroadcastBytes) {
+    if (!(r = leadersChainBroadcast(data, bytes, root_host)).ok) return settle(r);
+  } else if (isLeader() && layout_.hosts() > 1) {
     P2pExchange x(*channel_, tagOf(OpCode::kBroadcast), channel_rank_of_);
     if (host_ == root_host) {
       for (int h = 0; h < layout_.hosts(); ++h) {
@@ -120,6 +134,38 @@ OpResult HostSpanningGroup::broadcast(void* data, size_t bytes, int root) {
   }
   if (host_ != root_host) r = fromLocal(local_->broadcast(data, bytes, 0));
   return settle(r);
+}
+
+OpResult HostSpanningGroup::leadersChainBroadcast(void* buf, size_t bytes, int root_host) {
+  const int hosts = layout_.hosts();
+  auto* data = static_cast<char*>(buf);
+  // The leaders in a chain from the root's: each receives a segment from the
+  // one before it and passes it on at once, so every link carries the
+  // buffer once and the chain's length adds only one segment's time.
+  const int position = (host_ - root_host + hosts) % hosts;
+  const bool first = position == 0, last = position == hosts - 1;
+  const int prev = layout_.leaderOf((host_ + hosts - 1) % hosts);
+  const int next = layout_.leaderOf((host_ + 1) % hosts);
+  const size_t segment = std::max(kChainSegmentBytes, (bytes + kMaxChainSegments - 1) / kMaxChainSegments);
+  const int tag = tagOf(OpCode::kBroadcast);
+  std::vector<std::unique_ptr<P2pExchange>> incoming;
+  if (!first) {
+    for (size_t begin = 0; begin < bytes; begin += segment) {
+      incoming.push_back(std::make_unique<P2pExchange>(*channel_, tag, channel_rank_of_));
+      incoming.back()->recv(prev, data + begin, std::min(segment, bytes - begin));
+    }
+  }
+  P2pExchange outgoing(*channel_, tag, channel_rank_of_);
+  OpResult result;
+  for (size_t k = 0, begin = 0; begin < bytes; ++k, begin += segment) {
+    if (!first) {
+      OpResult r = incoming[k]->wait();  // every posted receive is awaited, also after a failure
+      if (!r.ok && result.ok) result = r;
+    }
+    if (!last && result.ok) outgoing.send(next, data + begin, std::min(segment, bytes - begin));
+  }
+  OpResult sent = outgoing.wait();
+  return result.ok ? sent : result;
 }
 
 OpResult HostSpanningGroup::allgather(const void* input, void* output, size_t bytes) {

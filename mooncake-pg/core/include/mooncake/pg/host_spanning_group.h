@@ -9,7 +9,8 @@
 //                   (reduce-scatter + all-gather, 2(H-1)/H of the buffer per
 //                   leader) otherwise
 //   broadcast:      local broadcast on the root's host -> root's leader to the
-//                   other leaders -> local broadcasts
+//                   other leaders (at once; down a pipelined chain of leaders
+//                   from 1 MiB over more than two hosts) -> local broadcasts
 //   reduce:         local reduce to the leader -> leaders to the root's leader -> root
 //   all_gather:     local gather -> leaders exchange host blocks -> local broadcast
 //   reduce_scatter: local reduce -> leaders' all-reduce -> local scatter
@@ -99,6 +100,9 @@ class HostSpanningGroup : public Collectives {
   // Fails fast once broken.
   bool failedBefore(OpResult& r) const;
 
+  // Among leaders only: `buf` of the root host's leader reaches every
+  // other leader down a pipelined chain.
+  OpResult leadersChainBroadcast(void* buf, size_t bytes, int root_host);
   // Among leaders only: every leader's `buf` becomes the reduction of all
   // of them; `mine` is this leader's part (it may be `buf`).
   OpResult leadersAllreduce(const void* mine, void* buf, size_t count, DataType type, ReduceOp op, int tag);
