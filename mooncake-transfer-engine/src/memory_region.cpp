@@ -73,7 +73,7 @@ bool RegionTable::withRegion(uint64_t addr, uint64_t length,
                              const std::function<void(const MemoryRegion&)>& fn) const {
   std::shared_lock lock(mutex_);
   const MemoryRegion* r = findLocked(addr, length);
-  if (r == nullptr) return false;
+  if (r == nullptr || !r->remote_accessible) return false;
   fn(*r);
   return true;
 }

@@ -149,7 +149,8 @@ class EngineImpl {
   void bumpRegistrationVersion() { __atomic_add_fetch(&stamp_->registration_version, 1, __ATOMIC_RELEASE); }
 
   bool initialized() const { return initialized_.load(std::memory_order_acquire); }
-  int registerMemory(const std::vector<void*>& addrs, const std::vector<size_t>& lengths, const std::string& location);
+  int registerMemory(const std::vector<void*>& addrs, const std::vector<size_t>& lengths, const std::string& location,
+                     bool remote_accessible = true);
   int unregisterMemory(const std::vector<void*>& addrs);
 
   SegmentHandle openSegment(const std::string& name);
@@ -315,7 +316,7 @@ void EngineImpl::teardown() {
 // ---- registration ----
 
 int EngineImpl::registerMemory(const std::vector<void*>& addrs, const std::vector<size_t>& lengths,
-                               const std::string& location) {
+                               const std::string& location, bool remote_accessible) {
   if (!initialized()) return kNotInitialized;
   if (addrs.size() != lengths.size()) {
     MC_LOG(Error) << "register: " << addrs.size() << " addresses but " << lengths.size() << " lengths";
@@ -327,8 +328,8 @@ int EngineImpl::registerMemory(const std::vector<void*>& addrs, const std::vecto
       MC_LOG(Error) << "register: buffer " << i << " has a null address or zero length";
       return kInvalidArgument;
     }
-    regions.push_back(
-        MemoryRegion{reinterpret_cast<uint64_t>(addrs[i]), lengths[i], resolveMemoryLocation(addrs[i], location)});
+    regions.push_back(MemoryRegion{reinterpret_cast<uint64_t>(addrs[i]), lengths[i],
+                                   resolveMemoryLocation(addrs[i], location), remote_accessible});
   }
   std::lock_guard lock(descriptor_mutex_);
   if (int rc = regions_.addAll(regions); rc != kOk) {
@@ -351,7 +352,8 @@ int EngineImpl::registerMemory(const std::vector<void*>& addrs, const std::vecto
     }
     added.push_back(std::move(b));
   }
-  local_.buffers.insert(local_.buffers.end(), added.begin(), added.end());
+  // Only what peers may reach is published.
+  if (remote_accessible) local_.buffers.insert(local_.buffers.end(), added.begin(), added.end());
   bumpRegistrationVersion();
   return kOk;
 }
@@ -693,8 +695,9 @@ uint16_t TransferEngine::rpcPort() const { return impl_->rpc_port_; }
 const EngineConfig& TransferEngine::config() const { return impl_->config_; }
 std::vector<std::string> TransferEngine::transports() const { return impl_->transport_names_; }
 
-int TransferEngine::registerLocalMemory(void* addr, size_t length, const std::string& location) {
-  return impl_->registerMemory({addr}, {length}, location);
+int TransferEngine::registerLocalMemory(void* addr, size_t length, const std::string& location,
+                                        bool remote_accessible) {
+  return impl_->registerMemory({addr}, {length}, location, remote_accessible);
 }
 int TransferEngine::unregisterLocalMemory(void* addr) { return impl_->unregisterMemory({addr}); }
 int TransferEngine::registerLocalMemoryBatch(const std::vector<void*>& addrs, const std::vector<size_t>& lengths,

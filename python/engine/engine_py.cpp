@@ -93,8 +93,8 @@ class TransferEnginePy {
 
   int getRpcPort() const { return engine_->rpcPort(); }
 
-  int registerMemory(uint64_t addr, size_t capacity, const std::string& location) {
-    return engine_->registerLocalMemory(reinterpret_cast<void*>(addr), capacity, location);
+  int registerMemory(uint64_t addr, size_t capacity, const std::string& location, bool remote_accessible) {
+    return engine_->registerLocalMemory(reinterpret_cast<void*>(addr), capacity, location, remote_accessible);
   }
   int unregisterMemory(uint64_t addr) { return engine_->unregisterLocalMemory(reinterpret_cast<void*>(addr)); }
 
@@ -110,13 +110,15 @@ class TransferEnginePy {
 
   // Synchronous transfers: 0 on success, -1 on any failure (logged).
   int transferSync(const std::string& target, uint64_t buffer, uint64_t peer_addr, size_t length, te::Opcode opcode,
-                   std::optional<TransferNotifyPy> notify, const std::string& hint) {
+                   std::optional<TransferNotifyPy> notify, const std::string& hint,
+      const std::string& /*nic_hint*/ = "") {
     return batchTransferSync(target, {buffer}, {peer_addr}, {length}, opcode, std::move(notify), hint);
   }
 
   int batchTransferSync(const std::string& target, const std::vector<uint64_t>& buffers,
                         const std::vector<uint64_t>& peer_addrs, const std::vector<size_t>& lengths, te::Opcode opcode,
-                        std::optional<TransferNotifyPy> notify, const std::string& hint) {
+                        std::optional<TransferNotifyPy> notify, const std::string& hint,
+      const std::string& /*nic_hint*/ = "") {
     checkHint(hint);
     py::gil_scoped_release release;
     std::vector<te::TransferRequest> requests;
@@ -135,7 +137,8 @@ class TransferEnginePy {
   // Asynchronous: a batch id (never 0), or 0 when nothing was submitted.
   uint64_t batchTransferAsync(const std::string& target, const std::vector<uint64_t>& buffers,
                               const std::vector<uint64_t>& peer_addrs, const std::vector<size_t>& lengths,
-                              te::Opcode opcode, const std::string& hint) {
+                              te::Opcode opcode, const std::string& hint,
+      const std::string& /*nic_hint*/ = "") {
     checkHint(hint);
     py::gil_scoped_release release;
     std::vector<te::TransferRequest> requests;
@@ -177,7 +180,8 @@ class TransferEnginePy {
   }
 
   uint64_t transferSubmitWrite(const std::string& target, uint64_t buffer, uint64_t peer_addr, size_t length,
-                               const std::string& hint) {
+                               const std::string& hint,
+      const std::string& /*nic_hint*/ = "") {
     return batchTransferAsync(target, {buffer}, {peer_addr}, {length}, te::Opcode::kWrite, hint);
   }
 
@@ -203,8 +207,20 @@ class TransferEnginePy {
   uint64_t allocateManagedBuffer(size_t length) { return managed_.allocate(length); }
   int freeManagedBuffer(uint64_t addr, size_t length) { return managed_.release(addr, length) == te::kOk ? 0 : -1; }
 
-  int writeBytesToBuffer(uint64_t dest, py::bytes data, size_t length) {
-    std::string_view view = data;
+  // `data`: bytes, or a str (its UTF-8 bytes), as the reference takes both.
+  int writeBytesToBuffer(uint64_t dest, const py::object& data, size_t length) {
+    std::string text;  // a str's bytes; bytes are read in place
+    py::bytes raw;
+    std::string_view view;
+    if (py::isinstance<py::str>(data)) {
+      text = data.cast<std::string>();
+      view = text;
+    } else if (py::isinstance<py::bytes>(data)) {
+      raw = data.cast<py::bytes>();
+      view = raw;
+    } else {
+      throw py::type_error("write_bytes_to_buffer: src_ptr must be bytes or str");
+    }
     if (length > view.size()) {
       throw py::value_error("length (" + std::to_string(length) + ") exceeds len(data) (" +
                             std::to_string(view.size()) + ")");
@@ -313,8 +329,11 @@ class TransferEnginePy {
 PYBIND11_MODULE(engine, m) {
   m.doc() = "Mooncake-compatible transfer engine: one-sided reads and writes of registered memory between processes.";
 
-  py::enum_<te::Opcode> opcode(m, "TransferOpcode");
+  // Arithmetic, and built from an int, as the reference's enum: int(op),
+  // op == 1, and 1 where an opcode is asked for all work.
+  py::enum_<te::Opcode> opcode(m, "TransferOpcode", py::arithmetic());
   opcode.value("Read", te::Opcode::kRead).value("Write", te::Opcode::kWrite).export_values();
+  py::implicitly_convertible<int, te::Opcode>();
 
   py::class_<TransferNotifyPy>(m, "TransferNotify")
       .def(py::init<>())
@@ -334,7 +353,7 @@ PYBIND11_MODULE(engine, m) {
            py::arg("protocol"), py::arg("device_name"), py::arg("metadata_type"))
       .def("get_rpc_port", &TransferEnginePy::getRpcPort)
       .def("register_memory", &TransferEnginePy::registerMemory, py::arg("buffer_addr"), py::arg("capacity"),
-           py::arg("location") = "*")
+           py::arg("location") = "*", py::arg("remote_accessible") = true)
       .def("unregister_memory", &TransferEnginePy::unregisterMemory, py::arg("buffer_addr"))
       .def("batch_register_memory", &TransferEnginePy::batchRegisterMemory, py::arg("buffer_addresses"),
            py::arg("capacities"), py::arg("location") = "*")
@@ -342,59 +361,65 @@ PYBIND11_MODULE(engine, m) {
       .def(
           "transfer_sync_write",
           [](TransferEnginePy& self, const std::string& target, uint64_t buffer, uint64_t peer, size_t length,
-             const std::string& hint) { return self.transferSync(target, buffer, peer, length, te::Opcode::kWrite, std::nullopt, hint); },
+             const std::string& hint,
+      const std::string& /*nic_hint*/ = "") { return self.transferSync(target, buffer, peer, length, te::Opcode::kWrite, std::nullopt, hint); },
           py::arg("target_hostname"), py::arg("buffer"), py::arg("peer_buffer_address"), py::arg("length"),
-          py::arg("transport_hint") = "")
+          py::arg("transport_hint") = "", py::arg("nic_hint") = "")
       .def(
           "transfer_sync_read",
           [](TransferEnginePy& self, const std::string& target, uint64_t buffer, uint64_t peer, size_t length,
-             const std::string& hint) { return self.transferSync(target, buffer, peer, length, te::Opcode::kRead, std::nullopt, hint); },
+             const std::string& hint,
+      const std::string& /*nic_hint*/ = "") { return self.transferSync(target, buffer, peer, length, te::Opcode::kRead, std::nullopt, hint); },
           py::arg("target_hostname"), py::arg("buffer"), py::arg("peer_buffer_address"), py::arg("length"),
-          py::arg("transport_hint") = "")
+          py::arg("transport_hint") = "", py::arg("nic_hint") = "")
       .def("transfer_sync", &TransferEnginePy::transferSync, py::arg("target_hostname"), py::arg("buffer"),
            py::arg("peer_buffer_address"), py::arg("length"), py::arg("opcode"), py::arg("notify") = py::none(),
-           py::arg("transport_hint") = "")
+           py::arg("transport_hint") = "", py::arg("nic_hint") = "")
       .def(
           "batch_transfer_sync_write",
           [](TransferEnginePy& self, const std::string& target, const std::vector<uint64_t>& buffers,
-             const std::vector<uint64_t>& peers, const std::vector<size_t>& lengths, const std::string& hint) {
+             const std::vector<uint64_t>& peers, const std::vector<size_t>& lengths, const std::string& hint,
+             const std::string& /*nic_hint*/) {
             return self.batchTransferSync(target, buffers, peers, lengths, te::Opcode::kWrite, std::nullopt, hint);
           },
           py::arg("target_hostname"), py::arg("buffers"), py::arg("peer_buffer_addresses"), py::arg("lengths"),
-          py::arg("transport_hint") = "")
+          py::arg("transport_hint") = "", py::arg("nic_hint") = "")
       .def(
           "batch_transfer_sync_read",
           [](TransferEnginePy& self, const std::string& target, const std::vector<uint64_t>& buffers,
-             const std::vector<uint64_t>& peers, const std::vector<size_t>& lengths, const std::string& hint) {
+             const std::vector<uint64_t>& peers, const std::vector<size_t>& lengths, const std::string& hint,
+             const std::string& /*nic_hint*/) {
             return self.batchTransferSync(target, buffers, peers, lengths, te::Opcode::kRead, std::nullopt, hint);
           },
           py::arg("target_hostname"), py::arg("buffers"), py::arg("peer_buffer_addresses"), py::arg("lengths"),
-          py::arg("transport_hint") = "")
+          py::arg("transport_hint") = "", py::arg("nic_hint") = "")
       .def("batch_transfer_sync", &TransferEnginePy::batchTransferSync, py::arg("target_hostname"), py::arg("buffers"),
            py::arg("peer_buffer_addresses"), py::arg("lengths"), py::arg("opcode"), py::arg("notify") = py::none(),
-           py::arg("transport_hint") = "")
+           py::arg("transport_hint") = "", py::arg("nic_hint") = "")
       .def(
           "batch_transfer_async_write",
           [](TransferEnginePy& self, const std::string& target, const std::vector<uint64_t>& buffers,
-             const std::vector<uint64_t>& peers, const std::vector<size_t>& lengths, const std::string& hint) {
+             const std::vector<uint64_t>& peers, const std::vector<size_t>& lengths, const std::string& hint,
+             const std::string& /*nic_hint*/) {
             return self.batchTransferAsync(target, buffers, peers, lengths, te::Opcode::kWrite, hint);
           },
           py::arg("target_hostname"), py::arg("buffers"), py::arg("peer_buffer_addresses"), py::arg("lengths"),
-          py::arg("transport_hint") = "")
+          py::arg("transport_hint") = "", py::arg("nic_hint") = "")
       .def(
           "batch_transfer_async_read",
           [](TransferEnginePy& self, const std::string& target, const std::vector<uint64_t>& buffers,
-             const std::vector<uint64_t>& peers, const std::vector<size_t>& lengths, const std::string& hint) {
+             const std::vector<uint64_t>& peers, const std::vector<size_t>& lengths, const std::string& hint,
+             const std::string& /*nic_hint*/) {
             return self.batchTransferAsync(target, buffers, peers, lengths, te::Opcode::kRead, hint);
           },
           py::arg("target_hostname"), py::arg("buffers"), py::arg("peer_buffer_addresses"), py::arg("lengths"),
-          py::arg("transport_hint") = "")
+          py::arg("transport_hint") = "", py::arg("nic_hint") = "")
       .def("batch_transfer_async", &TransferEnginePy::batchTransferAsync, py::arg("target_hostname"),
            py::arg("buffers"), py::arg("peer_buffer_addresses"), py::arg("lengths"), py::arg("opcode"),
-           py::arg("transport_hint") = "")
+           py::arg("transport_hint") = "", py::arg("nic_hint") = "")
       .def("get_batch_transfer_status", &TransferEnginePy::getBatchTransferStatus, py::arg("batch_ids"))
       .def("transfer_submit_write", &TransferEnginePy::transferSubmitWrite, py::arg("target_hostname"),
-           py::arg("buffer"), py::arg("peer_buffer_address"), py::arg("length"), py::arg("transport_hint") = "")
+           py::arg("buffer"), py::arg("peer_buffer_address"), py::arg("length"), py::arg("transport_hint") = "", py::arg("nic_hint") = "")
       .def("transfer_check_status", &TransferEnginePy::transferCheckStatus, py::arg("batch_id"))
       .def("allocate_managed_buffer", &TransferEnginePy::allocateManagedBuffer, py::arg("length"))
       .def("free_managed_buffer", &TransferEnginePy::freeManagedBuffer, py::arg("buffer_addr"), py::arg("length"))
@@ -425,5 +450,7 @@ PYBIND11_MODULE(engine, m) {
   m.attr("SUPPORT_MNNVL") = false;
   m.attr("SUPPORT_MUSA") = false;
   m.attr("SUPPORT_INTRA_NVLINK") = false;
+  // One engine serves several transports at once, chosen per request.
+  m.attr("SUPPORT_MULTI_PROTOCOL") = true;
   m.attr("__version__") = MOONCAKE_VERSION;
 }

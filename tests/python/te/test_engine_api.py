@@ -4,6 +4,7 @@ through process_vm_writev/readv on this process's own pid."""
 
 import gc
 import json
+import operator
 import subprocess
 import sys
 import textwrap
@@ -39,8 +40,12 @@ def test_module_constants_and_enums():
     assert TransferEngine.TransferOpcode.Write == TransferOpcode.Write
     assert mce.Read == TransferOpcode.Read and mce.Write == TransferOpcode.Write
     for flag in ("SUPPORT_CUDA", "SUPPORT_RDMA", "SUPPORT_EFA", "SUPPORT_HIP", "SUPPORT_MNNVL", "SUPPORT_MUSA",
-                 "SUPPORT_INTRA_NVLINK"):
+                 "SUPPORT_INTRA_NVLINK", "SUPPORT_MULTI_PROTOCOL"):
         assert isinstance(getattr(mce, flag), bool), flag
+    assert mce.SUPPORT_MULTI_PROTOCOL  # tcp and shm (and cuda_ipc) side by side, chosen per request
+    # Usable as an int, and made from one, as the reference's enum.
+    assert operator.index(TransferOpcode.Write) == 1 and [10, 20][TransferOpcode.Write] == 20
+    assert TransferOpcode(1) == TransferOpcode.Write and TransferOpcode.Write.value == 1
     n = TransferNotify("name", "msg")
     assert (n.name, n.msg) == ("name", "msg")
     n.msg = "other"
@@ -293,6 +298,57 @@ def test_transfer_sync_with_opcode(pair):
     assert_untouched(d, 2, 5000)
 
 
+def test_transfer_sync_takes_the_opcode_as_an_int(pair):
+    s, d = pair.buffers(4096, 4096)
+    assert pair.src.transfer_sync(pair.dst_session, addr(s), addr(d), 4096, 1) == 0  # 1: Write
+    np.testing.assert_array_equal(d, s)
+    d[:64] = 7
+    batch = pair.src.batch_transfer_async(pair.dst_session, [addr(s)], [addr(d)], [64], 0)  # 0: Read
+    assert batch != 0 and pair.src.get_batch_transfer_status([batch]) == 0
+    assert (s[:64] == 7).all()
+
+
+def test_every_transfer_call_takes_a_nic_hint(pair):
+    # The reference's NIC preference (an RDMA device name). No transport here
+    # has NICs to choose from, so the calls move the same bytes with it.
+    s, d = pair.buffers(1 << 14, 1 << 14)
+    e, t, n = pair.src, pair.dst_session, "mlx5_0"
+    assert e.transfer_sync_write(t, addr(s), addr(d), 1024, "", n) == 0
+    assert e.transfer_sync_read(t, addr(s, 1024), addr(d, 1024), 1024, nic_hint=n) == 0
+    assert e.transfer_sync(t, addr(s, 2048), addr(d, 2048), 1024, TransferOpcode.Write, None, "", n) == 0
+    assert e.batch_transfer_sync_write(t, [addr(s, 3072)], [addr(d, 3072)], [1024], nic_hint=n) == 0
+    assert e.batch_transfer_sync_read(t, [addr(s, 4096)], [addr(d, 4096)], [1024], nic_hint=n) == 0
+    assert e.batch_transfer_sync(t, [addr(s, 5120)], [addr(d, 5120)], [1024], TransferOpcode.Write, nic_hint=n) == 0
+    ids = [e.batch_transfer_async_write(t, [addr(s, 6144)], [addr(d, 6144)], [1024], nic_hint=n),
+           e.batch_transfer_async_read(t, [addr(s, 7168)], [addr(d, 7168)], [1024], nic_hint=n),
+           e.batch_transfer_async(t, [addr(s, 8192)], [addr(d, 8192)], [1024], TransferOpcode.Write, nic_hint=n)]
+    assert all(ids) and e.get_batch_transfer_status(ids) == 0
+    batch = e.transfer_submit_write(t, addr(s, 9216), addr(d, 9216), 1024, nic_hint=n)
+    deadline = time.monotonic() + 10
+    while (status := e.transfer_check_status(batch)) == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert status == 1
+    np.testing.assert_array_equal(d[:10240], s[:10240])
+
+
+def test_region_not_remote_accessible_is_a_local_source_only(pair):
+    s = pair.factory.buffer(pair.src, 8192, seed=5, register=False)
+    assert pair.src.register_memory(addr(s), 8192, "*", remote_accessible=False) == 0
+    d = pair.factory.buffer(pair.dst, 8192, seed=6)
+    # This engine writes from it and reads into it ...
+    assert pair.src.transfer_sync_write(pair.dst_session, addr(s), addr(d), 4096) == 0
+    np.testing.assert_array_equal(d[:4096], s[:4096])
+    assert pair.src.transfer_sync_read(pair.dst_session, addr(s, 4096), addr(d, 4096), 4096) == 0
+    np.testing.assert_array_equal(s[4096:], d[4096:])
+    # ... but a peer can neither find it nor reach it.
+    before = s.copy()
+    assert pair.dst.get_first_buffer_address(pair.src_session) != addr(s)
+    assert pair.dst.transfer_sync_write(pair.src_session, addr(d), addr(s), 4096) == -1
+    assert pair.dst.transfer_sync_read(pair.src_session, addr(d), addr(s), 4096) == -1
+    np.testing.assert_array_equal(s, before)
+    assert pair.src.unregister_memory(addr(s)) == 0
+
+
 @pytest.mark.parametrize("hint", ["", "tcp", "shm"])
 def test_transport_hints(pair, hint):
     s, d = pair.buffers(1 << 16, 1 << 16)
@@ -538,6 +594,11 @@ def test_managed_buffers_round_trip(pair):
     assert b.write_bytes_to_buffer(dst + 11, b"hello world", 5) == 0
     assert a.transfer_sync_read(pair.dst_session, src, dst, 20) == 0
     assert a.read_bytes_from_buffer(src, 20) == data[:11] + b"hello" + data[16:20]
+    # A str is written as its UTF-8 bytes, as the reference takes it.
+    assert a.write_bytes_to_buffer(src + 3, "héllo", 6) == 0
+    assert a.read_bytes_from_buffer(src, 10) == data[:3] + "héllo".encode() + data[9:10]
+    with pytest.raises(TypeError, match="bytes or str"):
+        a.write_bytes_to_buffer(src, 42, 1)
     assert a.free_managed_buffer(src, len(data)) == 0
     assert b.free_managed_buffer(dst, len(data)) == 0
 

@@ -15,6 +15,9 @@ struct MemoryRegion {
   uint64_t addr = 0;
   uint64_t length = 0;
   std::string location;  // "cpu:<numa node>" or "cuda:<device ordinal>"
+  // False: a source for this process's own transfers only. It is not in the
+  // published descriptor, and peers' requests into it are refused.
+  bool remote_accessible = true;
 
   uint64_t end() const { return addr + length; }
   bool contains(uint64_t a, uint64_t len) const {
@@ -39,8 +42,9 @@ class RegionTable {
   int remove(uint64_t addr, MemoryRegion* removed = nullptr);
 
   std::optional<MemoryRegion> find(uint64_t addr, uint64_t length) const;
-  // Runs `fn` with the covering region while holding it registered.
-  // Returns false (without calling fn) when no region covers the range.
+  // For a peer's request: runs `fn` with the covering region while holding
+  // it registered. Returns false (without calling fn) when no region that
+  // peers may access covers the range.
   bool withRegion(uint64_t addr, uint64_t length, const std::function<void(const MemoryRegion&)>& fn) const;
 
   std::vector<MemoryRegion> snapshot() const;

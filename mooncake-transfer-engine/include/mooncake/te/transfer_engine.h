@@ -57,7 +57,10 @@ class TransferEngine {
 
   // Registration. location "*" detects it ("cuda:<device>" for GPU memory in
   // CUDA builds, else "cpu:<numa>"); a label contradicting the memory is corrected.
-  int registerLocalMemory(void* addr, size_t length, const std::string& location = "*");
+  // remote_accessible = false: a source for this engine's own transfers,
+  // not published, and peers' requests into it are refused.
+  int registerLocalMemory(void* addr, size_t length, const std::string& location = "*",
+                          bool remote_accessible = true);
   int unregisterLocalMemory(void* addr);
   int registerLocalMemoryBatch(const std::vector<void*>& addrs, const std::vector<size_t>& lengths,
                                const std::string& location = "*");
