@@ -1,8 +1,38 @@
-"""What the failure twins of _multi_host_job.py must print, checked the same
-way whichever way the hosts were made (test_multi_host: user+pid
-namespaces; test_netns_hosts: network namespaces)."""
+"""What the multi-host tests share, whichever way the hosts were made
+(test_multi_host: user+pid namespaces; test_netns_hosts: network
+namespaces): the ranks' environment, collecting their output, and what the
+failure twins of _multi_host_job.py must print."""
 
+import os
 import re
+
+
+def rank_env(**extra):
+    """This process's environment without its own rank settings, plus `extra`."""
+    env = dict(os.environ)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MC_TCP_BIND_ADDRESS"):
+        env.pop(key, None)
+    env.update(extra)
+    return env
+
+
+def finish(procs, timeout, stalled=()):
+    """The output of each process once it ended; the ones at the indices in
+    `stalled` (stopped on purpose) and any still running after `timeout` are
+    killed, and their output comes last."""
+    outputs = []
+    try:
+        for i, p in enumerate(procs):
+            if i not in stalled:
+                out, _ = p.communicate(timeout=timeout)
+                outputs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                out, _ = p.communicate()
+                outputs.append(out)
+    return outputs
 
 
 def assert_last_rank_given_up(text, within_s):

@@ -13,7 +13,6 @@ exactly as on two machines. Ranks of one namespace share a host arena.
   the heartbeat deadline), not at the 20 s collective timeout.
 """
 
-import os
 import pathlib
 import re
 import shutil
@@ -23,7 +22,7 @@ import sys
 import pytest
 
 from _harness import free_port
-from _multi_host_checks import assert_cut_leader_given_up, assert_last_rank_given_up
+from _multi_host_checks import assert_cut_leader_given_up, assert_last_rank_given_up, finish, rank_env
 
 JOB = str(pathlib.Path(__file__).with_name("_multi_host_job.py"))
 
@@ -47,28 +46,6 @@ def _host(cmd):
     return ["unshare", "-Urp", "--fork", "--kill-child", *cmd]
 
 
-def _env(**extra):
-    env = dict(os.environ)
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    env.update(extra)
-    return env
-
-
-def _finish(procs, timeout):
-    outputs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=timeout)
-            outputs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    return outputs
-
-
 @pytest.mark.timeout(240)
 def test_torchrun_two_hosts_every_collective_matches_gloo():
     port = free_port()
@@ -76,10 +53,10 @@ def test_torchrun_two_hosts_every_collective_matches_gloo():
         subprocess.Popen(
             _host([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
                    "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}", JOB]),
-            env=_env(TORCH_CPP_LOG_LEVEL="INFO"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            env=rank_env(TORCH_CPP_LOG_LEVEL="INFO"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for node in range(2)
     ]
-    outputs = _finish(procs, timeout=200)
+    outputs = finish(procs, timeout=200)
     text = "\n".join(outputs)
     assert all(p.returncode == 0 for p in procs), text[-6000:]
     assert sorted(re.findall(r"^RANK (\d) OK HOSTS (\d)$", text, flags=re.M)) == [
@@ -89,7 +66,7 @@ def test_torchrun_two_hosts_every_collective_matches_gloo():
 
 
 def _launch_rank(rank, world, port, *args):
-    env = _env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+    env = rank_env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port))
     return [sys.executable, JOB, *args], env
 
@@ -105,9 +82,9 @@ def _two_hosts(mode, timeout):
         script = " & ".join(
             f"RANK={r} WORLD_SIZE={world} LOCAL_RANK={i} MASTER_ADDR=127.0.0.1 MASTER_PORT={port} "
             f"{sys.executable} {JOB} {mode}" for i, r in enumerate(ranks)) + " & wait"
-        procs.append(subprocess.Popen(_host(["sh", "-c", script]), env=_env(), stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen(_host(["sh", "-c", script]), env=rank_env(), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
-    return "\n".join(_finish(procs, timeout=timeout))
+    return "\n".join(finish(procs, timeout=timeout))
 
 
 @pytest.mark.timeout(120)

@@ -16,7 +16,6 @@ Skipped with the reason where network namespaces cannot be made (not root,
 no iproute2).
 """
 
-import os
 import pathlib
 import re
 import subprocess
@@ -25,21 +24,13 @@ import sys
 import pytest
 
 from _harness import free_port
-from _multi_host_checks import assert_cut_leader_given_up, assert_last_rank_given_up
+from _multi_host_checks import assert_cut_leader_given_up, assert_last_rank_given_up, finish, rank_env
 from mooncake._virtual_hosts import VirtualHosts, unavailable
 
 JOB = str(pathlib.Path(__file__).with_name("_multi_host_job.py"))
 _WHY = unavailable()
 
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"no network namespaces here: {_WHY}")
-
-
-def _env(**extra):
-    env = dict(os.environ)
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MC_TCP_BIND_ADDRESS"):
-        env.pop(key, None)
-    env.update(extra)
-    return env
 
 
 def _run(ranks_per_host, mode, timeout, stalled=()):
@@ -52,23 +43,12 @@ def _run(ranks_per_host, mode, timeout, stalled=()):
         procs, rank = [], 0
         for h, count in enumerate(ranks_per_host):
             for local in range(count):
-                env = _env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
+                env = rank_env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
                            MASTER_ADDR=hosts.address(0), MASTER_PORT=str(port), TORCH_CPP_LOG_LEVEL="INFO")
                 procs.append(subprocess.Popen(hosts.command(h, [sys.executable, JOB, mode]), env=env,
                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
                 rank += 1
-        outputs = []
-        try:
-            for r, p in enumerate(procs):
-                if r not in stalled:
-                    out, _ = p.communicate(timeout=timeout)
-                    outputs.append(out)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    out, _ = p.communicate()
-                    outputs.append(out)
+        outputs = finish(procs, timeout, stalled)
     return procs, "\n".join(outputs)
 
 
