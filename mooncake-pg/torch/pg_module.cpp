@@ -176,11 +176,11 @@ PYBIND11_MODULE(MOONCAKE_PG_MODULE_NAME, m) {
   m.def("set_collective_timeout_us", [](int64_t us) {
     TORCH_CHECK_VALUE(us > 0, "set_collective_timeout_us: timeout must be positive, got ", us);
     settings().collective_timeout_us = us;
-  }, py::arg("timeout_us"));
+  }, py::arg("us"));  // the reference's keyword
   m.def("set_p2p_timeout_us", [](int64_t us) {
     TORCH_CHECK_VALUE(us >= 0, "set_p2p_timeout_us: timeout must not be negative, got ", us);
     settings().p2p_timeout_us = us;
-  }, py::arg("timeout_us"));
+  }, py::arg("us"));
 
   m.def("get_active_ranks", [](const c10::intrusive_ptr<c10d::ProcessGroup>& backend) {
     return requireMooncake(backend, "get_active_ranks").activeRanks();

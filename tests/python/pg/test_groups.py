@@ -352,6 +352,11 @@ def test_module_settings_validate_arguments():
         pg.set_collective_timeout_us(0)
     with pytest.raises(ValueError, match="negative"):
         pg.set_p2p_timeout_us(-1)
+    # The reference's keyword names (`us`), checked through the same refusals.
+    with pytest.raises(ValueError, match="positive"):
+        pg.set_collective_timeout_us(us=0)
+    with pytest.raises(ValueError, match="negative"):
+        pg.set_p2p_timeout_us(us=-1)
 
 
 def _group_options(ctx):
