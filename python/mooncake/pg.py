@@ -4,9 +4,18 @@
 ``from mooncake import pg`` loads ``mooncake.pg_<torch version>`` for the
 running torch, re-exports its names here, and registers the backends, so
 that ``dist.init_process_group(backend="mooncake-cpu")`` works after it.
+``python -m mooncake.pg --report`` says what was built, against which torch,
+and why a load fails.
 """
 
 from __future__ import annotations
+
+if __name__ == "__main__":  # python -m mooncake.pg --report: works also where loading below fails
+    import sys as _sys
+
+    from mooncake._pg_report import main as _report_main
+
+    _sys.exit(_report_main())
 
 import torch.distributed as _dist
 

@@ -1,5 +1,6 @@
-"""mooncake._torch_ext: naming and loading of torch-versioned extension modules.
-Pure Python; needs neither torch nor a build."""
+"""mooncake._torch_ext: naming and loading of torch-versioned extension modules
+(pure Python: needs neither torch nor a build), and ``python -m mooncake.pg
+--report`` (needs both)."""
 
 import sys
 
@@ -42,3 +43,30 @@ def test_load_missing_build_names_the_version():
 def test_load_with_malformed_version():
     with pytest.raises(ValueError):
         load_torch_extension("pg", torch_version="nightly")
+
+
+def _report(*args):
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "mooncake.pg", "--report", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_pg_report_says_what_was_built_and_that_it_loads():
+    import torch
+
+    done = _report()
+    assert done.returncode == 0, done.stdout + done.stderr
+    suffix = torch_version_suffix(torch.__version__)
+    assert f"torch: {torch.__version__}" in done.stdout
+    assert f"wanted for torch {torch.__version__}: pg_{suffix}" in done.stdout
+    assert f"pg_{suffix}" in done.stdout.split("built: ")[1].splitlines()[0]
+    assert "loads: yes" in done.stdout and "SUPPORT_MULTI_PROTOCOL=True" in done.stdout
+
+
+def test_pg_report_says_why_a_torch_without_a_build_cannot_load():
+    done = _report("--torch-version", "0.0.1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "wanted for torch 0.0.1: pg_0_0_1" in done.stdout
+    assert "loads: no: ImportError: Mooncake PG was not built against torch==0.0.1" in done.stdout
+    assert "pip install --no-build-isolation ." in done.stdout
