@@ -8,10 +8,14 @@ the GPU buffer, IBGDA/NVLink bootstrap, kernels) and the torch-versioned
   build for the running torch raises ``ImportError("Mooncake PG was not built
   against torch==X ...")`` with the rebuild command;
 - the parts that need no native code are plain Python and always present:
-  ``get_ep_buffer_size_hint`` (same formula), ``EventHandle``, ``MAX_QP_COUNT``;
+  ``get_ep_buffer_size_hint`` (same formula), ``EventHandle(stream_ptr=0)`` (the
+  native class's contract, on torch's CUDA events), ``MAX_QP_COUNT``,
+  ``DEVICE_TYPE``;
 - the native runtime's own classes (``Buffer(rank, num_ranks, bytes)`` and the
   rest) exist only when a compiled ``mooncake._ep`` is installed; without it,
-  asking for one raises ImportError saying so. The user-facing
+  asking for one raises an AttributeError saying so, as for any absent name
+  (``hasattr`` is false, ``getattr(ep, name, default)`` gives the default, and
+  ``from mooncake.ep import Buffer`` is an ImportError). The user-facing
   ``mooncake.mooncake_ep_buffer.Buffer`` does not need them: it runs the
   collective path (docs/ep.md).
 """
@@ -21,10 +25,11 @@ from __future__ import annotations
 import importlib
 
 from mooncake import pg as _pg  # noqa: F401 - the loading rule (version-suffixed PG module)
-from mooncake._ep_collective.events import EventHandle
+from mooncake._ep_collective.events import StreamEventHandle as EventHandle
 from mooncake._ep_collective.sizes import ep_buffer_size_hint as get_ep_buffer_size_hint
 
 MAX_QP_COUNT = 256
+DEVICE_TYPE = "cuda"  # the torch device type of the EP runtime (the reference's buffer reads it)
 
 # Names only the compiled runtime provides.
 NATIVE_NAMES = frozenset({"Buffer", "ElasticBuffer", "calculate_elastic_buffer_size", "_LegacyBufferPerfTensors",
@@ -50,7 +55,9 @@ globals().update({n: getattr(_pg, n) for n in _pg.__all__ if n not in globals()}
 
 def __getattr__(name: str):
     if name in NATIVE_NAMES:
-        raise ImportError(
+        # AttributeError, as for any absent name (hasattr, getattr with a
+        # default, and `from mooncake.ep import Buffer` failing as an import).
+        raise AttributeError(
             f"mooncake.ep.{name} is part of the native EP runtime (mooncake._ep), which this build does not "
             "include. Use mooncake.mooncake_ep_buffer.Buffer (the collective path, CPU and CUDA tensors); "
             "see docs/ep.md.")

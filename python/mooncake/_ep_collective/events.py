@@ -30,6 +30,31 @@ class EventHandle:
             self._event.synchronize()
 
 
+class StreamEventHandle:
+    """The reference's native ``mooncake.ep.EventHandle``: an event recorded,
+    timing disabled, on the CUDA stream `stream_ptr` (a ``cudaStream_t`` as
+    an int; 0 is the default stream) when it is made.
+    ``current_stream_wait(stream_ptr)`` makes that stream wait for it."""
+
+    def __init__(self, stream_ptr: int = 0):
+        if not torch.cuda.is_available():
+            raise RuntimeError("mooncake.ep.EventHandle records a CUDA event: it needs a CUDA device")
+        self._event = torch.cuda.Event(enable_timing=False)
+        self._event.record(_stream(stream_ptr))
+
+    def current_stream_wait(self, stream_ptr: int = 0) -> None:
+        _stream(stream_ptr).wait_event(self._event)
+
+    def synchronize(self) -> None:
+        self._event.synchronize()
+
+
+def _stream(stream_ptr: int):
+    if not isinstance(stream_ptr, int) or stream_ptr < 0:
+        raise ValueError(f"stream_ptr must be a cudaStream_t as a non-negative int, got {stream_ptr!r}")
+    return torch.cuda.ExternalStream(stream_ptr) if stream_ptr else torch.cuda.default_stream()
+
+
 class EventOverlap:
     """What dispatch/combine return as ``event``: wraps an EventHandle (or none)
     and keeps the call's tensors alive until it is dropped."""

@@ -213,11 +213,43 @@ def test_mooncake_ep_loading_rule():
 
     assert ep.MAX_QP_COUNT == 256
     assert callable(ep.get_active_ranks)  # mooncake.pg's names are re-exported, as in the reference
+    assert ep.DEVICE_TYPE == "cuda"
     if not ep.HAS_NATIVE_RUNTIME:
-        with pytest.raises(ImportError, match="native EP runtime"):
+        with pytest.raises(AttributeError, match="native EP runtime"):
             ep.Buffer  # noqa: B018
+        with pytest.raises(ImportError):
+            from mooncake.ep import ElasticBuffer  # noqa: F401
+        # Absent like any other name to hasattr and getattr with a default.
+        assert not hasattr(ep, "ElasticBuffer")
+        assert getattr(ep, "Buffer", "absent") == "absent"
     with pytest.raises(AttributeError):
         ep.no_such_name  # noqa: B018
+    assert getattr(ep, "no_such_name", None) is None
+
+
+def test_mooncake_ep_event_handle_has_the_native_contract():
+    import torch
+
+    import mooncake.ep as ep
+
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs a CUDA device"):
+            ep.EventHandle()
+        return
+    # Work queued on a side stream, an event after it, the default stream made
+    # to wait: a copy queued on the default stream then sees the side stream's result.
+    side = torch.cuda.Stream()
+    x = torch.zeros(1 << 20, device="cuda")
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        x.fill_(3.0)
+    event = ep.EventHandle(side.cuda_stream)
+    event.current_stream_wait(0)
+    y = x.clone()  # on the default stream, after the wait
+    event.synchronize()
+    assert torch.equal(y, torch.full_like(x, 3.0))
+    with pytest.raises(ValueError, match="stream_ptr"):
+        ep.EventHandle(-1)
 
 
 @pytest.mark.parametrize("module", ["mooncake.ep", "mooncake.mooncake_ep_buffer", "mooncake.moe"])
