@@ -50,11 +50,11 @@ std::string localAddressToward(const std::string& host) {
 }
 
 std::string chooseHostIp() {
-  for (const char* name : {"MC_TCP_BIND_ADDRESS", "MASTER_ADDR"}) {
-    const char* value = std::getenv(name);
-    if (value == nullptr || *value == '\0') continue;
-    if (std::strcmp(name, "MC_TCP_BIND_ADDRESS") == 0) return value;
-    std::string toward = localAddressToward(value);
+  const char* bind = std::getenv("MC_TCP_BIND_ADDRESS");
+  if (bind != nullptr && *bind != '\0') return bind;
+  const char* master = std::getenv("MASTER_ADDR");
+  if (master != nullptr && *master != '\0') {
+    std::string toward = localAddressToward(master);
     if (!toward.empty()) return toward;
   }
   return "127.0.0.1";

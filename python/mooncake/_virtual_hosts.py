@@ -129,3 +129,4 @@ class VirtualHosts:
         for name in reversed(self._made):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         self._made.clear()
+        atexit.unregister(self.close)

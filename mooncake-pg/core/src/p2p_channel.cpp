@@ -154,8 +154,11 @@ class P2pChannel::Impl {
   // Marks credit slot `index` served and moves the lane's window on.
   static void consume(SendLane& lane, size_t index);
   // Starts writing `length` bytes of `src` at `remote`, then `ack` at
-  // `ack_remote`, from a free staging slot. False when none is free.
-  bool startWrite(int peer, SendOp& op, const char* src, uint64_t remote, uint32_t length, const AckSlot& ack,
+  // `ack_remote`, from a free staging slot (the caller checked there is
+  // one). A write that cannot start is recorded as failed, for reapWrites
+  // to fail the peer: failing it here would end the lane's messages under
+  // the caller, which is iterating over them.
+  void startWrite(int peer, SendOp& op, const char* src, uint64_t remote, uint32_t length, const AckSlot& ack,
                   uint64_t ack_remote);
   // Settles the writes that completed: messages whose bytes all landed
   // complete; a failed write fails its peer.
@@ -432,9 +435,8 @@ int P2pChannel::Impl::writeSlot(int peer, const void* slot, uint64_t remote) {
   return engine_.transferSync({te::TransferRequest{te::Opcode::kWrite, outbox_, peers_[peer].handle, remote, 64}});
 }
 
-bool P2pChannel::Impl::startWrite(int peer, SendOp& op, const char* src, uint64_t remote, uint32_t length,
+void P2pChannel::Impl::startWrite(int peer, SendOp& op, const char* src, uint64_t remote, uint32_t length,
                                   const AckSlot& ack, uint64_t ack_remote) {
-  if (free_staging_.empty()) return false;
   const int slot = free_staging_.back();
   free_staging_.pop_back();
   char* staging = staging_ + static_cast<size_t>(slot) * options_.chunk_bytes;
@@ -447,17 +449,14 @@ bool P2pChannel::Impl::startWrite(int peer, SendOp& op, const char* src, uint64_
   int rc = test_faults::trafficCut() ? te::kTimeout  // lost on the cut cable
            : batch == te::kInvalidBatch ? te::kNotInitialized
                                         : engine_.submitTransfer(batch, {request});
-  if (rc != te::kOk) {
-    // Not started: the peer fails below (the caller sees its failure).
+  op.in_flight++;
+  if (rc != te::kOk) {  // not started: nothing to wait for, its slot is free again
     if (batch != te::kInvalidBatch) engine_.freeBatchID(batch);
     free_staging_.push_back(slot);
-    op.in_flight++;  // undone by failPeer's completion of the op
     writes_.push_back(PendingWrite{te::kInvalidBatch, peer, -1, length, &op});
-    return true;
+    return;
   }
-  op.in_flight++;
   writes_.push_back(PendingWrite{batch, peer, slot, length, &op});
-  return true;
 }
 
 bool P2pChannel::Impl::reapWrites() {
