@@ -7,8 +7,9 @@
 //   READ:  client sends DataHeader; server answers DataStatus and, when it is
 //          kOk, `length` payload bytes.
 //   WRITE with a trailer (opcode kWireWriteWithTrailer): as WRITE, the
-//          payload followed by TrailerHeader + its bytes; the server writes
-//          the trailer once the payload is in place, then answers.
+//          payload followed by TrailerHeader + its bytes; once the payload
+//          is in place the server answers, and then (if it answered kOk)
+//          writes the trailer.
 //
 // The server checks every range against its registered regions; a rejected
 // WRITE's payload is still consumed so the connection stays usable.
