@@ -1,6 +1,7 @@
 #include "mooncake/pg/p2p_channel.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <condition_variable>
 #include <cstring>
@@ -10,10 +11,12 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
 
 #include "mooncake/pg/test_faults.h"
 #include "mooncake/te/shared_memory.h"
 #include "mooncake/te/transfer_engine.h"
+#include "p2p_eager.h"
 #include "p2p_slots.h"
 
 namespace mooncake::pg {
@@ -23,13 +26,16 @@ using Clock = std::chrono::steady_clock;
 
 std::string P2pEndpoint::encode() const {
   std::ostringstream s;
-  s << segment << ' ' << credit_region << ' ' << ack_region << ' ' << notice_region;
+  s << segment << ' ' << credit_region << ' ' << ack_region << ' ' << notice_region << ' ' << eager_region << ' '
+    << release_region << ' ' << eager_bytes << ' ' << eager_slots;
   return s.str();
 }
 
 bool P2pEndpoint::decode(const std::string& text, P2pEndpoint& out) {
   std::istringstream s(text);
-  return static_cast<bool>(s >> out.segment >> out.credit_region >> out.ack_region >> out.notice_region);
+  return static_cast<bool>(s >> out.segment >> out.credit_region >> out.ack_region >> out.notice_region >>
+                           out.eager_region >> out.release_region >> out.eager_bytes >> out.eager_slots) &&
+         out.eager_slots <= kMaxEagerSlots;
 }
 
 class P2pChannel::Impl {
@@ -38,7 +44,8 @@ class P2pChannel::Impl {
   ~Impl();
 
   P2pEndpoint localEndpoint() const {
-    return P2pEndpoint{engine_.segmentName(), addr(credits_), addr(acks_), addr(notices_)};
+    return P2pEndpoint{engine_.segmentName(), addr(credits_), addr(acks_),      addr(notices_),
+                       addr(eager_ring_),     addr(releases_), eager_bytes_, eager_slots_};
   }
   void connect(const std::vector<P2pEndpoint>& peers);
   void post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done);
@@ -46,6 +53,9 @@ class P2pChannel::Impl {
   void reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch);
   void close(int peer, const std::string& why);
   bool isOpen(int peer);
+  P2pCounters counters() const {
+    return P2pCounters{eager_sent_.load(std::memory_order_relaxed), spilled_.load(std::memory_order_relaxed)};
+  }
   bool reachable(const P2pEndpoint& endpoint, std::chrono::milliseconds timeout) {
     if (test_faults::trafficCut()) return false;
     return engine_.probe(endpoint.segment, timeout) == te::kOk;
@@ -58,17 +68,32 @@ class P2pChannel::Impl {
     size_t total;
     Done done;
     uint32_t op_id = 0;
+    uint32_t tag_seq = 0;  // which message of its tag: pairs with the send of the same number
+    // Waits for an eager message (no credits) unless the sender announces
+    // that it sends by credits after all.
+    bool eager = false;
     size_t credited = 0;
     size_t received = 0;
     std::string error;      // set when the sender refused the pair; completes once credits drain
     bool credits_done = false;  // every credit this message needs was issued
+    // A mismatch this side found: one credit of our size tells the sender,
+    // which then refuses the pair too.
+    bool refusal_owed = false;
     int in_flight = 0;          // its credits not acknowledged yet
   };
+  enum class SendPath : uint8_t { kUndecided, kEager, kCredited };
   struct SendOp {
     int tag;
     const char* data;
     size_t total;
     Done done;
+    uint32_t tag_seq = 0;
+    SendPath path = SendPath::kUndecided;
+    // Its eager write (kEager) or its announcement (kCredited) started, or
+    // none is needed any more; at eager sequence number eager_seq.
+    bool eager_written = false;
+    uint32_t eager_seq = 0;
+    bool eager_landed = false;  // its eager write completed: the message is in the peer's ring
     bool bound = false;
     uint32_t op_id = 0;
     size_t sent = 0;    // bytes handed to writes
@@ -82,9 +107,11 @@ class P2pChannel::Impl {
   struct PendingWrite {
     te::BatchId batch;
     int peer;
-    int staging;      // the slot its bytes come from, reused once it settles
+    int staging;      // the slot its bytes come from, reused once it settles (-1: none)
     uint32_t length;
-    SendOp* op;       // null once the message ended otherwise (its peer failed)
+    SendOp* op;       // the credited send it carries bytes of; null for other writes and once that ended
+    uint32_t epoch;   // of the lanes it was written for: a failure of a stale write fails nothing
+    bool release = false;  // a ReleaseSlot (one per peer in flight at a time)
   };
   struct Outstanding {
     uint32_t seq;
@@ -95,11 +122,22 @@ class P2pChannel::Impl {
   };
   // Receives are credited in post order but may complete in any order
   // (different tags), so both lists keep element addresses stable.
+  // An eager message seen in the ring, not taken yet: it waits there for
+  // its receive, or (once the ring is full) in `spilled`.
+  struct Arrival {
+    uint32_t seq;
+    EagerHeader head;
+    bool spilled = false;
+    std::vector<char> bytes;  // its payload once spilled
+  };
   struct RecvLane {
     std::list<RecvOp> ops;
     std::list<Outstanding> outstanding;
     uint32_t issue_seq = 0;
     uint32_t next_op_id = 0;
+    std::unordered_map<int, uint32_t> next_tag_seq;
+    EagerWindow eager;
+    std::list<Arrival> arrivals;
   };
   struct SendLane {
     std::list<SendOp> ops;
@@ -110,6 +148,10 @@ class P2pChannel::Impl {
     // remaining credits must be acknowledged (as mismatches) for the
     // receiver to finish, even when this rank posts nothing more.
     Clock::time_point drain_until{};
+    std::unordered_map<int, uint32_t> next_tag_seq;
+    uint32_t eager_next = 0;      // the next eager sequence number
+    uint32_t eager_released = 0;  // the receiver took every eager message below this
+    uint32_t release_version = 0;  // of the last release read
   };
   struct Peer {
     P2pEndpoint endpoint;
@@ -130,6 +172,12 @@ class P2pChannel::Impl {
     // they are reused only once the peer is known to have moved on (its
     // OpenSlot of the current epoch), to be gone, or to be replaced.
     std::vector<int> quarantined;
+    // Eager writes into the peer's ring may start: at epoch 0, or once the
+    // peer said it reopened at ours (its OpenSlot) and no write of an
+    // earlier epoch is still in flight to it (a stale write must not land
+    // on a slot of the new epoch).
+    bool eager_open = true;
+    int release_writes = 0;  // ReleaseSlot writes to it in flight
   };
   struct Posted {
     bool is_send;
@@ -145,6 +193,29 @@ class P2pChannel::Impl {
   bool stepRecv(int peer);
   bool harvestAcks(int peer);
   bool stepSend(int peer);
+  // The eager path (p2p_eager.h). Sender: completes the sends the peer
+  // took, then starts eager writes (and announcements) in post order while
+  // the peer's ring has room.
+  bool stepEager(int peer);
+  bool harvestReleases(int peer);
+  void startEagerWrite(int peer, SendOp& op);
+  bool eagerWritable(int peer);
+  // Receiver: notes the messages that landed in the peer's ring and pairs
+  // them with receives; a message without its receive stays in the ring
+  // until the ring is full, then waits in memory (so a sender is never held
+  // up by messages this rank takes later). Matched receives end in
+  // harvestAcks, after the caller told the sender (startRelease). False in
+  // `intact` when a slot was found overwritten (a stale write) or malformed.
+  bool pollEager(int peer);
+  bool matchEager(int peer, bool& intact);
+  // Copies an arrival's payload to `to`; false if the slot no longer holds it.
+  bool copyPayload(int peer, const Arrival& arrival, char* to) const;
+  // A size mismatch found on this side: the receive fails, and the sender
+  // learns by a credit of our size unless credits already went out.
+  void refuse(int peer, RecvOp& op);
+  void startRelease(int peer);
+  uint64_t eagerSlotRemote(int peer, uint32_t seq) const;
+  const char* eagerSlot(int peer, uint32_t seq) const;
   // `cut` (test only, test_faults.h): nothing is read from the peers'
   // notices and nobody is probed; only the P2P timeout still applies.
   void checkPeers(bool cut);
@@ -160,6 +231,10 @@ class P2pChannel::Impl {
   // the caller, which is iterating over them.
   void startWrite(int peer, SendOp& op, const char* src, uint64_t remote, uint32_t length, const AckSlot& ack,
                   uint64_t ack_remote);
+  // Submits one write from `staging` (a staging slot, or -1) on behalf of
+  // `op` (a credited send, or null); one that cannot start is recorded as
+  // failed, as above.
+  void submitWrite(int peer, const te::TransferRequest& request, int staging, SendOp* op, bool release = false);
   // Settles the writes that completed: messages whose bytes all landed
   // complete; a failed write fails its peer.
   bool reapWrites();
@@ -168,6 +243,9 @@ class P2pChannel::Impl {
   void drainWrites();
   // Ends every message with `peer` and closes its lanes. Chunks it was
   // credited stay quarantined unless it is `gone` (see Peer::quarantined).
+  // A peer that is `gone` had every eager message that landed in its ring:
+  // those sends end well, as a credited send ends once its bytes landed (a
+  // receiver that takes its last message and exits at once may never tell).
   void failPeer(int peer, const std::string& why, bool gone = false);
   void applyAbort(const std::string& why, const std::vector<int>& failed_ranks, bool mismatch);
   bool closedByPeer(int peer);
@@ -202,6 +280,18 @@ class P2pChannel::Impl {
   std::list<PendingWrite> writes_;
   char* recv_pool_ = nullptr;      // pool_chunks chunks
   std::vector<int> free_chunks_;
+  // The eager path: this rank's rings ([size][eager_slots_] slots of
+  // eagerSlotStride(eager_bytes_)), the peers' releases of what it sent
+  // them, the sources of its release writes, and of its header-only eager
+  // writes ([size][kMaxEagerSlots]).
+  uint64_t eager_bytes_ = 0;
+  uint64_t eager_slots_ = 0;
+  char* eager_ring_ = nullptr;
+  ReleaseSlot* releases_ = nullptr;
+  ReleaseSlot* release_outbox_ = nullptr;
+  EagerHeader* eager_heads_ = nullptr;
+  std::atomic<uint64_t> eager_sent_{0};
+  std::atomic<uint64_t> spilled_{0};
 
   std::vector<Peer> peers_;
   std::vector<RecvLane> recv_lanes_;
@@ -231,8 +321,20 @@ P2pChannel::Impl::Impl(te::TransferEngine& engine, int rank, int size, const P2p
   // As many writes in flight as a receiver's pool has chunks: enough to keep
   // a peer's pool busy, and to spread over the engine's connections.
   staging_slots_ = std::max<size_t>(options_.pool_chunks, 2);
+  // Eager slots: a message and its payload footer must fit a staging chunk;
+  // the rings of all peers together stay within kEagerRingBudget.
+  constexpr size_t kEagerRingBudget = 64u << 20;
+  eager_slots_ = std::min<size_t>(options_.eager_slots, kMaxEagerSlots);
+  eager_bytes_ = std::min(options_.eager_bytes, chunk > 128 ? chunk - 128 : 0);
+  if (eager_slots_ > 0 && static_cast<size_t>(size) * eager_slots_ * eagerSlotStride(eager_bytes_) > kEagerRingBudget) {
+    const size_t per_slot = kEagerRingBudget / (static_cast<size_t>(size) * eager_slots_);
+    eager_bytes_ = per_slot > 128 ? (per_slot - 128) & ~size_t{63} : 0;
+  }
+  if (eager_bytes_ < 1024) eager_bytes_ = eager_slots_ = 0;  // too small to be worth a ring
+  const size_t eager_ring_bytes = static_cast<size_t>(size) * eager_slots_ * eagerSlotStride(eager_bytes_);
   memory_bytes_ = slots * sizeof(CreditSlot) + slots * sizeof(AckSlot) + size * sizeof(PeerNotices) + sizeof(CloseSlot) +
-                  chunk * staging_slots_ + chunk * options_.pool_chunks;
+                  chunk * staging_slots_ + chunk * options_.pool_chunks + 2 * size * sizeof(ReleaseSlot) +
+                  size * kMaxEagerSlots * sizeof(EagerHeader) + eager_ring_bytes;
   // Shared memory: same-host peers write it through a mapping (a memcpy).
   memory_ = static_cast<char*>(te::allocateSharedMemory(memory_bytes_));
   if (memory_ == nullptr) throw std::runtime_error("P2P: cannot allocate " + std::to_string(memory_bytes_) + " bytes");
@@ -242,6 +344,17 @@ P2pChannel::Impl::Impl(te::TransferEngine& engine, int rank, int size, const P2p
   outbox_ = reinterpret_cast<char*>(notices_ + size);
   staging_ = outbox_ + sizeof(CloseSlot);
   recv_pool_ = staging_ + chunk * staging_slots_;
+  releases_ = reinterpret_cast<ReleaseSlot*>(recv_pool_ + chunk * options_.pool_chunks);
+  release_outbox_ = releases_ + size;
+  eager_heads_ = reinterpret_cast<EagerHeader*>(release_outbox_ + size);
+  eager_ring_ = reinterpret_cast<char*>(eager_heads_ + static_cast<size_t>(size) * kMaxEagerSlots);
+  for (int p = 0; p < size; ++p) {
+    reset(&releases_[p]);
+    recv_lanes_[p].eager = EagerWindow(static_cast<uint32_t>(eager_slots_));
+  }
+  for (size_t i = 0; i < static_cast<size_t>(size) * eager_slots_; ++i) {
+    reset(reinterpret_cast<EagerHeader*>(eager_ring_ + i * eagerSlotStride(eager_bytes_)));
+  }
   for (size_t i = 0; i < slots; ++i) {
     reset(&credits_[i]);
     reset(&acks_[i]);
@@ -363,7 +476,9 @@ void P2pChannel::Impl::applyReopen(int p, const P2pEndpoint& endpoint, uint32_t 
     peer.failure_timed_out = false;
     peer.last_progress = Clock::now();
     recv_lanes_[p] = RecvLane{};
+    recv_lanes_[p].eager = EagerWindow(static_cast<uint32_t>(eager_slots_));
     send_lanes_[p] = SendLane{};
+    peer.eager_open = false;  // until the peer says it reopened at this epoch too
     if (peer.failure.empty()) {  // tell the peer we serve no older credit (best effort)
       OpenSlot notice{};
       seal(notice, openToken(epoch));
@@ -445,18 +560,281 @@ void P2pChannel::Impl::startWrite(int peer, SendOp& op, const char* src, uint64_
   request.trailer = &ack;
   request.trailer_length = sizeof(AckSlot);
   request.trailer_target = ack_remote;
+  submitWrite(peer, request, slot, &op);
+}
+
+void P2pChannel::Impl::submitWrite(int peer, const te::TransferRequest& request, int staging, SendOp* op,
+                                   bool release) {
   const te::BatchId batch = engine_.allocateBatchID(1);
   int rc = test_faults::trafficCut() ? te::kTimeout  // lost on the cut cable
            : batch == te::kInvalidBatch ? te::kNotInitialized
                                         : engine_.submitTransfer(batch, {request});
-  op.in_flight++;
+  if (op != nullptr) op->in_flight++;
+  if (release) peers_[peer].release_writes++;
+  const auto length = static_cast<uint32_t>(request.length);
   if (rc != te::kOk) {  // not started: nothing to wait for, its slot is free again
     if (batch != te::kInvalidBatch) engine_.freeBatchID(batch);
-    free_staging_.push_back(slot);
-    writes_.push_back(PendingWrite{te::kInvalidBatch, peer, -1, length, &op});
+    if (staging >= 0) free_staging_.push_back(staging);
+    writes_.push_back(PendingWrite{te::kInvalidBatch, peer, -1, length, op, peers_[peer].epoch, release});
     return;
   }
-  writes_.push_back(PendingWrite{batch, peer, slot, length, &op});
+  writes_.push_back(PendingWrite{batch, peer, staging, length, op, peers_[peer].epoch, release});
+}
+
+uint64_t P2pChannel::Impl::eagerSlotRemote(int peer, uint32_t seq) const {
+  const P2pEndpoint& ep = peers_[peer].endpoint;
+  return ep.eager_region + (static_cast<uint64_t>(rank_) * ep.eager_slots + seq % ep.eager_slots) *
+                               eagerSlotStride(ep.eager_bytes);
+}
+
+const char* P2pChannel::Impl::eagerSlot(int peer, uint32_t seq) const {
+  return eager_ring_ + (static_cast<size_t>(peer) * eager_slots_ + seq % eager_slots_) * eagerSlotStride(eager_bytes_);
+}
+
+bool P2pChannel::Impl::eagerWritable(int p) {
+  Peer& peer = peers_[p];
+  if (peer.eager_open) return true;
+  OpenSlot notice;
+  if (!tryLoad(&notices_[p].open, openToken(peer.epoch), notice)) return false;  // the peer has not reopened yet
+  for (const PendingWrite& w : writes_) {
+    if (w.peer == p && w.epoch != peer.epoch) return false;
+  }
+  peer.eager_open = true;
+  return true;
+}
+
+void P2pChannel::Impl::startEagerWrite(int p, SendOp& op) {
+  Peer& peer = peers_[p];
+  const uint32_t seq = send_lanes_[p].eager_next++;
+  const bool data = op.path == SendPath::kEager;
+  EagerHeader head{};
+  head.length = data ? op.total : 0;
+  head.total = op.total;
+  head.tag = op.tag;
+  head.tag_seq = op.tag_seq;
+  head.kind = data ? EagerKind::kData : EagerKind::kAnnounce;
+  seal(head, token(peer.epoch, seq));
+  op.eager_written = true;
+  op.eager_seq = seq;
+  const uint64_t remote = eagerSlotRemote(p, seq);
+  if (data) eager_sent_.fetch_add(1, std::memory_order_relaxed);
+  if (head.length == 0) {  // the head alone, whole in one 64-byte write
+    EagerHeader* source = &eager_heads_[static_cast<size_t>(p) * kMaxEagerSlots + seq % kMaxEagerSlots];
+    *source = head;
+    submitWrite(p, te::TransferRequest{te::Opcode::kWrite, source, peer.handle, remote, sizeof(EagerHeader)}, -1,
+                data ? &op : nullptr);
+    return;
+  }
+  // The payload and its footer, then the head as the trailer: the receiver
+  // sees the head only once the bytes are in place.
+  const int slot = free_staging_.back();
+  free_staging_.pop_back();
+  char* staging = staging_ + static_cast<size_t>(slot) * options_.chunk_bytes;
+  std::memcpy(staging, op.data, op.total);
+  std::memcpy(staging + op.total, &head.header, sizeof(head.header));
+  te::TransferRequest request{te::Opcode::kWrite, staging, peer.handle, remote + kEagerPayloadOffset,
+                              op.total + sizeof(head.header)};
+  request.trailer = &head;
+  request.trailer_length = sizeof(EagerHeader);
+  request.trailer_target = remote;
+  submitWrite(p, request, slot, data ? &op : nullptr);
+}
+
+bool P2pChannel::Impl::harvestReleases(int p) {
+  SendLane& lane = send_lanes_[p];
+  ReleaseSlot release;
+  if (!tryLoadOfEpoch(&releases_[p], peers_[p].epoch, release)) return false;
+  const auto version = static_cast<uint32_t>(release.header);
+  if (version == lane.release_version) return false;  // seen
+  lane.release_version = version;
+  const uint32_t count = release.count;
+  if (seqBefore(count, lane.eager_released) || seqBefore(lane.eager_next, count)) return false;  // not one of ours
+  lane.eager_released = count;
+  for (auto it = lane.ops.begin(); it != lane.ops.end();) {
+    if (it->path != SendPath::kEager || !it->eager_written || !releaseTook(count, release.taken_ahead, it->eager_seq)) {
+      ++it;
+      continue;
+    }
+    OpResult result;
+    if (releasedAsMismatch(release.mismatch, it->eager_seq)) {
+      result = failure(p, "message size mismatch with rank " + std::to_string(p) + ": this rank sends " +
+                              std::to_string(it->total) + " bytes, the matching receive expects a different size");
+      result.mismatch = true;
+    }
+    for (PendingWrite& w : writes_) {
+      if (w.op == &*it) w.op = nullptr;  // its write may settle after the receiver took it
+    }
+    Done done = std::move(it->done);
+    it = lane.ops.erase(it);
+    done(result);
+  }
+  peers_[p].last_progress = Clock::now();
+  return true;
+}
+
+bool P2pChannel::Impl::stepEager(int p) {
+  SendLane& lane = send_lanes_[p];
+  const P2pEndpoint& ep = peers_[p].endpoint;
+  if (lane.ops.empty() || ep.eager_slots == 0) return false;
+  bool progressed = harvestReleases(p);
+  if (!eagerWritable(p)) return progressed;
+  for (SendOp& op : lane.ops) {
+    if (op.path == SendPath::kUndecided) {
+      const bool fits = op.total <= ep.eager_bytes && op.total + sizeof(uint64_t) <= options_.chunk_bytes;
+      op.path = fits ? SendPath::kEager : SendPath::kCredited;
+    }
+    if (op.eager_written) continue;
+    if (op.path == SendPath::kCredited && op.bound) {  // its receive credits it already: nothing to announce
+      op.eager_written = true;
+      continue;
+    }
+    // In post order: the ring is full, or a message waits for staging.
+    if (lane.eager_next - lane.eager_released >= ep.eager_slots) break;
+    if (op.path == SendPath::kEager && op.total > 0 && free_staging_.empty()) break;
+    startEagerWrite(p, op);
+    progressed = true;
+  }
+  return progressed;
+}
+
+bool P2pChannel::Impl::pollEager(int p) {
+  RecvLane& lane = recv_lanes_[p];
+  bool progressed = false;
+  const uint32_t base = lane.eager.base();
+  for (uint32_t seq = base; seq != base + lane.eager.slots(); ++seq) {
+    if (!lane.eager.waiting(seq)) continue;
+    EagerHeader head;
+    if (!tryLoad(reinterpret_cast<const EagerHeader*>(eagerSlot(p, seq)), token(peers_[p].epoch, seq), head)) continue;
+    lane.eager.arrived(seq);
+    lane.arrivals.push_back(Arrival{seq, head, false, {}});
+    progressed = true;
+  }
+  return progressed;
+}
+
+bool P2pChannel::Impl::copyPayload(int p, const Arrival& arrival, char* to) const {
+  const size_t length = arrival.head.length;
+  if (arrival.spilled) {
+    if (length > 0) std::memcpy(to, arrival.bytes.data(), length);
+    return true;
+  }
+  const char* slot = eagerSlot(p, arrival.seq);
+  if (length > 0) std::memcpy(to, slot + kEagerPayloadOffset, length);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  uint64_t footer = 0;
+  if (arrival.head.kind == EagerKind::kData && length > 0) {
+    std::memcpy(&footer, slot + kEagerPayloadOffset + length, sizeof(footer));
+  } else {
+    footer = arrival.head.header;
+  }
+  const uint64_t header = reinterpret_cast<const std::atomic<uint64_t>*>(slot)->load(std::memory_order_relaxed);
+  return footer == arrival.head.header && header == arrival.head.header;
+}
+
+void P2pChannel::Impl::refuse(int p, RecvOp& op) {
+  if (op.error.empty()) {
+    op.error = "message size mismatch with rank " + std::to_string(p) + ": this rank receives " +
+               std::to_string(op.total) + " bytes, the matching send has a different size";
+  }
+  // A sender of credited bytes learns from a credit of our size; credits
+  // already out tell it the same.
+  if (op.eager || (op.credited == 0 && op.in_flight == 0)) op.refusal_owed = true;
+  op.eager = false;
+  op.credits_done = true;
+}
+
+bool P2pChannel::Impl::matchEager(int p, bool& intact) {
+  RecvLane& lane = recv_lanes_[p];
+  bool progressed = false;
+  for (auto it = lane.arrivals.begin(); it != lane.arrivals.end();) {
+    const EagerHeader& head = it->head;
+    if (head.length > eager_bytes_ || (head.kind == EagerKind::kData && head.length != head.total) ||
+        (head.kind != EagerKind::kData && head.kind != EagerKind::kAnnounce)) {
+      intact = false;  // not a head this protocol writes
+      return progressed;
+    }
+    auto op = std::find_if(lane.ops.begin(), lane.ops.end(),
+                           [&](const RecvOp& o) { return o.tag == head.tag && o.tag_seq == head.tag_seq; });
+    if (op == lane.ops.end()) {
+      auto next = lane.next_tag_seq.find(head.tag);
+      if (next == lane.next_tag_seq.end() || !seqBefore(head.tag_seq, next->second)) {
+        ++it;  // its receive is not posted yet
+        continue;
+      }
+      // Its receive ended already (refused for a size mismatch): a message
+      // with bytes counts as mismatched for the sender too.
+      lane.eager.take(it->seq, head.kind == EagerKind::kData);
+      it = lane.arrivals.erase(it);
+      progressed = true;
+      continue;
+    }
+    bool mismatch = false;
+    if (head.kind == EagerKind::kAnnounce) {
+      if (head.total != op->total) {
+        refuse(p, *op);
+      } else if (op->eager) {  // it comes by credits after all
+        op->eager = false;
+        op->credits_done = false;
+      }
+    } else if (head.length != op->total) {
+      mismatch = true;  // the sender learns from the release
+      if (op->error.empty()) {
+        op->error = "message size mismatch with rank " + std::to_string(p) + ": this rank receives " +
+                    std::to_string(op->total) + " bytes, the matching send has " + std::to_string(head.length);
+      }
+      op->eager = false;
+      op->credits_done = true;
+    } else {
+      if (!copyPayload(p, *it, op->data)) {
+        intact = false;
+        return progressed;
+      }
+      op->received = op->total;
+      op->eager = false;
+      op->credits_done = true;  // credits already out are answered "sent eagerly"
+    }
+    lane.eager.take(it->seq, mismatch);
+    it = lane.arrivals.erase(it);
+    progressed = true;
+  }
+  // A full ring holds the sender up: move the oldest waiting message out.
+  while (lane.eager.full()) {
+    const uint32_t oldest = lane.eager.base();
+    auto it = std::find_if(lane.arrivals.begin(), lane.arrivals.end(),
+                           [&](const Arrival& a) { return a.seq == oldest && !a.spilled; });
+    if (it == lane.arrivals.end()) break;
+    std::vector<char> bytes(it->head.length);
+    if (!copyPayload(p, *it, bytes.data())) {
+      intact = false;
+      return progressed;
+    }
+    it->bytes = std::move(bytes);
+    it->spilled = true;
+    lane.eager.take(oldest, false);
+    spilled_.fetch_add(1, std::memory_order_relaxed);
+    progressed = true;
+  }
+  return progressed;
+}
+
+void P2pChannel::Impl::startRelease(int p) {
+  Peer& peer = peers_[p];
+  RecvLane& lane = recv_lanes_[p];
+  if (!lane.eager.releaseOwed() || peer.release_writes > 0 || !peer.failure.empty() ||
+      peer.handle == te::kInvalidSegment) {
+    return;
+  }
+  ReleaseSlot& source = release_outbox_[p];
+  source = ReleaseSlot{};
+  source.count = lane.eager.base();
+  source.taken_ahead = lane.eager.takenAheadBits();
+  source.mismatch = lane.eager.mismatchBits();
+  seal(source, token(peer.epoch, lane.eager.tell()));
+  submitWrite(p,
+              te::TransferRequest{te::Opcode::kWrite, &source, peer.handle,
+                                  peer.endpoint.release_region + static_cast<uint64_t>(rank_) * sizeof(ReleaseSlot),
+                                  sizeof(ReleaseSlot)},
+              -1, nullptr, /*release=*/true);
 }
 
 bool P2pChannel::Impl::reapWrites() {
@@ -474,18 +852,26 @@ bool P2pChannel::Impl::reapWrites() {
         continue;
       }
       engine_.freeBatchID(it->batch);
-      free_staging_.push_back(it->staging);
+      if (it->staging >= 0) free_staging_.push_back(it->staging);
       rc = status.state == te::TransferState::kCompleted ? te::kOk : status.error != te::kOk ? status.error : te::kTimeout;
     }
     const PendingWrite write = *it;
     it = writes_.erase(it);
     progressed = true;
-    if (write.op == nullptr) continue;  // its message already ended
     const int peer = write.peer;
-    SendOp& op = *write.op;
-    op.in_flight--;
+    if (write.release) peers_[peer].release_writes--;
+    if (write.op != nullptr) write.op->in_flight--;
     if (rc != te::kOk) {
-      failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
+      // A write of lanes since reopened (or already failed) fails nothing.
+      if (write.epoch == peers_[peer].epoch && peers_[peer].failure.empty()) {
+        failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
+      }
+      continue;
+    }
+    if (write.op == nullptr) continue;  // not a send's bytes, or its message already ended
+    SendOp& op = *write.op;
+    if (op.path == SendPath::kEager) {  // it ends when the receiver takes it
+      op.eager_landed = true;
       continue;
     }
     peers_[peer].last_progress = Clock::now();
@@ -518,8 +904,14 @@ void P2pChannel::Impl::drainWrites() {
 
 void P2pChannel::Impl::failPeer(int peer, const std::string& why, bool gone) {
   Peer& p = peers_[peer];
+  if (p.failure.empty() && eager_slots_ > 0) {  // what had fully arrived completes; the rest fails below
+    bool intact = true;
+    pollEager(peer);
+    matchEager(peer, intact);
+  }
+  if (p.failure.empty()) harvestReleases(peer);
   if (p.failure.empty()) p.failure = why;
-  harvestAcks(peer);  // what had fully arrived completes; the rest fails below
+  harvestAcks(peer);
   RecvLane& rl = recv_lanes_[peer];
   for (const Outstanding& o : rl.outstanding) {
     if (o.chunk >= 0) p.quarantined.push_back(o.chunk);
@@ -531,7 +923,10 @@ void P2pChannel::Impl::failPeer(int peer, const std::string& why, bool gone) {
   rl.outstanding.clear();
   for (RecvOp& op : rl.ops) op.done(failure(peer, p.failure));
   rl.ops.clear();
-  for (SendOp& op : send_lanes_[peer].ops) op.done(failure(peer, p.failure));
+  for (SendOp& op : send_lanes_[peer].ops) {
+    const bool delivered = gone && op.path == SendPath::kEager && op.eager_landed;
+    op.done(delivered ? OpResult{} : failure(peer, p.failure));
+  }
   send_lanes_[peer].ops.clear();
   for (PendingWrite& w : writes_) {
     if (w.peer == peer) w.op = nullptr;  // still settles, to free its staging slot
@@ -562,6 +957,8 @@ bool P2pChannel::Impl::harvestAcks(int peer) {
                    std::to_string(op.total) + " bytes, the matching send has a different size";
       }
       op.credits_done = true;  // issue nothing more for it
+    } else if (ack.length == kAckSentEagerly) {
+      // The bytes come (or came) through the eager ring; the chunk is unused.
     } else if (op.error.empty() && it->length > 0) {
       std::memcpy(op.data + it->offset, recv_pool_ + it->chunk * chunk, it->length);
       op.received += it->length;
@@ -573,7 +970,8 @@ bool P2pChannel::Impl::harvestAcks(int peer) {
   }
   for (auto it = lane.ops.begin(); it != lane.ops.end();) {
     RecvOp& op = *it;
-    bool finished = op.in_flight == 0 && op.credits_done && (op.received == op.total || !op.error.empty());
+    bool finished = op.in_flight == 0 && op.credits_done && !op.eager && !op.refusal_owed &&
+                    (op.received == op.total || !op.error.empty());
     if (!finished) {
       ++it;
       continue;
@@ -590,17 +988,29 @@ bool P2pChannel::Impl::harvestAcks(int peer) {
 
 bool P2pChannel::Impl::stepRecv(int peer) {
   RecvLane& lane = recv_lanes_[peer];
-  if (lane.ops.empty()) return false;
   bool progressed = false;
+  if (eager_slots_ > 0 && peers_[peer].failure.empty()) {
+    progressed |= pollEager(peer);
+    bool intact = true;
+    progressed |= matchEager(peer, intact);
+    if (!intact) {
+      failPeer(peer, "an eager message from rank " + std::to_string(peer) +
+                         " was overwritten in its slot or malformed; point-to-point with this rank is closed");
+      return true;
+    }
+    startRelease(peer);  // before the receives complete: the sender's sends end with them
+  }
+  if (lane.ops.empty()) return progressed;
   const size_t chunk = options_.chunk_bytes;
   // Grant credits to every posted receive, in post order: a sender may only
   // have the message of a later receive ready (another tag).
   for (RecvOp& op : lane.ops) {
-    while (op.error.empty() && !op.credits_done) {
+    while ((op.error.empty() && !op.credits_done) || op.refusal_owed) {
       uint32_t oldest = lane.outstanding.empty() ? lane.issue_seq : lane.outstanding.front().seq;
       for (const Outstanding& o : lane.outstanding) oldest = std::min(oldest, o.seq);
       if (lane.issue_seq - oldest >= static_cast<uint32_t>(kSlotsPerLane)) break;  // its slot is still in use
-      const uint32_t length = static_cast<uint32_t>(std::min(chunk, op.total - op.credited));
+      const bool refusal = op.refusal_owed;  // no bytes: it only carries our size
+      const uint32_t length = refusal ? 0 : static_cast<uint32_t>(std::min(chunk, op.total - op.credited));
       if (length > 0 && free_chunks_.empty()) break;
       const int c = length > 0 ? free_chunks_.back() : -1;
       if (c >= 0) free_chunks_.pop_back();
@@ -611,14 +1021,19 @@ bool P2pChannel::Impl::stepRecv(int peer) {
       credit.length = length;
       credit.tag = op.tag;
       credit.op_id = op.op_id;
-      credit.offset = op.credited;
+      credit.tag_seq = op.tag_seq;
+      credit.offset = refusal ? 0 : op.credited;
       seal(credit, token(peers_[peer].epoch, seq));
       const uint64_t remote = peers_[peer].endpoint.credit_region +
                               (static_cast<uint64_t>(rank_) * kSlotsPerLane + seq % kSlotsPerLane) * sizeof(CreditSlot);
-      lane.outstanding.push_back(Outstanding{seq, c, op.credited, length, &op});
+      lane.outstanding.push_back(Outstanding{seq, c, credit.offset, length, &op});
       op.in_flight++;
-      op.credited += length;
-      op.credits_done = op.credited == op.total;
+      if (refusal) {
+        op.refusal_owed = false;
+      } else {
+        op.credited += length;
+        op.credits_done = op.credited == op.total;
+      }
       if (int rc = writeSlot(peer, &credit, remote); rc != te::kOk) {
         failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
         return true;
@@ -662,19 +1077,32 @@ bool P2pChannel::Impl::stepSend(int peer) {
       lane.drain_until = Clock::now() + std::chrono::seconds(1);
     } else {
       // The send this credit serves: the one bound to the receiver's message,
-      // else the oldest unbound send with the credit's tag.
+      // else the send with the credit's tag and number.
       auto it = std::find_if(lane.ops.begin(), lane.ops.end(),
                              [&](const SendOp& op) { return op.bound && op.op_id == credit.op_id; });
+      bool sent_eagerly = false;
       if (it == lane.ops.end()) {
-        it = std::find_if(lane.ops.begin(), lane.ops.end(),
-                          [&](const SendOp& op) { return !op.bound && op.tag == credit.tag; });
-        if (it == lane.ops.end()) continue;  // not posted yet: keep the credit for later
-        it->bound = true;
-        it->op_id = credit.op_id;
+        it = std::find_if(lane.ops.begin(), lane.ops.end(), [&](const SendOp& op) {
+          return !op.bound && op.tag == credit.tag && op.tag_seq == credit.tag_seq;
+        });
+        if (it == lane.ops.end()) {
+          auto next = lane.next_tag_seq.find(credit.tag);
+          if (next == lane.next_tag_seq.end() || !seqBefore(credit.tag_seq, next->second)) continue;  // not posted yet
+          sent_eagerly = true;  // it went through the eager ring and was taken
+        } else if (it->path == SendPath::kEager && it->eager_written) {
+          sent_eagerly = it->total == credit.total;  // else refused below
+        } else {
+          it->path = SendPath::kCredited;  // the receive credits it: its bytes go by credits
+          it->eager_written = true;         // and nothing needs announcing
+          it->bound = true;
+          it->op_id = credit.op_id;
+        }
       }
       // Credits may be served out of order (the window is scanned), so the
       // bytes come from the offset the credit names, not from a cursor.
-      if (it->total != credit.total || credit.offset > it->total || credit.length > it->total - credit.offset) {
+      if (sent_eagerly) {
+        ack.length = kAckSentEagerly;  // the receiver releases the chunk; the send ends with its release
+      } else if (it->total != credit.total || credit.offset > it->total || credit.length > it->total - credit.offset) {
         lane.rejected_op_id = credit.op_id;
         lane.drain_until = Clock::now() + std::chrono::seconds(1);
         ack.length = kAckSizeMismatch;
@@ -765,7 +1193,8 @@ void P2pChannel::Impl::loop() {
       bool busy = !writes_.empty();
       const auto now = Clock::now();
       for (int p = 0; p < size_ && !busy; ++p) {
-        busy = !recv_lanes_[p].ops.empty() || !send_lanes_[p].ops.empty() || now < send_lanes_[p].drain_until;
+        busy = !recv_lanes_[p].ops.empty() || !send_lanes_[p].ops.empty() || now < send_lanes_[p].drain_until ||
+               recv_lanes_[p].eager.releaseOwed();
       }
       if (!busy) cv_.wait(lock, [this] { return stopping_ || !posted_.empty() || !control_.empty(); });
       incoming.swap(posted_);
@@ -788,10 +1217,18 @@ void P2pChannel::Impl::loop() {
       if (!peer.failure.empty()) {
         op.done(failure(op.peer, peer.failure));
       } else if (op.is_send) {
-        send_lanes_[op.peer].ops.push_back(SendOp{op.tag, op.data, op.bytes, std::move(op.done), false, 0, 0});
+        SendLane& lane = send_lanes_[op.peer];
+        SendOp send{op.tag, op.data, op.bytes, std::move(op.done), {}, {}, {}, {}, {}, {}, {}, {}, {}};
+        send.tag_seq = lane.next_tag_seq[op.tag]++;
+        lane.ops.push_back(std::move(send));
       } else {
         RecvLane& lane = recv_lanes_[op.peer];
-        lane.ops.push_back(RecvOp{op.tag, op.data, op.bytes, std::move(op.done), lane.next_op_id++, 0, 0, {}, false, 0});
+        RecvOp recv{op.tag, op.data, op.bytes, std::move(op.done), {}, {}, {}, {}, {}, {}, {}, {}, {}};
+        recv.op_id = lane.next_op_id++;
+        recv.tag_seq = lane.next_tag_seq[op.tag]++;
+        recv.eager = eager_slots_ > 0 && op.bytes <= eager_bytes_;
+        recv.credits_done = recv.eager;  // it waits for an eager message, not credits
+        lane.ops.push_back(std::move(recv));
       }
       if (recv_lanes_[op.peer].ops.size() + send_lanes_[op.peer].ops.size() == 1) peer.last_progress = Clock::now();
     }
@@ -801,6 +1238,7 @@ void P2pChannel::Impl::loop() {
     progressed |= reapWrites();
     for (int p = 0; p < size_ && !cut; ++p) {
       progressed |= stepRecv(p);
+      progressed |= stepEager(p);
       progressed |= stepSend(p);
     }
     checkPeers(cut);
@@ -817,7 +1255,10 @@ void P2pChannel::Impl::loop() {
       std::this_thread::yield();
     }
   }
-  // Shutting down: whatever is pending fails, and no abort() waits forever.
+  // Shutting down: the peers learn what this rank took (their sends of it
+  // end well), whatever is pending fails, and no abort() waits forever.
+  drainWrites();
+  for (int p = 0; p < size_ && !test_faults::trafficCut(); ++p) startRelease(p);
   for (int p = 0; p < size_; ++p) failPeer(p, "the process group was shut down");
   drainWrites();  // the engine may still be reading the staging memory
   std::vector<Posted> left;
@@ -848,6 +1289,7 @@ void P2pChannel::abort(const std::string& why, const std::vector<int>& failed_ra
 void P2pChannel::reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch) { impl_->reopen(peer, endpoint, epoch); }
 void P2pChannel::close(int peer, const std::string& why) { impl_->close(peer, why); }
 bool P2pChannel::isOpen(int peer) { return impl_->isOpen(peer); }
+P2pCounters P2pChannel::counters() const { return impl_->counters(); }
 bool P2pChannel::reachable(const P2pEndpoint& endpoint, std::chrono::milliseconds timeout) {
   return impl_->reachable(endpoint, timeout);
 }

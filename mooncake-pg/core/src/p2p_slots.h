@@ -13,6 +13,9 @@ namespace mooncake::pg::p2p {
 constexpr uint64_t kEmptyToken = ~0ull;
 constexpr int kSlotsPerLane = 64;  // credits in flight per (peer, direction)
 constexpr uint32_t kAckSizeMismatch = 0xffffffffu;
+// "The message this credit is for went through your eager ring": the
+// credited chunk stays unused (the two ends chose paths differently).
+constexpr uint32_t kAckSentEagerly = 0xfffffffeu;
 
 inline uint64_t token(uint32_t epoch, uint32_t seq) { return (static_cast<uint64_t>(epoch) << 32) | seq; }
 
@@ -27,7 +30,8 @@ struct alignas(64) CreditSlot {
   uint32_t length;
   int32_t tag;
   uint32_t op_id;   // which of the receiver's messages (per lane) this credit serves
-  uint8_t reserved[12];
+  uint32_t tag_seq;  // which message of that tag (per lane): the send it pairs with
+  uint8_t reserved[8];
   uint64_t footer;
 };
 static_assert(sizeof(CreditSlot) == 64);
@@ -41,6 +45,46 @@ struct alignas(64) AckSlot {
   uint64_t footer;
 };
 static_assert(sizeof(AckSlot) == 64);
+
+// Sender -> receiver, the head of a slot of the receiver's eager ring (see
+// p2p_eager.h). A data message's head is its write's trailer, so it lands
+// after the payload; the payload is followed by the head's token too, which
+// tells a slot whose bytes a stale write overwrote from a whole one.
+enum class EagerKind : uint32_t {
+  kData = 0,      // `length` bytes of payload follow the head
+  kAnnounce = 1,  // no payload: "message `tag_seq` of `total` bytes comes by credits"
+};
+struct alignas(64) EagerHeader {
+  uint64_t header;
+  uint64_t length;  // payload bytes
+  uint64_t total;   // the sender's message size
+  int32_t tag;
+  uint32_t tag_seq;
+  EagerKind kind;
+  uint8_t reserved[20];
+  uint64_t footer;
+};
+static_assert(sizeof(EagerHeader) == 64);
+// Where a slot's payload starts, and how far apart slots of `eager_bytes` lie.
+constexpr size_t kEagerPayloadOffset = sizeof(EagerHeader);
+inline size_t eagerSlotStride(size_t eager_bytes) {
+  return kEagerPayloadOffset + ((eager_bytes + sizeof(uint64_t) + 63) & ~size_t{63});
+}
+
+// Receiver -> sender: "I took your eager messages below `count`, and those
+// of `taken_ahead` (bit seq % 64) above it"; bit seq % 64 of `mismatch`:
+// message seq did not match its receive's size. Sealed with token(epoch,
+// version), a new version per release, so that a torn slot never passes.
+struct alignas(64) ReleaseSlot {
+  uint64_t header;
+  uint32_t count;
+  uint32_t reserved0;
+  uint64_t taken_ahead;
+  uint64_t mismatch;
+  uint8_t reserved[24];
+  uint64_t footer;
+};
+static_assert(sizeof(ReleaseSlot) == 64);
 
 // A rank that gives up -> every peer: "fail what you have with me; these
 // ranks are at fault, for this reason". Written once per lane epoch, sealed
@@ -90,6 +134,16 @@ bool tryLoad(const Slot* shared, uint64_t expected, Slot& out) {
   std::atomic_thread_fence(std::memory_order_acquire);
   auto* footer = reinterpret_cast<const std::atomic<uint64_t>*>(&shared->footer);
   return footer->load(std::memory_order_relaxed) == expected && out.header == expected;
+}
+
+// Copies the slot out if it holds a whole token of `epoch` (any sequence
+// number), for slots that carry a count rather than an expected token.
+template <typename Slot>
+bool tryLoadOfEpoch(const Slot* shared, uint32_t epoch, Slot& out) {
+  auto* header = reinterpret_cast<const std::atomic<uint64_t>*>(&shared->header);
+  const uint64_t seen = header->load(std::memory_order_acquire);
+  if (seen == kEmptyToken || (seen >> 32) != epoch) return false;
+  return tryLoad(shared, seen, out);
 }
 
 template <typename Slot>

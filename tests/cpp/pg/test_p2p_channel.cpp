@@ -171,6 +171,84 @@ TEST_P(P2pPair, SizeMismatchFailsBothSidesAndTheNextMessageStillWorks) {
   EXPECT_EQ(got, next);
 }
 
+TEST_P(P2pPair, SmallMessagesGoEagerlyAndLargerOnesByCredits) {
+  // Eager size: the chunk (64 KiB) less 128 bytes. Each send is posted
+  // before its receive, so an eager message waits in the ring.
+  auto sent = [&] { return ranks_[0]->channel->counters().eager_sent; };
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4096}, size_t{65408}, size_t{65409}, size_t{200000}}) {
+    SCOPED_TRACE(n);
+    const uint64_t before = sent();
+    auto data = pattern(n, 5);
+    std::vector<uint8_t> got(n, 0);
+    auto s = send(0, 1, 4, data);
+    std::this_thread::sleep_for(20ms);
+    auto r = recv(1, 0, 4, got);
+    OpResult sr = get(s), rr = get(r);
+    ASSERT_TRUE(sr.ok) << sr.error;
+    ASSERT_TRUE(rr.ok) << rr.error;
+    ASSERT_EQ(got, data);
+    EXPECT_EQ(sent() - before, n <= 65408 ? 1u : 0u);
+  }
+}
+
+TEST_P(P2pPair, UnexpectedSmallMessagesBeyondTheRingWaitInMemory) {
+  // Twenty small sends at once, tags 0..19, while the receiver waits for
+  // tag 19 only. The ring has 8 slots: the receiver must move messages out
+  // of the full ring, or tag 19 would never get in. The rest are received
+  // afterwards, in reverse order.
+  std::vector<std::vector<uint8_t>> out, in;
+  std::vector<std::future<OpResult>> sends, recvs;
+  for (int i = 0; i < 20; ++i) out.push_back(pattern(1000 + 37 * i, i));
+  for (int i = 0; i < 20; ++i) in.emplace_back(out[i].size());
+  auto last = recv(1, 0, 19, in[19]);
+  for (int i = 0; i < 20; ++i) sends.push_back(send(0, 1, i, out[i]));
+  ASSERT_TRUE(get(last).ok);
+  EXPECT_EQ(in[19], out[19]);
+  EXPECT_GE(ranks_[1]->channel->counters().spilled, 12u);
+  for (int i = 18; i >= 0; --i) recvs.push_back(recv(1, 0, i, in[i]));
+  for (auto& f : sends) ASSERT_TRUE(get(f).ok);
+  for (auto& f : recvs) ASSERT_TRUE(get(f).ok);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(in[i], out[i]) << "tag " << i;
+}
+
+TEST_P(P2pPair, EagerAndCreditedMessagesOfOneTagKeepTheirOrder) {
+  const std::vector<size_t> sizes = {200000, 100, 150000, 5, 0, 70000};
+  std::vector<std::vector<uint8_t>> out, in;
+  std::vector<std::future<OpResult>> futures;
+  for (size_t i = 0; i < sizes.size(); ++i) out.push_back(pattern(sizes[i], static_cast<int>(i)));
+  for (size_t n : sizes) in.emplace_back(n);
+  for (auto& m : out) futures.push_back(send(0, 1, 3, m));
+  for (auto& m : in) futures.push_back(recv(1, 0, 3, m));
+  for (auto& f : futures) ASSERT_TRUE(get(f).ok);
+  for (size_t i = 0; i < sizes.size(); ++i) EXPECT_EQ(in[i], out[i]) << "message " << i;
+}
+
+TEST_P(P2pPair, SizeMismatchAcrossTheEagerSizeFailsBothSidesEitherWay) {
+  // Small against large (the receive credits, the sender wrote eagerly),
+  // large against small (the sender announces its size), small against
+  // small: both ends fail, and the lane stays in step.
+  for (auto [sent, expected] : std::vector<std::pair<size_t, size_t>>{{100, 200000}, {200000, 100}, {100, 120}}) {
+    SCOPED_TRACE(std::to_string(sent) + " against " + std::to_string(expected));
+    auto data = pattern(sent, 1);
+    std::vector<uint8_t> got(expected);
+    auto s = send(0, 1, 0, data);
+    auto r = recv(1, 0, 0, got);
+    OpResult sr = get(s), rr = get(r);
+    EXPECT_FALSE(sr.ok);
+    EXPECT_FALSE(rr.ok);
+    EXPECT_TRUE(sr.mismatch) << sr.error;
+    EXPECT_TRUE(rr.mismatch) << rr.error;
+    EXPECT_NE(rr.error.find("mismatch"), std::string::npos) << rr.error;
+    auto next = pattern(77, 2);
+    std::vector<uint8_t> next_got(77);
+    auto s2 = send(0, 1, 0, next);
+    auto r2 = recv(1, 0, 0, next_got);
+    ASSERT_TRUE(get(s2).ok);
+    ASSERT_TRUE(get(r2).ok);
+    EXPECT_EQ(next_got, next);
+  }
+}
+
 TEST_P(P2pPair, PeerThatGoesAwayFailsPendingOperations) {
   std::vector<uint8_t> got(1000);
   auto r = recv(0, 1, 0, got);  // rank 1 never sends, and then disappears
@@ -188,7 +266,8 @@ TEST_P(P2pPair, ASendWhoseBytesLandedCompletesWhenItsAckReplyIsLost) {
   // The receiver reads the last ack and may exit before the reply to that
   // write reaches the sender: the message was delivered, so the send
   // succeeds; only what comes next with that peer fails.
-  const std::vector<uint8_t> data = pattern(1000, 3);  // one chunk: its ack is the last
+  // One chunk, above the eager size (a chunk less 128 bytes): its ack is the last.
+  const std::vector<uint8_t> data = pattern(65500, 3);
   std::vector<uint8_t> got(data.size());
   auto r = recv(1, 0, 0, got);
   test_faults::loseAckReplies();
@@ -233,14 +312,20 @@ TEST_P(P2pPair, ReopenAtANewEpochAfterAnAbortCarriesMessagesAgain) {
   const P2pEndpoint ep0 = ranks_[0]->channel->localEndpoint(), ep1 = ranks_[1]->channel->localEndpoint();
   ranks_[0]->channel->reopen(1, ep1, 1);
   const auto data = pattern(300 * 1024, 5);  // several chunks: credits and acks of the new epoch
+  const auto small = pattern(500, 6);        // eager: waits until rank 1 says it reopened
   auto s0 = send(0, 1, 3, data);
+  auto s1 = send(0, 1, 4, small);
   std::this_thread::sleep_for(50ms);
   ranks_[1]->channel->reopen(0, ep0, 1);
-  std::vector<uint8_t> out(data.size());
+  std::vector<uint8_t> out(data.size()), small_out(small.size());
   auto r1 = recv(1, 0, 3, out);
+  auto r2 = recv(1, 0, 4, small_out);
   ASSERT_TRUE(get(s0).ok);
   ASSERT_TRUE(get(r1).ok);
+  ASSERT_TRUE(get(s1).ok);
+  ASSERT_TRUE(get(r2).ok);
   EXPECT_EQ(out, data);
+  EXPECT_EQ(small_out, small);
 }
 
 TEST_P(P2pPair, TwentyAbortAndReopenCyclesKeepThePoolUsable) {
@@ -263,6 +348,13 @@ TEST_P(P2pPair, TwentyAbortAndReopenCyclesKeepThePoolUsable) {
     ASSERT_TRUE(get(s).ok) << "cycle " << epoch;
     ASSERT_TRUE(get(r).ok) << "cycle " << epoch;
     ASSERT_EQ(out, data);
+    const auto small = pattern(40 + epoch, static_cast<int>(epoch));  // and the eager ring of the new epoch
+    std::vector<uint8_t> small_out(small.size());
+    auto ss = send(0, 1, 2, small);
+    auto sr = recv(1, 0, 2, small_out);
+    ASSERT_TRUE(get(ss).ok) << "cycle " << epoch;
+    ASSERT_TRUE(get(sr).ok) << "cycle " << epoch;
+    ASSERT_EQ(small_out, small);
   }
 }
 

@@ -5,6 +5,13 @@
 // Nothing is sent before the receiver has room, so messages of any size flow
 // through fixed pools, chunk by chunk.
 //
+// Small messages (up to the receiver's eager size) skip the credit: every
+// receiver keeps a ring of eager slots per sender, which the sender writes
+// at once (message and header in one write); the receiver copies a message
+// out when its receive is posted and frees slots in order, telling the
+// sender. A send completes when the receiver took it, so a size mismatch
+// still fails both ends.
+//
 // Order: FIFO per (peer, direction); among one peer's messages, a receive
 // matches the oldest unmatched send with the same tag. Sends and receives
 // progress independently, so any order inside a batch is deadlock-free.
@@ -32,6 +39,11 @@ struct P2pOptions {
   size_t chunk_bytes = 1u << 20;  // MOONCAKE_P2P_CHUNK_SIZE
   size_t pool_chunks = 8;         // MOONCAKE_P2P_POOL_SIZE / chunk
   std::chrono::milliseconds timeout{std::chrono::seconds(600)};  // without progress
+  // Largest message sent eagerly (MOONCAKE_P2P_EAGER_SIZE; 0: none), at most
+  // a chunk; slots per sender (at most 32). The ring memory is
+  // size × eager_slots × eager_bytes, so large groups get smaller slots.
+  size_t eager_bytes = 64u << 10;
+  size_t eager_slots = 8;
 };
 
 // What a rank publishes so peers can reach its slots (exchanged by the caller).
@@ -40,9 +52,19 @@ struct P2pEndpoint {
   uint64_t credit_region = 0;  // CreditSlot[size][64]: peers (as receivers) write here
   uint64_t ack_region = 0;     // AckSlot[size][64]: peers (as senders) write here
   uint64_t notice_region = 0;  // PeerNotices[size]: a peer that gives up or reopens writes here
+  uint64_t eager_region = 0;   // eager slots [size][eager_slots]: peers (as senders) write here
+  uint64_t release_region = 0;  // ReleaseSlot[size]: peers (as receivers of eager messages) write here
+  uint64_t eager_bytes = 0;    // largest message this rank receives eagerly (0: none)
+  uint64_t eager_slots = 0;
 
   std::string encode() const;
   static bool decode(const std::string& text, P2pEndpoint& out);
+};
+
+// What went which way, since the channel was made (for tests and tuning).
+struct P2pCounters {
+  uint64_t eager_sent = 0;  // messages this rank wrote into a peer's eager ring
+  uint64_t spilled = 0;     // eager messages this rank moved out of a full ring before their receive
 };
 
 class P2pChannel {
@@ -97,6 +119,7 @@ class P2pChannel {
   // its own lanes are at an earlier epoch (so one side's reopen is enough
   // after a one-sided failure). Not from a completion callback.
   bool isOpen(int peer);
+  P2pCounters counters() const;
 
  private:
   class Impl;
