@@ -18,7 +18,18 @@ import subprocess
 import sys
 import time
 
-OPS = ["all_reduce", "all_gather", "broadcast", "send_recv"]
+OPS = ["all_reduce", "all_gather", "broadcast", "send_recv", "late_recv"]
+
+# late_recv: rank 1 computes (a busy wait) before each receive, so every
+# message is sent before its receive is posted; rank 1's time per call less
+# the busy wait is what a receive posted late costs.
+LATE_RECV_BUSY_S = 300e-6
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def _rank(args) -> None:
@@ -36,16 +47,27 @@ def _rank(args) -> None:
         "all_gather": lambda: dist.all_gather_into_tensor(out, t),
         "broadcast": lambda: dist.broadcast(t, 0),
         "send_recv": lambda: dist.send(t, 1) if rank == 0 else dist.recv(t, 0) if rank == 1 else None,
+        "late_recv": lambda: dist.isend(t, 1) if rank == 0 else (_busy(LATE_RECV_BUSY_S), dist.recv(t, 0))
+        if rank == 1 else None,
     }
     for op in args.ops:
+        pending = []
         for _ in range(3):
-            calls[op]()
+            pending.append(calls[op]())
         dist.barrier()
         start = time.perf_counter()
         for _ in range(args.iters):
-            calls[op]()
+            pending.append(calls[op]())
         each = (time.perf_counter() - start) / args.iters
-        if rank == 0:
+        if op == "late_recv":
+            for w in pending:
+                if w is not None and not isinstance(w, tuple):
+                    w.wait()
+            if rank == 1:
+                late = each - LATE_RECV_BUSY_S
+                print(f"{op} {args.bytes} B: {late * 1e6:.1f} us per receive beyond the busy wait", flush=True)
+            dist.barrier()
+        elif rank == 0:
             print(f"{op} {args.bytes} B: {each * 1e3:.2f} ms, {args.bytes / each / 1e9:.2f} GB/s", flush=True)
     dist.destroy_process_group()
 

@@ -90,6 +90,8 @@ P2pOptions MooncakeCpuBackend::p2pOptionsFromEnv() {
   TORCH_CHECK_VALUE(pool >= o.chunk_bytes && pool % o.chunk_bytes == 0,
                     "MOONCAKE_P2P_POOL_SIZE must be a positive multiple of MOONCAKE_P2P_CHUNK_SIZE");
   o.pool_chunks = pool / o.chunk_bytes;
+  // 0 turns the eager path off; otherwise capped by the chunk (p2p_channel.h).
+  o.eager_bytes = envBytes("MOONCAKE_P2P_EAGER_SIZE", o.eager_bytes, 0);
   return o;
 }
 

@@ -13,6 +13,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include <sys/prctl.h>
+
 #include "mooncake/pg/test_faults.h"
 #include "mooncake/te/shared_memory.h"
 #include "mooncake/te/transfer_engine.h"
@@ -1184,7 +1186,11 @@ void P2pChannel::Impl::checkPeers(bool cut) {
 }
 
 void P2pChannel::Impl::loop() {
+  // Sleeps of a few microseconds must be that short: the default timer
+  // slack (50 us) would add a network round trip to every wake-up.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   int idle_rounds = 0;
+  Clock::time_point idle_since = Clock::now();
   std::vector<ControlTask*> control;
   for (;;) {
     std::vector<Posted> incoming;
@@ -1248,9 +1254,17 @@ void P2pChannel::Impl::loop() {
     }
     // Nothing moved: back off from spinning to short sleeps, so that waiting
     // for a slow peer does not burn a core.
-    idle_rounds = progressed ? 0 : idle_rounds + 1;
-    if (idle_rounds > 200) {
-      std::this_thread::sleep_for(std::chrono::microseconds(std::min(idle_rounds - 200, 200)));
+    // A reply is due within about a round trip: keep polling (yielding the
+    // core) for kPollFor, then sleep in steps that grow to 200 us.
+    constexpr auto kPollFor = std::chrono::microseconds(500);
+    if (progressed) {
+      idle_rounds = 0;
+      idle_since = Clock::now();
+    } else {
+      ++idle_rounds;
+    }
+    if (idle_rounds > 20 && Clock::now() - idle_since > kPollFor) {
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min((idle_rounds - 20) / 8 + 1, 200)));
     } else if (idle_rounds > 20) {
       std::this_thread::yield();
     }

@@ -75,6 +75,39 @@ TEST_P(MultiProcess, PeerKilledMidTransferFailsWithinTheTimeout) {
   EXPECT_NE(engine_.probe(peer_->segment, 500ms), kOk);
 }
 
+// Submits `requests` as one batch and polls it to its end.
+TransferStatus submitAndWait(TransferEngine& engine, const std::vector<TransferRequest>& requests) {
+  const BatchId batch = engine.allocateBatchID(requests.size());
+  TransferStatus status;
+  status.state = TransferState::kFailed;
+  if (batch == kInvalidBatch || engine.submitTransfer(batch, requests) != kOk) return status;
+  while (engine.getBatchTransferStatus(batch, status) == kOk && status.state == TransferState::kPending) {
+    std::this_thread::yield();
+  }
+  engine.freeBatchID(batch);
+  return status;
+}
+
+TEST_P(MultiProcess, SmallAsyncWritesLandAndFailBoundedOnceThePeerIsGone) {
+  // Small writes submitted without waiting go out from the submitting
+  // thread on a pooled connection (tcp); every one lands, and once the peer
+  // is killed the next fails within its deadline (the stale connection's
+  // answer never comes; the retry cannot connect).
+  constexpr size_t kBytes = 1u << 20;
+  start(kBytes);
+  fillPattern(buf_->data, kBytes, 4321);
+  ASSERT_EQ(engine_.transferSync({request(Opcode::kWrite, 0, 4096)}), kOk);  // a connection to pool
+  for (size_t off = 0; off + 3000 <= kBytes; off += 3000) {
+    ASSERT_EQ(submitAndWait(engine_, {request(Opcode::kWrite, off, 3000)}).state, TransferState::kCompleted) << off;
+  }
+  const size_t covered = (kBytes / 3000) * 3000;
+  EXPECT_EQ(peer_->digestOf(0, covered), digest(buf_->data, covered));
+  peer_->killNow();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(submitAndWait(engine_, {request(Opcode::kWrite, 0, 3000)}).state, TransferState::kFailed);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, engine_.config().budgetFor(3000) + 2s);
+}
+
 TEST_P(MultiProcess, WriteWithTrailerLandsBothAndRefusesBadTrailers) {
   constexpr size_t kPayload = 3u << 20, kBytes = kPayload + 4096;
   start(kBytes);

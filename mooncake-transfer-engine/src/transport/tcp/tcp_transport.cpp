@@ -86,6 +86,15 @@ class TcpTransport::ConnectionPool {
     return net::sendAll(out.fd(), &magic, sizeof(magic), deadline);
   }
 
+  // An idle connection, if there is one (never connects).
+  bool takeIdle(net::Socket& out) {
+    std::lock_guard lock(mutex_);
+    if (idle_.empty()) return false;
+    out = std::move(idle_.back());
+    idle_.pop_back();
+    return true;
+  }
+
   void release(net::Socket socket) {
     std::lock_guard lock(mutex_);
     if (!closed_) idle_.push_back(std::move(socket));
@@ -175,6 +184,7 @@ void TcpTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& t
     run(slices.front());
     return;
   }
+  if (!caller_waits && slices.size() == 1) sendInline(slices.front());
   size_t queued = 0;
   {
     std::lock_guard lock(queue_mutex_);
@@ -204,7 +214,29 @@ void TcpTransport::workerLoop() {
   }
 }
 
+bool TcpTransport::sendInline(Slice& slice) const {
+  // Small enough to sit in the socket's send buffer: the send does not block.
+  constexpr uint64_t kInlineBytes = 64 * 1024 + 256;
+  if (slice.opcode != Opcode::kWrite || slice.local_device >= 0 || slice.length > kInlineBytes) return false;
+  auto socket = std::make_shared<net::Socket>();
+  if (!slice.pool->takeIdle(*socket)) return false;
+  if (sendRequest(socket->fd(), slice) != kOk) return false;  // the connection closes; a worker tries afresh
+  slice.sent_on = std::move(socket);
+  return true;
+}
+
 void TcpTransport::run(const Slice& slice) const {
+  if (slice.sent_on) {
+    if (awaitAnswer(slice.sent_on->fd(), slice) == kOk) {
+      slice.pool->release(std::move(*slice.sent_on));
+      slice.task->completeSlice(slice.length, kOk);
+      return;
+    }
+    // The pooled connection failed under the request (its peer restarted,
+    // say): sent again below on another, as any request that fails on a
+    // reused connection. Writes are idempotent.
+    slice.sent_on->close();
+  }
   int rc = kOk;
   // A pooled connection may have been closed by the peer since its last use
   // (peer restarted); such a failure gets one more try on a new connection.
@@ -228,13 +260,18 @@ void TcpTransport::run(const Slice& slice) const {
 }
 
 int TcpTransport::exchange(net::Socket& socket, const Slice& slice) const {
+  const int fd = socket.fd();
+  if (int rc = sendRequest(fd, slice); rc != kOk) return rc;
+  return awaitAnswer(fd, slice);
+}
+
+int TcpTransport::sendRequest(int fd, const Slice& slice) const {
   const TransferRequest& request = slice.task->request();
   const bool trailer = request.trailer_length > 0;  // then this slice is the whole request
   tcp::DataHeader header;
   header.opcode = trailer ? tcp::kWireWriteWithTrailer : static_cast<uint8_t>(slice.opcode);
   header.addr = slice.remote;
   header.length = slice.length;
-  int fd = socket.fd();
   if (int rc = net::sendAll(fd, &header, sizeof(header), slice.deadline); rc != kOk) return rc;
   if (slice.opcode == Opcode::kWrite) {
     int rc = slice.local_device < 0 ? net::sendAll(fd, slice.local, slice.length, slice.deadline)
@@ -254,6 +291,10 @@ int TcpTransport::exchange(net::Socket& socket, const Slice& slice) const {
       return rc;
     }
   }
+  return kOk;
+}
+
+int TcpTransport::awaitAnswer(int fd, const Slice& slice) const {
   tcp::DataStatus status;
   if (int rc = net::recvAll(fd, &status, sizeof(status), slice.deadline); rc != kOk) return rc;
   if (status.magic != tcp::kStatusMagic) return kMalformedMessage;

@@ -53,11 +53,21 @@ class TcpTransport : public Transport {
     uint64_t remote;
     uint64_t length;
     net::Deadline deadline;
+    // Set when the request already went out on this connection (sent by
+    // the submitting thread): a worker only awaits the answer.
+    std::shared_ptr<net::Socket> sent_on;
   };
 
   std::shared_ptr<ConnectionPool> poolFor(PeerSegment& peer);
   void run(const Slice& slice) const;
   int exchange(net::Socket& socket, const Slice& slice) const;
+  int sendRequest(int fd, const Slice& slice) const;
+  int awaitAnswer(int fd, const Slice& slice) const;
+  // A small write for a caller that does not wait goes out from the
+  // caller's thread on an idle pooled connection, so that the bytes leave
+  // without waiting for a worker to wake; the worker only reads the answer.
+  // False (nothing sent) when no connection is idle or the send failed.
+  bool sendInline(Slice& slice) const;
   // Server side, after a write's payload: reads its trailer, answers the
   // write with `status` (the payload's verdict, or the trailer's), then
   // writes the trailer if all went well. Returns the socket's result.
