@@ -543,20 +543,31 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::recv(std::vector<at::Tensor>&
 
 bool MooncakeCpuBackend::peerIsActive(int peer, const c10::intrusive_ptr<MooncakeWork>& work) {
   if (membership_->isActive(peer)) return true;
-  work->complete(OpResult::failure("rank " + std::to_string(peer) + " is not active in this group (epoch " +
-                                        std::to_string(membership_->epoch()) + ")",
-                                    {peer}));
+  work->complete(asReported(OpResult::failure("rank " + std::to_string(peer) + " is not active in this group (epoch " +
+                                                   std::to_string(membership_->epoch()) + ")",
+                                               {peer}),
+                            getRank()));
   return false;
+}
+
+OpResult MooncakeCpuBackend::asReported(const OpResult& result, int self) {
+  if (result.ok || result.mismatch || result.failed_ranks.empty()) return result;
+  for (int r : result.failed_ranks) {
+    if (r == self) return result;  // this rank is the one at fault (cut off): it raises
+  }
+  OpResult reported = result;
+  reported.ok = true;  // the hint names the peers; local_success is False
+  return reported;
 }
 
 void MooncakeCpuBackend::finishP2p(const c10::intrusive_ptr<MooncakeWork>& work, const OpResult& result) {
   if (result.ok || result.mismatch || result.timed_out) {  // nothing for the membership to act on
-    work->complete(result);
+    work->complete(asReported(result, getRank()));
     return;
   }
   // Runs on the channel's progress thread, which must not wait for the
   // control plane.
-  settleThen(result, [work, result] { work->complete(result); });
+  settleThen(result, [this, work, result] { work->complete(asReported(result, getRank())); });
 }
 
 void MooncakeCpuBackend::settleThen(const OpResult& result, std::function<void()> done) {

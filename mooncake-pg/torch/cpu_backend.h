@@ -126,6 +126,13 @@ class MooncakeCpuBackend : public c10d::Backend {
   // P2P with an inactive seat fails at once (false: `work` completed so).
   bool peerIsActive(int peer, const c10::intrusive_ptr<MooncakeWork>& work);
   void finishP2p(const c10::intrusive_ptr<MooncakeWork>& work, const OpResult& result);
+  // The reference's contract for P2P (pg.md §4, "Failure handling"): a
+  // peer's failure is reported through the Work's failure hint and
+  // local_success, and wait() returns. A P2P Work raises only for what the
+  // program must fix (a size mismatch), when nobody is named (the group
+  // shut down), or when this rank is the one named (cut off from the
+  // control plane).
+  static OpResult asReported(const OpResult& result, int self);
   P2pChannel& p2p(const char* op);
 
   int max_group_size_;
