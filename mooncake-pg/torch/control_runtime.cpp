@@ -2,6 +2,15 @@
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdlib>
 #include <memory>
@@ -58,6 +67,46 @@ ControlRuntime& runtime() {
   return *r;
 }
 
+// At a normal exit (not os._exit, not a signal) this process leaves the
+// control plane: its Agent says Goodbye, and a serving coordinator tells
+// every Agent, so that the others log a leave and take over quietly instead
+// of failing over with warnings.
+void leaveAtExit() {
+  ControlRuntime& r = runtime();
+  std::unique_lock lock(r.mutex, std::try_to_lock);  // never wait at exit for a call in flight
+  if (!lock.owns_lock()) return;
+  if (r.agent) r.agent->leave();
+  if (r.coordinator) r.coordinator->leave();
+}
+
+// Whether a TCP store's server still accepts connections (within 300 ms),
+// tried with a plain socket: a store call to a server that is gone prints a
+// c10 warning with a stack trace before it throws. Other stores: true.
+bool storeAnswers(const c10::intrusive_ptr<c10d::Store>& store) {
+  auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get());
+  if (tcp == nullptr) return true;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(tcp->getHost().c_str(), std::to_string(tcp->getPort()).c_str(), &hints, &found) != 0) return false;
+  bool answers = false;
+  for (addrinfo* a = found; a != nullptr && !answers; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      answers = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int error = 0;
+      socklen_t length = sizeof(error);
+      answers = ::poll(&p, 1, 300) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return answers;
+}
+
 }  // namespace
 
 ControlOptions controlOptions() {
@@ -79,6 +128,8 @@ Agent& controlAgent(const c10::intrusive_ptr<c10d::Store>& store, int global_ran
   const ControlOptions options = controlOptions();
   const bool failover = failoverEnabled();
   std::string error;
+  static const bool leave_at_exit = (std::atexit(leaveAtExit), true);
+  (void)leave_at_exit;
   if (!r.coordinator && (global_rank == 0 || failover)) {
     r.coordinator = Coordinator::standby(hostIp(), options, global_rank, &error);
     TORCH_CHECK(r.coordinator != nullptr, "mooncake: cannot start the membership coordinator: ", error);
@@ -87,6 +138,11 @@ Agent& controlAgent(const c10::intrusive_ptr<c10d::Store>& store, int global_ran
     // Agent's thread, since a store in the lost process may not answer.
     r.coordinator->onTakeOver([root, global_rank](const std::string& address) {
       std::thread([root, global_rank, address] {
+        if (!storeAnswers(root)) {
+          LOG(INFO) << "mooncake: the store is gone (with the old coordinator's process): the new coordinator's "
+                    << "address " << address << " is not published";
+          return;
+        }
         try {
           root->set(kCoordinatorKey, bytes(address));
           root->set(kCoordinatorRankKey, bytes(std::to_string(global_rank)));

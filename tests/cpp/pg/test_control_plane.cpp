@@ -364,6 +364,7 @@ std::vector<control::Message> sampleMessages() {
       control::Hello{4, 99, "h:7", true, 2},
       control::Rejoin{registration("k", 1, {4, 6, 8}, 4), sampleView()},
       control::Standbys{2, {3, 5}, {"a:1", "b:2"}},
+      control::Goodbye{},
   };
 }
 

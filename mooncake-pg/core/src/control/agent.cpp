@@ -60,6 +60,7 @@ class AgentImpl final : public Agent {
   }
 
   bool start(std::string* error);
+  void leave() override;
 
   bool registerGroup(const GroupRegistration& registration, ViewListener on_view, GroupView* view,
                      std::string* error) override;
@@ -138,6 +139,8 @@ class AgentImpl final : public Agent {
   mutable std::mutex mutex_;
   std::condition_variable changed_;  // any call completed, view delivered, connection lost, stopping
   bool stopping_ = false;
+  bool leaving_ = false;              // leave(): this process ends normally
+  bool coordinator_leaving_ = false;  // the coordinator said Goodbye: losing it is planned
   bool lost_ = false;  // for good: no failover took this Agent back
   std::string lost_reason_;
   bool broken_ = false;  // the connection broke; a failover is pending
@@ -231,9 +234,11 @@ bool AgentImpl::failover(const std::string& why, std::string* final_why) {
   if (reader_.joinable()) reader_.join();  // its socket was shut down: it ends (after a running listener)
   Standbys standbys;
   std::vector<Rejoin> rejoins;
+  bool planned;  // the coordinator ended normally (or this process does): routine, logged at Info
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return false;
+    planned = coordinator_leaving_ || leaving_;
     standbys = standbys_;
     for (const auto& [key, slot] : groups_) {
       if (slot->view.epoch == 0 || slot->view.members.empty()) continue;  // not formed yet: lost with the coordinator
@@ -247,8 +252,9 @@ bool AgentImpl::failover(const std::string& why, std::string* final_why) {
   }
   if (standbys.ranks.empty()) return false;
   std::vector<int> expected(standbys.ranks.begin(), standbys.ranks.end());
-  MC_LOG(Warning) << "control plane agent (global rank " << global_rank_ << "): " << why
-                  << "; failing over (candidates: global ranks " << listText(expected) << ")";
+  const auto level = planned ? ::mooncake::log::Level::kInfo : ::mooncake::log::Level::kWarning;
+  MC_LOG_AT(level) << "control plane agent (global rank " << global_rank_ << "): " << why
+                   << "; failing over (candidates: global ranks " << listText(expected) << ")";
   const Hello resume = hello(/*resume=*/true, static_cast<uint32_t>(rejoins.size()));
   std::string tried;
   for (size_t i = 0; i < standbys.ranks.size(); ++i) {
@@ -260,7 +266,7 @@ bool AgentImpl::failover(const std::string& why, std::string* final_why) {
     }
     if (rank == global_rank_) {
       if (standby_ == nullptr) continue;
-      standby_->takeOver(expected, standbys.coordinator_rank);  // this process is the next in line: its standby serves
+      standby_->takeOver(expected, standbys.coordinator_rank, planned);  // the next in line: its standby serves
       address = standby_->address();
     }
     const TimePoint now = Clock::now();
@@ -269,8 +275,8 @@ bool AgentImpl::failover(const std::string& why, std::string* final_why) {
     std::string error;
     if (!greet(address, resume, rejoins, now + std::min(options_.heartbeat_timeout, options_.failover_timeout),
                now + options_.failover_timeout + options_.heartbeat_timeout, &fd, &decoder, &error)) {
-      MC_LOG(Warning) << "control plane agent (global rank " << global_rank_ << "): candidate global rank " << rank
-                      << ": " << error;
+      MC_LOG_AT(level) << "control plane agent (global rank " << global_rank_ << "): candidate global rank " << rank
+                       << ": " << error;
       tried += (tried.empty() ? "" : "; ") + std::string("global rank ") + std::to_string(rank) + ": " + error;
       continue;
     }
@@ -284,11 +290,12 @@ bool AgentImpl::failover(const std::string& why, std::string* final_why) {
       ++generation_;
       broken_ = false;
       broken_reason_.clear();
+      coordinator_leaving_ = false;  // a new coordinator: its end would be news again
       last_heard_ = Clock::now();
       changed_.notify_all();
     }
-    MC_LOG(Warning) << "control plane agent (global rank " << global_rank_ << "): failed over to the coordinator "
-                    << "of global rank " << rank << " at " << address;
+    MC_LOG_AT(level) << "control plane agent (global rank " << global_rank_ << "): failed over to the coordinator "
+                     << "of global rank " << rank << " at " << address;
     reader_ = std::thread([this] { readLoop(); });
     return true;
   }
@@ -365,18 +372,31 @@ bool AgentImpl::call(Request request, TimePoint deadline, Message* reply, std::s
   }
 }
 
+void AgentImpl::leave() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (leaving_ || stopping_) return;
+    leaving_ = true;
+  }
+  std::string ignored;  // a connection already gone has nobody to tell
+  send(Goodbye{}, &ignored);
+}
+
 void AgentImpl::loseConnection(const std::string& why) {
-  bool quiet;
+  bool quiet, planned;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (lost_ || broken_) return;
     broken_ = true;
     broken_reason_ = why;
-    quiet = stopping_;
+    quiet = stopping_ || leaving_;
+    planned = coordinator_leaving_;
     changed_.notify_all();
   }
   if (!quiet) {
-    MC_LOG(Warning) << "control plane agent (global rank " << global_rank_ << "): " << why;
+    MC_LOG_AT(planned ? ::mooncake::log::Level::kInfo : ::mooncake::log::Level::kWarning)
+        << "control plane agent (global rank " << global_rank_ << "): " << why
+        << (planned ? " (the coordinator's process ended normally)" : "");
   }
   ::shutdown(fd_.get(), SHUT_RDWR);  // wakes the reader
 }
@@ -534,6 +554,9 @@ void AgentImpl::handle(Message message) {
   } else if (auto* standbys = std::get_if<Standbys>(&message)) {
     std::lock_guard<std::mutex> lock(mutex_);
     standbys_ = std::move(*standbys);
+  } else if (std::holds_alternative<Goodbye>(message)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    coordinator_leaving_ = true;  // its end of stream follows
   } else if (!std::holds_alternative<Heartbeat>(message)) {
     loseConnection(std::string("protocol violation: the coordinator sent a ") + messageName(message));
   }

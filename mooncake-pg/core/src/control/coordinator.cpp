@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -81,13 +82,13 @@ class CoordinatorImpl final : public Coordinator {
     thread_ = std::thread([this] { run(); });
   }
 
-  void takeOver(const std::vector<int>& candidates, int lost_rank) override {
+  void takeOver(const std::vector<int>& candidates, int lost_rank, bool planned) override {
     TakeOverListener listener;
     {
       std::lock_guard<std::mutex> lock(start_mutex_);
       if (thread_.joinable() || stopping_) return;
       // Before the thread starts: nothing else touches the state yet.
-      state_.beginTakeOver(Clock::now(), candidates, lost_rank);
+      state_.beginTakeOver(Clock::now(), candidates, lost_rank, planned);
       thread_ = std::thread([this] { run(); });
       listener = take_over_listener_;
     }
@@ -100,6 +101,20 @@ class CoordinatorImpl final : public Coordinator {
         MC_LOG(Warning) << "control plane coordinator: take-over listener threw";
       }
     }
+  }
+
+  void leave() override {
+    {
+      std::lock_guard<std::mutex> lock(start_mutex_);
+      if (!thread_.joinable() || stopping_) return;  // a standby has nobody to tell
+    }
+    std::unique_lock<std::mutex> lock(goodbye_mutex_);
+    goodbye_requested_ = true;
+    uint64_t one = 1;
+    if (::write(wake_.get(), &one, sizeof(one)) < 0) {
+      // The loop also wakes at its next deadline.
+    }
+    goodbye_sent_cv_.wait_for(lock, std::chrono::milliseconds(300), [this] { return goodbye_sent_; });
   }
 
   bool serving() const override {
@@ -155,11 +170,27 @@ class CoordinatorImpl final : public Coordinator {
       if ((revents & (POLLIN | POLLHUP | POLLERR)) != 0) receive(now, polled_sessions[i], &effects);
     }
     state_.onTimer(now, &effects);
+    const bool goodbye = queueGoodbyeIfAsked(&effects);
     if (now >= next_heartbeat_) {
       for (const auto& entry : connections_) effects.sends.push_back({entry.first, Heartbeat{}});
       next_heartbeat_ = now + options_.heartbeat_interval;
     }
     apply(now, std::move(effects));
+    if (goodbye) {  // flushed by apply: the caller of leave() may let the process end
+      std::lock_guard<std::mutex> lock(goodbye_mutex_);
+      goodbye_sent_ = true;
+      goodbye_sent_cv_.notify_all();
+    }
+  }
+
+  // leave(): a Goodbye to every connection, in this round's sends (the
+  // frames are tiny: flushed at once). True when queued now.
+  bool queueGoodbyeIfAsked(Effects* effects) {
+    std::lock_guard<std::mutex> lock(goodbye_mutex_);
+    if (!goodbye_requested_ || goodbye_queued_) return false;
+    for (const auto& entry : connections_) effects->sends.push_back({entry.first, Goodbye{}});
+    goodbye_queued_ = true;
+    return true;
   }
 
   void acceptConnections(TimePoint now) {
@@ -281,6 +312,11 @@ class CoordinatorImpl final : public Coordinator {
   TakeOverListener take_over_listener_;
   std::map<SessionId, Connection> connections_;
   SessionId next_session_ = 1;
+  std::mutex goodbye_mutex_;  // guards the four below
+  bool goodbye_requested_ = false;
+  bool goodbye_queued_ = false;
+  bool goodbye_sent_ = false;
+  std::condition_variable goodbye_sent_cv_;
   TimePoint next_heartbeat_;
 };
 

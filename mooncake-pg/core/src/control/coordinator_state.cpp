@@ -46,6 +46,7 @@ void CoordinatorState::onMessage(TimePoint now, SessionId session, Message messa
   }
   std::visit(Overloaded{
                  [&](const Heartbeat&) {},
+                 [&](const Goodbye&) { sender.leaving = true; },
                  [&](const RegisterGroupRequest& m) { handleRegister(now, session, m, effects); },
                  [&](const UnregisterGroupRequest& m) { handleUnregister(now, session, m, effects); },
                  [&](const FailureReport& m) { handleReport(now, session, m); },
@@ -167,7 +168,11 @@ void CoordinatorState::goOffline(TimePoint now, const std::vector<SessionId>& se
     if (it->second.accepted) {
       gone[session] = it->second.global_rank;
       online_by_global_rank_.erase(it->second.global_rank);
-      MC_LOG(Warning) << "control plane: global rank " << it->second.global_rank << " is offline: " << why;
+      // A process that said Goodbye ended normally: its seats are lost all
+      // the same, without an alarm.
+      MC_LOG_AT(it->second.leaving ? ::mooncake::log::Level::kInfo : ::mooncake::log::Level::kWarning)
+          << "control plane: global rank " << it->second.global_rank
+          << (it->second.leaving ? " left (a normal exit)" : " is offline: " + why);
     }
     sessions_.erase(it);
   }

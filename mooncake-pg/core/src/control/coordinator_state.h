@@ -30,6 +30,7 @@
 #include "control/clock.h"
 #include "control/protocol.h"
 #include "control/text.h"
+#include "mooncake/te/log.h"
 
 namespace mooncake::pg::control {
 
@@ -73,7 +74,8 @@ class CoordinatorState {
   // passed, nothing else is served; then, with a strict majority of them,
   // the groups are rebuilt from what they reported and every rejoined
   // process is accepted; without, everyone is refused, now and later.
-  void beginTakeOver(TimePoint now, const std::vector<int>& candidates, int lost_rank);
+  // `planned`: the lost one ended normally (Goodbye): logged at Info.
+  void beginTakeOver(TimePoint now, const std::vector<int>& candidates, int lost_rank, bool planned = false);
  private:
   struct Session {
     int global_rank = -1;   // set by Hello
@@ -83,6 +85,7 @@ class CoordinatorState {
     TimePoint last_seen;
     std::map<std::string, uint64_t> acked_epochs;  // group key -> newest acknowledged epoch
     std::string standby;                           // its standby coordinator ("" = none)
+    bool leaving = false;  // it said Goodbye: its end is a normal exit, not a failure
     // A rejoining process (Hello with resume): the Rejoins it announced, and
     // those received so far.
     bool resume = false;
@@ -186,7 +189,8 @@ class CoordinatorState {
   void handleRejoin(TimePoint now, SessionId session, const Rejoin& rejoin, Effects* effects);
   // Ends the take-over when every expected process rejoined or `deadline_passed`.
   void finishTakeOver(TimePoint now, bool deadline_passed, Effects* effects);
-  void rebuildGroups(const std::vector<SessionId>& rejoined, Effects* effects);
+  // `level`: of its log lines (Info after a planned take-over).
+  void rebuildGroups(const std::vector<SessionId>& rejoined, Effects* effects, ::mooncake::log::Level level);
 
   // Registration (coordinator_registration.cpp)
   void handleRegister(TimePoint now, SessionId session, const RegisterGroupRequest& request, Effects* effects,
@@ -242,6 +246,7 @@ class CoordinatorState {
     std::set<int> candidates;
     int lost_rank = -1;
     TimePoint deadline;
+    bool planned = false;
   };
   // The candidates told last (at most kMaxCandidates): told again to
   // everyone only when they change.

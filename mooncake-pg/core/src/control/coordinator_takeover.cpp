@@ -8,16 +8,19 @@
 
 namespace mooncake::pg::control {
 
-void CoordinatorState::beginTakeOver(TimePoint now, const std::vector<int>& candidates, int lost_rank) {
+void CoordinatorState::beginTakeOver(TimePoint now, const std::vector<int>& candidates, int lost_rank,
+                                     bool planned) {
   Recovery recovery;
+  recovery.planned = planned;
   recovery.candidates.insert(candidates.begin(), candidates.end());
   recovery.candidates.erase(lost_rank);
   recovery.lost_rank = lost_rank;
   recovery.deadline = now + options_.failover_timeout;
   recovery_ = std::move(recovery);
   told_standbys_.reset();
-  MC_LOG(Warning) << "control plane: global rank " << host_rank_ << " takes over as coordinator from global rank "
-                  << lost_rank << "; waiting up to " << millisecondsText(options_.failover_timeout)
+  MC_LOG_AT(planned ? ::mooncake::log::Level::kInfo : ::mooncake::log::Level::kWarning)
+      << "control plane: global rank " << host_rank_ << " takes over as coordinator from global rank " << lost_rank
+      << (planned ? " (which left)" : "") << "; waiting up to " << millisecondsText(options_.failover_timeout)
                   << " for global ranks " << listText(candidates) << " and the others online in their views";
 }
 
@@ -74,6 +77,8 @@ void CoordinatorState::finishTakeOver(TimePoint now, bool deadline_passed, Effec
   for (int g : awaited) {
     if (ranks.count(g) == 0) missing.push_back(g);
   }
+  // After a planned leave the others often end too (the end of a job): no alarm either way.
+  const auto level = recovery_->planned ? ::mooncake::log::Level::kInfo : ::mooncake::log::Level::kWarning;
   recovery_.reset();
   if (present * 2 <= expected) {
     refuse_all_ = "global rank " + std::to_string(host_rank_) + " could not take over as coordinator: only " +
@@ -81,7 +86,7 @@ void CoordinatorState::finishTakeOver(TimePoint now, bool deadline_passed, Effec
                   " processes of the last membership rejoined it within " +
                   millisecondsText(options_.failover_timeout) +
                   " (no majority: this process is probably the one cut off)";
-    MC_LOG(Warning) << "control plane: " << refuse_all_;
+    MC_LOG_AT(level) << "control plane: " << refuse_all_;
     std::vector<SessionId> everyone;
     for (const auto& [id, s] : sessions_) {
       effects->sends.push_back({id, Reply{0, refuse_all_, {}}});
@@ -90,20 +95,21 @@ void CoordinatorState::finishTakeOver(TimePoint now, bool deadline_passed, Effec
     goOffline(now, everyone, "take-over failed", effects);
     return;
   }
-  MC_LOG(Warning) << "control plane: global rank " << host_rank_ << " serves as coordinator; " << present << " of "
-                  << expected << " processes rejoined"
-                  << (missing.empty() ? std::string() : " (gone: global ranks " + listText(missing) + ")");
+  MC_LOG_AT(level) << "control plane: global rank " << host_rank_ << " serves as coordinator; " << present << " of "
+                   << expected << " processes rejoined"
+                   << (missing.empty() ? std::string() : " (gone: global ranks " + listText(missing) + ")");
   // Late resumers (not counted: outside `expected`) are accepted alike.
   for (SessionId id : rejoined) {
     if (online_by_global_rank_.count(sessions_.at(id).global_rank) == 0) admit(now, id, effects);
   }
-  rebuildGroups(rejoined, effects);
+  rebuildGroups(rejoined, effects, level);
   tellStandbys(effects);  // once, to everyone
   // Processes that connected without resume meanwhile were refused; those
   // still saying nothing keep their Hello deadline.
 }
 
-void CoordinatorState::rebuildGroups(const std::vector<SessionId>& rejoined, Effects* effects) {
+void CoordinatorState::rebuildGroups(const std::vector<SessionId>& rejoined, Effects* effects,
+                                     ::mooncake::log::Level level) {
   struct Reported {
     GroupView newest;
     std::vector<std::pair<SessionId, GroupRegistration>> holders;
@@ -169,7 +175,7 @@ void CoordinatorState::rebuildGroups(const std::vector<SessionId>& rejoined, Eff
       if (group.seats[i].holder == 0 && loseSeat(group, group.seats[i])) gone.push_back(static_cast<int>(i));
     }
     Group& stored = groups_[key] = std::move(group);
-    MC_LOG(Warning) << "control plane: group '" << key << "' rebuilt from " << group_report.holders.size()
+    MC_LOG_AT(level) << "control plane: group '" << key << "' rebuilt from " << group_report.holders.size()
                     << " rejoined seats at epoch " << stored.epoch << "; seats without a process: " << listText(gone);
     publish(stored, effects);
   }

@@ -38,6 +38,8 @@ void fields(A& a, Reply& m) {
 template <class A>
 void fields(A&, Heartbeat&) {}
 template <class A>
+void fields(A&, Goodbye&) {}
+template <class A>
 void fields(A& a, RegisterGroupRequest& m) {
   a(m.request_id), a(m.registration);
 }
@@ -266,7 +268,7 @@ const char* messageName(const Message& message) {
       "Hello",         "Reply",       "Heartbeat", "RegisterGroupRequest", "UnregisterGroupRequest",
       "FailureReport", "SyncRequest", "SyncReply", "JoinRequest",          "ProposeRequest",
       "ProposeReply",  "ViewPush",    "ViewAck",   "LinkReport",           "Rejoin",
-      "Standbys"};
+      "Standbys",      "Goodbye"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == std::variant_size_v<Message>, "a name per message");
   return kNames[message.index()];
 }

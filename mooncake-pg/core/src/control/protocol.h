@@ -20,7 +20,7 @@
 namespace mooncake::pg::control {
 
 constexpr uint32_t kFrameMagic = 0x4350434d;  // "MCPC" in memory order
-constexpr uint16_t kProtocolVersion = 3;
+constexpr uint16_t kProtocolVersion = 4;
 constexpr size_t kFrameHeaderBytes = 12;
 constexpr uint32_t kMaxPayloadBytes = 16u << 20;
 
@@ -120,11 +120,16 @@ struct Standbys {
   std::vector<std::string> addresses;
 };
 
+// Either way, last words of a process that ends normally (not a failure):
+// an Agent's process leaving, or the coordinator's process leaving (its
+// Agents then take over without raising the alarm).
+struct Goodbye {};
+
 // The index of a message in this variant is its tag on the wire: append new
 // messages at the end and never reorder.
 using Message = std::variant<Hello, Reply, Heartbeat, RegisterGroupRequest, UnregisterGroupRequest, FailureReport,
                              SyncRequest, SyncReply, JoinRequest, ProposeRequest, ProposeReply, ViewPush, ViewAck,
-                             LinkReport, Rejoin, Standbys>;
+                             LinkReport, Rejoin, Standbys, Goodbye>;
 
 const char* messageName(const Message& message);
 

@@ -37,3 +37,11 @@ class Line {
   if (!::mooncake::log::enabled(::mooncake::log::Level::k##LEVEL)) {    \
   } else                                                                \
     ::mooncake::log::Line(::mooncake::log::Level::k##LEVEL, __FILE__, __LINE__)
+
+// A level chosen at run time (e.g. Warning for a failure, Info for the same
+// event when it was planned).
+#define MC_LOG_AT(LEVEL_VALUE)                                          \
+  if (const ::mooncake::log::Level mc_log_level_ = (LEVEL_VALUE);       \
+      !::mooncake::log::enabled(mc_log_level_)) {                       \
+  } else                                                                \
+    ::mooncake::log::Line(mc_log_level_, __FILE__, __LINE__)

@@ -153,8 +153,13 @@ class Coordinator {
   // online (but `lost_rank`) to rejoin, then, if a strict majority of them
   // did, rebuilds the groups from what they report and serves; without a
   // majority it refuses everyone (this process is probably the one cut
-  // off). Idempotent.
-  virtual void takeOver(const std::vector<int>& candidates, int lost_rank) = 0;
+  // off). Idempotent. `planned`: the lost coordinator said Goodbye (its
+  // process ended normally), so the take-over is logged as routine.
+  virtual void takeOver(const std::vector<int>& candidates, int lost_rank, bool planned) = 0;
+  // This process ends normally: a serving coordinator tells every Agent
+  // (Goodbye), so that they take over quietly instead of treating the end
+  // of its process as a failure. Bounded (a few hundred ms); any thread.
+  virtual void leave() = 0;
   virtual bool serving() const = 0;  // activated or taken over
   // Called once, on the caller's thread of takeOver, with this coordinator's address.
   using TakeOverListener = std::function<void(const std::string& address)>;
@@ -185,6 +190,11 @@ class Agent {
   static std::unique_ptr<Agent> connect(const std::string& address, int global_rank, const ControlOptions& options,
                                         std::string* error, Coordinator* standby = nullptr);
   virtual ~Agent() = default;  // disconnects: the Coordinator sees the process leave
+  // This process ends normally (its exit, not a failure): tells the
+  // Coordinator (Goodbye), which then logs its disconnection as a leave;
+  // this Agent's own losses are no alarm from now on. Its seats are lost as
+  // on any disconnection. Bounded by the send timeout; any thread.
+  virtual void leave() = 0;
 
   using ViewListener = std::function<void(const GroupView&)>;
 
