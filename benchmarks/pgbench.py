@@ -20,11 +20,19 @@ captured in one CUDA graph, replayed N times: the GPU side without the host's
 launch cost.
 
     python3 benchmarks/pgbench.py --collective all_reduce --backend mooncake -g 2 -b 4K -e 256M -f 4 --bound
+
+The reference's flags: --backend follows --device when absent (cuda:
+mooncake, cpu: mooncake-cpu); -d all sweeps every dtype; -C/--report_cputime,
+-S/--report_timestamps; -J/--output_file PATH writes the rows as JSON (one
+object per size, dtype and placement). Under torchrun, LOCAL_RANK names each
+rank's GPU; MOONCAKE_PGTEST_DEVICE_FILTERS (comma-separated device names)
+goes to pg.set_device_filter before the group is made.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import socket
@@ -244,12 +252,13 @@ def copy_bounds(nbytes: int, rank: int, world: int, device, iters: int) -> tuple
     return float(t[0]), float(t[1]) if world > 1 else float("nan")
 
 
-def bench(args, rank: int, world: int) -> None:
+def bench(args, rank: int, world: int, rows: list) -> None:
     where = ""
     if args.device == "cuda":
         from mooncake._gpu_placement import gpu_of_rank, gpus_used, placement  # noqa: PLC0415
 
-        device = torch.device("cuda", gpu_of_rank(rank))
+        local = os.environ.get("LOCAL_RANK")  # torchrun's: this rank's GPU
+        device = torch.device("cuda", int(local) if local is not None else gpu_of_rank(rank))
         torch.cuda.set_device(device)
         where = f" on {placement(world)}"
         bound_name = "peer" if gpus_used(world) > 1 else "ipc"  # copy_bounds' second bound
@@ -267,6 +276,8 @@ def bench(args, rank: int, world: int) -> None:
     for nbytes in sizes(args):
         cols = []
         secs_out = float("nan")
+        row = {"collective": args.collective, "backend": args.backend, "world": world, "bytes": nbytes,
+               "dtype": args.datatype, "op": args.op, "root": args.root}
         for inplace in (False, True):
             if inplace and args.collective in ("alltoall", "sendrecv"):
                 cols.append(f"{'N/A':>9} {'N/A':>7} {'N/A':>7} {'N/A':>7}")
@@ -286,7 +297,7 @@ def bench(args, rank: int, world: int) -> None:
                 profile_calls(case, calls)
             graph = capture(case, calls) if args.cudagraph else None
             dist.barrier()
-            clock = time.process_time if args.cputime else time.perf_counter
+            clock = time.process_time if args.report_cputime else time.perf_counter
             t0 = clock()
             if graph is not None:
                 for _ in range(args.cudagraph):
@@ -316,13 +327,20 @@ def bench(args, rank: int, world: int) -> None:
             algbw = moved / 1e9 / secs
             cols.append(f"{secs * 1e6:>9.1f} {algbw:>7.2f} {algbw * bus_factor(args.collective, world):>7.2f} "
                         f"{int(w) if args.check else 'N/A':>7}")
+            row["in-place" if inplace else "out-of-place"] = {
+                "time_us": secs * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(args.collective, world),
+                "wrong": int(w) if args.check else None}
         bound = ""
         if args.bound:
             d2d, ipc = copy_bounds(nbytes, rank, world, device, args.iters)
             bound = f"   {d2d * 1e6:>9.1f} {ipc * 1e6:>9.1f} {ipc / secs_out:>8.3f}"
         if rank == 0:
             case = Case(args, nbytes, rank, world, torch.device("cpu"), False)
-            stamp = time.strftime("%H:%M:%S ") if args.timestamps else ""
+            stamp = time.strftime("%H:%M:%S ") if args.report_timestamps else ""
+            row["count"] = case.count
+            if args.report_timestamps:
+                row["timestamp"] = time.time()
+            rows.append(row)
             print(f" {stamp}{case.count * case.send.element_size():>10} {case.count:>12} {args.datatype:>8} {args.op:>6} "
                   f"{args.root:>5}   {cols[0]}   {cols[1]}{bound}", flush=True)
 
@@ -331,19 +349,34 @@ def worker(rank: int, world: int, args) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(args.port))
     if args.backend.startswith("mooncake"):
-        from mooncake import pg  # noqa: F401  (registers the backends)
+        from mooncake import pg  # noqa: PLC0415  (registers the backends)
+
+        filters = os.environ.get("MOONCAKE_PGTEST_DEVICE_FILTERS", "")
+        if filters.strip():
+            pg.set_device_filter([f.strip() for f in filters.split(",") if f.strip()])
     dist.init_process_group(args.backend, rank=rank, world_size=world)
+    rows: list = []
     try:
-        bench(args, rank, world)
+        for dtype in (DTYPES if args.datatype == "all" else [args.datatype]):
+            try:
+                bench(argparse.Namespace(**{**vars(args), "datatype": dtype}), rank, world, rows)
+            except TypeError as e:  # a dtype the backend does not reduce: every rank refuses it alike
+                if args.datatype != "all":
+                    raise
+                if rank == 0:
+                    print(f"# -d all: {dtype} skipped: {str(e).splitlines()[0]}", flush=True)
     finally:
         dist.destroy_process_group()
+    if rank == 0 and args.output_file:
+        with open(args.output_file, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--collective", required=True, choices=COLLECTIVES)
-    p.add_argument("--backend", default="mooncake" if torch.cuda.is_available() else "mooncake-cpu",
-                   choices=["mooncake", "mooncake-cpu", "nccl", "gloo"])
+    p.add_argument("--backend", choices=["mooncake", "mooncake-cpu", "nccl", "gloo"],
+                   help="default: from --device (cuda: mooncake, cpu: mooncake-cpu), else mooncake where CUDA is")
     p.add_argument("--device", choices=["cuda", "cpu"])
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("32M"))
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("32M"))
@@ -354,14 +387,16 @@ def main() -> int:
     p.add_argument("-m", "--agg_iters", type=int, default=1)
     p.add_argument("-c", "--check", type=int, default=1)
     p.add_argument("-a", "--average", type=int, default=1, choices=[0, 1, 2, 3])
-    p.add_argument("-C", "--cputime", action="store_true", help="report process CPU time instead of wall time")
-    p.add_argument("-S", "--timestamps", action="store_true")
-    p.add_argument("-d", "--datatype", default="float", choices=sorted(DTYPES))
+    p.add_argument("-C", "--report_cputime", "--cputime", action="store_true",
+                   help="report process CPU time instead of wall time")
+    p.add_argument("-S", "--report_timestamps", "--timestamps", action="store_true")
+    p.add_argument("-d", "--datatype", default="float", choices=sorted(DTYPES) + ["all"],
+                   help="'all' sweeps every dtype")
     p.add_argument("-o", "--op", default="sum", choices=sorted(OPS))
     p.add_argument("-r", "--root", type=int, default=0)
     p.add_argument("-g", "--ngpus", type=int, default=1, help="processes to launch")
     p.add_argument("-t", "--nthreads", type=int, default=1)
-    p.add_argument("-J", "--report_json", action="store_true")
+    p.add_argument("-J", "--output_file", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--port", type=int, default=29500)
     p.add_argument("-G", "--cudagraph", type=int, default=0,
                    help="CUDA: capture the -n x -m calls in one graph and time this many replays of it "
@@ -375,8 +410,9 @@ def main() -> int:
     args = p.parse_args()
     if args.nthreads != 1:
         p.error("-t must be 1: one rank per process")
-    if args.report_json:
-        p.error("-J (JSON report) is not supported")
+    if args.backend is None:
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        args.backend = "mooncake" if device == "cuda" else "mooncake-cpu"
     args.device = args.device or ("cpu" if args.backend in ("mooncake-cpu", "gloo") else "cuda")
     if (args.backend in ("mooncake-cpu", "gloo")) != (args.device == "cpu"):
         p.error(f"backend {args.backend} does not run on device {args.device}")

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <thread>
 
+#include "control_runtime.h"
 #include "mooncake/pg/host_spanning_group.h"
 #include "mooncake/te/host_identity.h"
 #include "settings.h"
@@ -247,12 +249,29 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduce(std::vector<at::Tensor
   }, !opts.asyncOp);
 }
 
+void MooncakeCpuBackend::awaitWorldOf(int64_t wanted) const {
+  if (wanted <= 0 || wanted >= worldSize()) return;
+  static const std::chrono::milliseconds kSettleWithin = [] {
+    const ControlOptions o = controlOptions();
+    return o.heartbeat_timeout + o.reconciliation_window + std::chrono::milliseconds(1000);
+  }();
+  const auto until = std::chrono::steady_clock::now() + kSettleWithin;
+  runWithoutGil([&] {  // views are applied on the Agent's thread; other Python threads go on
+    while (worldSize() > wanted && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+}
+
 c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgatherPairs(std::vector<at::Tensor> outputs,
                                                                   std::vector<at::Tensor> inputs, const char* op,
                                                                   bool may_run_inline) {
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), op, ": ", outputs.size(), " output tensors but ", inputs.size(),
                     " inputs");
   std::vector<at::Tensor> ins, outs;
+  if (!inputs.empty() && inputs[0].numel() > 0 && outputs[0].numel() % inputs[0].numel() == 0) {
+    awaitWorldOf(outputs[0].numel() / inputs[0].numel());
+  }
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkCpuDense(inputs[i], op, "input_tensor");
     checkSameKind(inputs[i], outputs[i], op, "input_tensor", "output_tensor");
@@ -347,6 +366,9 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduceScatterPairs(std::vecto
   std::vector<at::Tensor> ins, outs;
   std::vector<WireType> wires;
   std::vector<ReduceOp> ops;
+  if (!outputs.empty() && outputs[0].numel() > 0 && inputs[0].numel() % outputs[0].numel() == 0) {
+    awaitWorldOf(inputs[0].numel() / outputs[0].numel());
+  }
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkCpuDense(inputs[i], op, "input");
     checkSameKind(inputs[i], outputs[i], op, "input", "output");

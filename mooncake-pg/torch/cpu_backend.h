@@ -54,6 +54,13 @@ class MooncakeCpuBackend : public c10d::Backend {
   int maxGroupSize() const { return max_group_size_; }
   // The world size torch reports: follows membership (see GroupMembership).
   int worldSize() const { return membership_->worldSize(); }
+  // A collective sized for `wanted` ranks where the view has more: when a
+  // failure is pending (a rank just died, its deactivation not yet seen
+  // here), settling it gives that world, and the ranks that saw it first
+  // are already running the collective sized so. Waits (bounded by the
+  // failure detection and reconciliation times) until the world is
+  // `wanted`; the caller's size check then passes or fails as before.
+  void awaitWorldOf(int64_t wanted) const;
   GroupMembership& membership() { return *membership_; }
   std::chrono::milliseconds collectiveTimeout() const { return collective_timeout_; }
   // Reports a failed operation's ranks to the control plane on the operation

@@ -781,6 +781,57 @@ def test_all_gather_and_reduce_scatter_after_the_last_seat_died():
         assert scattered == expected, (r, scattered)
 
 
+def _gather_and_scatter_sized_for(ctx, w):
+    gathered = torch.zeros(2 * w)
+    dist.all_gather_into_tensor(gathered, torch.full((2,), float(ctx.rank)))
+    scattered = torch.zeros(2)
+    dist.reduce_scatter_tensor(scattered, torch.arange(2.0 * w) + 10 * ctx.rank)
+    return gathered.tolist(), scattered.tolist()
+
+
+def _sized_for_the_settled_view(ctx):
+    ctx.say(("four", _gather_and_scatter_sized_for(ctx, 4)))
+    if ctx.rank == 3:
+        die()
+    # At once, before this rank may have seen the death: sized for the view
+    # that settling it gives (3 ranks).
+    ctx.say(("three", _gather_and_scatter_sized_for(ctx, 3)))
+    if ctx.rank == 0:
+        poll(lambda: ctx.pg.get_peer_state(_world(), [3])[0], timeout=60)
+        ctx.say(("recover", str(ctx.pg.recover_ranks(_world(), [3]).status)))
+    else:
+        poll(lambda: ctx.pg.get_active_ranks(_world()).tolist()[3] == 1, timeout=60)
+    ctx.say(("four again", _gather_and_scatter_sized_for(ctx, 4)))
+
+
+def _sized_replacement(ctx):
+    ctx.pg.join_group(_world())
+    ctx.say(("four again", _gather_and_scatter_sized_for(ctx, 4)))
+
+
+def _expected_gather_scatter(rank, w):
+    gathered = [float(q) for q in range(w) for _ in range(2)]
+    return gathered, [w * (2 * rank + i) + 10.0 * sum(range(w)) for i in range(2)]
+
+
+def test_calls_sized_for_the_world_after_a_pending_failure_wait_for_it():
+    # Issue 19 §1 (the reference's allgather_reduce_scatter_recovery): the
+    # survivors' calls sized for 3 wait for the view without seat 3 and run;
+    # after the replacement is recovered, calls sized for 4 run again.
+    with Job() as job:
+        procs = [job.start(_sized_for_the_settled_view, r, 4) for r in range(4)]
+        procs[3].join(60)
+        job.start(_sized_replacement, 3, 4, spec=(4, True))
+        got = job.collect(4)
+    for r in range(3):
+        said = dict(got[r][0])
+        assert said["four"] == _expected_gather_scatter(r, 4), (r, said["four"])
+        assert said["three"] == _expected_gather_scatter(r, 3), (r, said["three"])
+        assert said["four again"] == _expected_gather_scatter(r, 4), (r, said["four again"])
+    assert got[0][0][2] == ("recover", "ProposalStatus.Applied")
+    assert dict(got[3][0])["four again"] == _expected_gather_scatter(3, 4)
+
+
 # ---------------------------------------------------------------------------
 # Sub-groups grow with the world (reference: extension_with_subgroups).
 # Founders 0, 1 (world 2); joiners 2, 3 (world 4). Created in the same order
