@@ -178,6 +178,16 @@ def lose_a_rank_between_collectives(ctx, victim, leave=die):
     ctx.say(("after", after.tolist(), ctx.pg.get_local_success(work), ctx.pg.get_current_epoch(dist.group.WORLD)))
 
 
+def run_with_a_replacement(job, fn, replacement, world, victim):
+    """Starts `fn` on every rank of `world`; once `victim` has died, a
+    replacement (is_extension) of it runs `replacement`; returns what every
+    rank said (job.collect)."""
+    procs = [job.start(fn, r, world) for r in range(world)]
+    procs[victim].join(60)
+    job.start(replacement, victim, world, spec=(world, True))
+    return job.collect(world)
+
+
 def replacement_joins(ctx):
     """A replacement process (started with is_extension): joins the group,
     then runs a full-world all_reduce and says what it got."""

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _elastic import Job, die, lose_a_rank_between_collectives, observe, poll, replacement_joins
+from _elastic import Job, die, lose_a_rank_between_collectives, observe, poll, replacement_joins, run_with_a_replacement
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -322,10 +322,7 @@ def test_p2p_batches_with_a_dead_rank_report_and_a_replacement_carries_on():
     # replacement of issue 19: every wait() returns; the ops with the dead
     # rank fail by their hint, those between the survivors succeed.
     with Job() as job:
-        procs = [job.start(_p2p_batches_around_a_death, r, 3) for r in range(3)]
-        procs[1].join(60)
-        job.start(_p2p_batches_replacement, 1, 3, spec=(3, True))
-        got = job.collect(3)
+        got = run_with_a_replacement(job, _p2p_batches_around_a_death, _p2p_batches_replacement, 3, victim=1)
     for r in (0, 2):
         said = dict(got[r][0])
         other = 2 - r
@@ -681,10 +678,7 @@ def _p2p_replacement(ctx):
 
 def test_p2p_recovery_with_a_replacement():
     with Job() as job:
-        procs = [job.start(_p2p_recovery, r, 2) for r in range(2)]
-        procs[1].join(60)
-        job.start(_p2p_replacement, 1, 2, spec=(2, True))
-        got = job.collect(2)
+        got = run_with_a_replacement(job, _p2p_recovery, _p2p_replacement, 2, victim=1)
     assert got[0][0] == [("ping", 8.0), ("to dead", "ok", [1, 0]),
                          ("recover", "ProposalStatus.Applied"), ("ping", 8.0)]
     assert got[1][0] == [("pong", 7.0)]
@@ -819,10 +813,7 @@ def test_calls_sized_for_the_world_after_a_pending_failure_wait_for_it():
     # survivors' calls sized for 3 wait for the view without seat 3 and run;
     # after the replacement is recovered, calls sized for 4 run again.
     with Job() as job:
-        procs = [job.start(_sized_for_the_settled_view, r, 4) for r in range(4)]
-        procs[3].join(60)
-        job.start(_sized_replacement, 3, 4, spec=(4, True))
-        got = job.collect(4)
+        got = run_with_a_replacement(job, _sized_for_the_settled_view, _sized_replacement, 4, victim=3)
     for r in range(3):
         said = dict(got[r][0])
         assert said["four"] == _expected_gather_scatter(r, 4), (r, said["four"])
