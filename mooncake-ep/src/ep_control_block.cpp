@@ -34,12 +34,20 @@ std::unique_ptr<EpControlBlock> EpControlBlock::open(const std::string& name, in
     if (error) *error = "EP IPC group '" + name + "': " + why;
     return nullptr;
   };
+  const uint32_t all = num_ranks >= 32 ? ~0u : (1u << num_ranks) - 1;
+  if ((options.absent >> rank & 1u) != 0 || (options.absent & all) == all) {
+    return fail("rank " + std::to_string(rank) + " is among the absent ranks it was given");
+  }
+  // The lowest rank taking part creates the block.
+  int creator = 0;
+  while ((options.absent >> creator & 1u) != 0) ++creator;
+  const auto absent = [&](int r) { return (options.absent >> r & 1u) != 0; };
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const size_t slots_offset = roundUp(sizeof(EpControlHeader), 64);
   const size_t total = roundUp(slots_offset + sizeof(EpRankSlot) * num_ranks, page);
   const auto deadline = std::chrono::steady_clock::now() + options.attach_timeout;
   std::string why;
-  void* base = mooncake::pg::mapSharedRegion(name, rank == 0, total, deadline, "the EP control block", &why);
+  void* base = mooncake::pg::mapSharedRegion(name, rank == creator, total, deadline, "the EP control block", &why);
   if (base == nullptr) return fail(why);
   std::unique_ptr<EpControlBlock> block(new EpControlBlock);
   block->rank_ = rank;
@@ -49,7 +57,7 @@ std::unique_ptr<EpControlBlock> EpControlBlock::open(const std::string& name, in
   block->header_ = static_cast<EpControlHeader*>(base);
   block->slots_ = reinterpret_cast<EpRankSlot*>(static_cast<char*>(base) + slots_offset);
   EpControlHeader* h = block->header_;
-  if (rank == 0) {
+  if (rank == creator) {
     // A fresh object is zero: only the identity needs writing.
     h->magic = kMagic;
     h->version = kVersion;
@@ -57,6 +65,9 @@ std::unique_ptr<EpControlBlock> EpControlBlock::open(const std::string& name, in
     h->tokens = options.max_tokens_per_rank;
     h->hidden = options.hidden;
     h->experts = options.num_experts;
+    for (int r = 0; r < num_ranks; ++r) {
+      if (absent(r)) h->departed[r].store(1, std::memory_order_relaxed);  // gone from the start
+    }
     h->ready.store(1, std::memory_order_release);  // release: the identity before `ready`
   } else {
     while (h->ready.load(std::memory_order_acquire) == 0) {
@@ -76,18 +87,18 @@ std::unique_ptr<EpControlBlock> EpControlBlock::open(const std::string& name, in
   std::memcpy(me.region_handle, mine.region_handle, kIpcHandleBytes);
   me.attached.store(1, std::memory_order_release);  // release: publishes pid and handle
   for (int r = 0; r < num_ranks; ++r) {
-    while (block->slot(r).attached.load(std::memory_order_acquire) == 0) {
+    while (!absent(r) && block->slot(r).attached.load(std::memory_order_acquire) == 0) {
       if (std::chrono::steady_clock::now() > deadline) {
-        if (rank == 0) ::shm_unlink(name.c_str());
+        if (rank == creator) ::shm_unlink(name.c_str());
         return fail("rank " + std::to_string(r) + " did not attach in time");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
-  if (rank == 0) ::shm_unlink(name.c_str());  // everyone has it mapped: no name left behind
+  if (rank == creator) ::shm_unlink(name.c_str());  // everyone has it mapped: no name left behind
   block->pidfds_.assign(num_ranks, -1);
   for (int r = 0; r < num_ranks; ++r) {
-    if (r != rank) block->pidfds_[r] = static_cast<int>(::syscall(SYS_pidfd_open, block->slot(r).pid, 0));
+    if (r != rank && !absent(r)) block->pidfds_[r] = static_cast<int>(::syscall(SYS_pidfd_open, block->slot(r).pid, 0));
   }
   block->watchdog_ = std::thread([b = block.get()] { b->watch(); });
   return block;

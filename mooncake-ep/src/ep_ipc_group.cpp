@@ -119,7 +119,10 @@ std::unique_ptr<EpIpcGroup> EpIpcGroup::open(const std::string& name, int rank, 
   if (!(why = state->control->registerWithCuda()).empty()) return fail(why);
   int failed = -1;
   why = mapPeerAllocations(
-      num_ranks, rank, state->region, [&](int q) { return state->control->slot(q).region_handle; },
+      num_ranks, rank, state->region,
+      [&](int q) -> const unsigned char* {
+        return (options.absent >> q & 1u) != 0 ? nullptr : state->control->slot(q).region_handle;
+      },
       &state->peer_regions, &failed);
   if (!why.empty()) {
     // The peers that did open wait for this rank in calls: mark it gone.

@@ -37,8 +37,9 @@ EpStages stagesOf(const std::string& stages) {
 class PyEpIpcGroup {
  public:
   PyEpIpcGroup(const std::string& name, int rank, int num_ranks, int max_tokens_per_rank, int hidden,
-               int num_experts, int device, int attach_timeout_ms) {
+               int num_experts, int device, int attach_timeout_ms, uint32_t absent) {
     EpIpcGroupOptions options;
+    options.absent = absent;
     options.max_tokens_per_rank = max_tokens_per_rank;
     options.hidden = hidden;
     options.num_experts = num_experts;
@@ -117,10 +118,11 @@ PYBIND11_MODULE(_ep_ipc, m) {
   m.doc() = "EP dispatch/combine kernels over CUDA IPC between the processes of one host (docs/ep-kernels.md)";
   m.attr("MAX_RANKS") = kMaxEpRanks;
   py::class_<PyEpIpcGroup>(m, "EpIpcGroup")
-      .def(py::init<const std::string&, int, int, int, int, int, int, int>(), py::arg("name"), py::arg("rank"),
-           py::arg("num_ranks"), py::arg("max_tokens_per_rank"), py::arg("hidden"), py::arg("num_experts"),
-           py::arg("device"), py::arg("attach_timeout_ms"),
-           "Collective: every rank of the host group opens the same name with the same sizes.")
+      .def(py::init<const std::string&, int, int, int, int, int, int, int, uint32_t>(), py::arg("name"),
+           py::arg("rank"), py::arg("num_ranks"), py::arg("max_tokens_per_rank"), py::arg("hidden"),
+           py::arg("num_experts"), py::arg("device"), py::arg("attach_timeout_ms"), py::arg("absent") = 0,
+           "Collective: every rank of the host group but the `absent` ones (bit r: rank r takes no part) opens "
+           "the same name with the same sizes and the same `absent`.")
       .def("close", &PyEpIpcGroup::close)
       .def("dispatch", &PyEpIpcGroup::dispatch, py::arg("x"), py::arg("topk_idx"), py::arg("num_tokens"),
            py::arg("num_topk"), py::arg("active_ranks"), py::arg("timeout_us"), py::arg("use_fp8"),

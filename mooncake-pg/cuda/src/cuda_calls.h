@@ -65,9 +65,10 @@ inline std::string mapPeerAllocations(int size, int rank, char* own,
   mapped->assign(size, nullptr);
   (*mapped)[rank] = own;
   for (int q = 0; q < size; ++q) {
-    if (q == rank) continue;
+    const unsigned char* published = q == rank ? nullptr : handle_of(q);
+    if (published == nullptr) continue;  // itself, or a peer that takes no part: nothing to map
     cudaIpcMemHandle_t handle;
-    std::memcpy(&handle, handle_of(q), sizeof(handle));
+    std::memcpy(&handle, published, sizeof(handle));
     void* base = nullptr;
     if (const cudaError_t err = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
         err != cudaSuccess) {

@@ -111,9 +111,12 @@ class IpcPath:
         self._in_flight = {"dispatch": _InFlight("dispatch"), "combine": _InFlight("combine")}
 
     # ---------------------------------------------------------------- group
-    def group_for(self, device: torch.device, tokens: int, hidden: int, experts: int):
+    def group_for(self, device: torch.device, tokens: int, hidden: int, experts: int, timeout_us: int = -1):
         """The native group on `device` sized for these values, opened or
-        reopened as needed (collective)."""
+        reopened as needed (collective). Ranks the membership has deactivated
+        (gone before this first call) are not waited for: the others open
+        without them and leave them out; waiting for the others ends at the
+        call's `timeout_us` (when positive) or twice the attach timeout."""
         sizes = (tokens, hidden, experts)
         if self._group is not None and self._sizes == sizes:
             if device != self._device:
@@ -132,12 +135,12 @@ class IpcPath:
         self.close()
         self._opens += 1
         key = f"open/{self._opens}"
-        # Agree first (one rank may see a peer inactive that another does not
-        # yet): every rank opens, or none does.
-        missing = ranks_of(((1 << self.group_size) - 1) & ~self._alive())
-        refusal = self._agree(f"{key}/ready",
-                              f"rank(s) {missing} inactive in the group (the fast path is set up with every rank)"
-                              if missing else "")
+        # Agree first on who takes part (one rank may see a peer inactive
+        # that another does not yet): every rank opens, or none does.
+        deadline = time.monotonic() + 2 * _attach_timeout_ms() / 1e3
+        if timeout_us > 0:
+            deadline = min(deadline, time.monotonic() + timeout_us / 1e6)
+        absent, refusal = self._agree_on_absent(f"{key}/ready", deadline)
         if refusal:
             raise FastPathUnavailable(refusal)
         error = ""
@@ -145,11 +148,11 @@ class IpcPath:
         try:
             group = self._native.EpIpcGroup(f"/mooncake-ep-{self._uid & 0xFFFFFFFFFFFF:x}-{self._opens}", self.rank,
                                             self.group_size, tokens, hidden, experts, device.index,
-                                            _attach_timeout_ms())
+                                            _attach_timeout_ms(), absent)
         except RuntimeError as err:
             error = str(err) or "failed"
         # Everyone learns whether everyone opened, so every rank leaves together.
-        failure = self._agree(f"{key}/opened", error)
+        failure = self._agree(f"{key}/opened", error, absent)
         if failure:
             if group is not None:
                 group.close()
@@ -157,17 +160,53 @@ class IpcPath:
         self._group, self._device, self._sizes = group, device, sizes
         return group
 
-    def _agree(self, key: str, mine: str) -> str:
-        """Every rank posts `mine` ("" = fine, else why not) under `key`;
-        returns the first rank's complaint, "" when none, as soon as every
-        rank posted or one complained (bounded by twice the attach timeout)."""
+    def _agree_on_absent(self, key: str, deadline: float) -> tuple[int, str]:
+        """Who opens the fast path: every rank says it is ready; a rank that
+        has not is waited for until it is, or until the membership sees it
+        inactive (then it is absent), or `deadline`. Then every rank posts
+        the absent ranks it found, and all must have found the same. Returns
+        (absent bits, "") or (0, why not)."""
+        full = (1 << self.group_size) - 1
+        if not self._alive() >> self.rank & 1:
+            mine = f"rank {self.rank} is inactive in the group"
+        else:
+            mine = ""
         self._store.set(f"{key}/{self.rank}", mine)
-        waiting = list(range(self.group_size))  # ranks whose post has not been read yet
-        deadline = time.monotonic() + 2 * _attach_timeout_ms() / 1e3
+        waiting = set(range(self.group_size))
+        while waiting:
+            for r in sorted(waiting):
+                if self._store.check([f"{key}/{r}"]):
+                    why = self._store.get(f"{key}/{r}").decode()
+                    if why:
+                        return 0, f"rank {r}: {why}"
+                    waiting.discard(r)
+            gone = full & ~self._alive()
+            if all(gone >> r & 1 for r in waiting):
+                break  # the rest are gone: not waited for
+            if time.monotonic() > deadline:
+                return 0, f"rank(s) {sorted(waiting)} did not report in time"
+            time.sleep(0.001)
+        absent = sum(1 << r for r in waiting)
+        found = self._agree(f"{key}/absent", "", absent, posted=str(absent), deadline=deadline)
+        return (absent, "") if not found else (0, found)
+
+    def _agree(self, key: str, mine: str, absent: int = 0, posted: str | None = None,
+               deadline: float | None = None) -> str:
+        """Every rank but the `absent` ones posts `mine` ("" = fine, else
+        why not) under `key`; returns the first rank's complaint, "" when
+        none, as soon as every rank posted or one complained (bounded by
+        `deadline`, else twice the attach timeout). With `posted`, ranks
+        post that instead and all must have posted the same."""
+        self._store.set(f"{key}/{self.rank}", mine if posted is None else posted)
+        waiting = [r for r in range(self.group_size) if not absent >> r & 1]  # posts not read yet
+        if deadline is None:
+            deadline = time.monotonic() + 2 * _attach_timeout_ms() / 1e3
         while True:
             for r in [r for r in waiting if self._store.check([f"{key}/{r}"])]:
                 why = self._store.get(f"{key}/{r}").decode()
-                if why:
+                if posted is not None and why != posted:
+                    return f"rank {r} found other ranks absent ({why} against {posted})"
+                if posted is None and why:
                     return f"rank {r}: {why}"
                 waiting.remove(r)
             if not waiting:
@@ -196,7 +235,7 @@ class IpcPath:
         topk_idx = topk_idx.contiguous()
         in_flight = self._in_flight["dispatch"]
         in_flight.check_new_call(return_recv_hook)
-        group = self.group_for(device, tokens_per_rank, hidden, num_experts)
+        group = self.group_for(device, tokens_per_rank, hidden, num_experts, timeout_us)
         mask, give_back = self._device_mask(active_ranks, device)
 
         if use_fp8:

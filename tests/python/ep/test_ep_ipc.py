@@ -197,6 +197,33 @@ def test_dead_rank_is_masked_without_a_timeout():
         assert elapsed[r] < 5.0, f"rank {r} took {elapsed[r]:.2f} s to give up on the dead rank"
 
 
+def _gone_before_the_first_call(ctx, victim):
+    buffer = buffer_of(ctx)
+    dist.barrier()  # the Buffer exists everywhere; its fast path is set up at the first dispatch
+    if ctx.rank == victim:
+        os._exit(17)
+    expect = [0 if r == victim else 1 for r in range(ctx.size)]
+    start = time.monotonic()
+    run_round(ctx, CASE, timeout_us=5_000_000, device="cuda", expect_active=expect)
+    first = time.monotonic() - start
+    run_round(ctx, CASE_FP8, active=expect, timeout_us=-1, device="cuda", expect_active=expect)
+    return first, buffer.path
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_rank_gone_before_the_first_call_is_left_out_and_the_fast_path_kept(world_size):
+    # Issue 19 §1: the fast path's setup stops waiting for a rank once the
+    # membership knows it is gone (or at the call's timeout), and the
+    # survivors keep the fast path among themselves with it masked.
+    with _world(world_size) as world:
+        out = world.run(_gone_before_the_first_call, 1, allow_dead=(1,), timeout=120)
+    assert out[1] is None
+    for r in [r for r in range(world_size) if r != 1]:
+        first, path = out[r]
+        assert path == "ipc", f"rank {r} left the fast path: {path}"
+        assert first < 5.0, f"rank {r}: the first call took {first:.2f} s"
+
+
 # ---------------------------------------------------------------------------
 # CUDA graphs, calls in flight, membership updates, switching paths
 

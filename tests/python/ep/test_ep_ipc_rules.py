@@ -64,3 +64,52 @@ def test_a_rank_that_never_reports_ends_the_setup_everywhere(monkeypatch):
     monkeypatch.setenv("MOONCAKE_EP_ATTACH_TIMEOUT_MS", "150")  # the agreement waits twice that
     answers = _agree_everywhere(["", "", ""], silent=(1,))
     assert answers == ["rank(s) [1] did not report within 300 ms"] * 2
+
+
+def _agree_on_absent_everywhere(world, alive_seen, silent=(), wait_s=0.3):
+    """Ranks as threads; `alive_seen[r]`: the active mask rank r's membership shows."""
+    import time
+
+    store = dist.HashStore()
+    answers = [None] * world
+
+    def rank_main(r):
+        path = IpcPath(store, r, world, uid=7, alive=lambda: alive_seen[r])
+        start = time.monotonic()
+        absent, why = path._agree_on_absent("open/1/ready", time.monotonic() + wait_s)
+        answers[r] = (absent, why, time.monotonic() - start)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world) if r not in silent]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return {r: a for r, a in enumerate(answers) if r not in silent}
+
+
+def test_a_rank_the_membership_saw_go_is_left_out_without_waiting():
+    # Rank 1 exited before the first call; every other rank's membership
+    # shows it inactive: they open without it at once (issue 19 §1).
+    answers = _agree_on_absent_everywhere(3, [0b101] * 3, silent=(1,), wait_s=20)
+    for r in (0, 2):
+        absent, why, took = answers[r]
+        assert (absent, why) == (0b010, ""), answers[r]
+        assert took < 2, took
+    everyone = _agree_on_absent_everywhere(3, [0b111] * 3)
+    assert {r: a[:2] for r, a in everyone.items()} == {r: (0, "") for r in range(3)}
+
+
+def test_a_silent_rank_still_active_ends_the_setup_at_the_deadline_everywhere():
+    answers = _agree_on_absent_everywhere(3, [0b111] * 3, silent=(1,), wait_s=0.3)
+    for r in (0, 2):
+        absent, why, took = answers[r]
+        assert absent == 0 and "did not report" in why, answers[r]
+        assert took < 2, took
+
+
+def test_ranks_that_see_different_absent_ranks_all_refuse():
+    # Rank 0 has seen rank 1 go, rank 2 has not (yet): neither opens.
+    answers = _agree_on_absent_everywhere(3, [0b101, 0b111, 0b111], silent=(1,), wait_s=0.3)
+    for r in (0, 2):
+        absent, why, _ = answers[r]
+        assert absent == 0 and why, answers[r]

@@ -37,6 +37,11 @@ struct EpIpcGroupOptions {
   int device = -1;              // CUDA ordinal in this process; -1: the current device
   // How long open() and the destructor wait for the peers.
   std::chrono::milliseconds attach_timeout{std::chrono::seconds(60)};
+  // Bit r: rank r takes no part (its process is gone before the group was
+  // opened). The others neither wait for it nor map its region, and it is
+  // departed from the start, so every call leaves it out. Every rank that
+  // opens must pass the same bits; its own may not be among them.
+  uint32_t absent = 0;
 };
 
 // Device bytes of one rank's receive region for these sizes (both parities).
