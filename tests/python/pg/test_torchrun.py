@@ -74,3 +74,22 @@ def test_torchrun_two_processes(tmp_path):
         "RANK 1 OF 2 BACKEND mooncake-cpu SUM [3.0, 3.0, 3.0, 3.0] AVG [1.5, 1.5] GATHER [0, 10] "
         "RING [0.0, 0.0, 0.0] ACTIVE [1, 1]",
     ], output[-4000:]
+
+
+@pytest.mark.timeout(90)
+def test_the_readme_quick_start_runs_under_torchrun(tmp_path):
+    # README, "First steps": torchrun --nproc-per-node 2 examples/pg_quickstart.py
+    example = pathlib.Path(__file__).resolve().parents[3] / "examples" / "pg_quickstart.py"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_PYTHON, env.get("PYTHONPATH", "")) if p)
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", str(example)]
+    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"torchrun exited with {proc.returncode}:\n{output[-4000:]}"
+    assert sorted(re.findall(r"^rank \d .*$", proc.stdout, flags=re.M)) == [
+        "rank 0 of 2 on mooncake-cpu: sum 3.0, ring from 1, active ranks [1, 1]",
+        "rank 1 of 2 on mooncake-cpu: sum 3.0, ring from 0, active ranks [1, 1]",
+    ], output[-4000:]
