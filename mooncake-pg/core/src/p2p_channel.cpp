@@ -37,7 +37,7 @@ bool P2pEndpoint::decode(const std::string& text, P2pEndpoint& out) {
   std::istringstream s(text);
   return static_cast<bool>(s >> out.segment >> out.credit_region >> out.ack_region >> out.notice_region >>
                            out.eager_region >> out.release_region >> out.eager_bytes >> out.eager_slots) &&
-         out.eager_slots <= kMaxEagerSlots;
+         out.eager_slots <= kMaxEagerSlots && (out.eager_slots & (out.eager_slots - 1)) == 0;
 }
 
 class P2pChannel::Impl {
@@ -180,6 +180,8 @@ class P2pChannel::Impl {
     // on a slot of the new epoch).
     bool eager_open = true;
     int release_writes = 0;  // ReleaseSlot writes to it in flight
+    bool open_owed = false;  // our OpenSlot of this epoch has not reached it yet
+    Clock::time_point open_since{}, open_tried{};
   };
   struct Posted {
     bool is_send;
@@ -254,6 +256,11 @@ class P2pChannel::Impl {
   // Returns to the pool the quarantined chunks of peers that told us they
   // reopened at our epoch (OpenSlot).
   void releaseQuarantine();
+  // Writes the OpenSlot of the lanes' epoch to `peer` if it is owed; one
+  // that fails is tried again (sendOpenNotices): the peer's eager writes
+  // wait for it, and its receives of small messages with them.
+  void sendOpenNotice(int peer);
+  void sendOpenNotices();
   void applyReopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch);
   // Reopens, at the peer's epoch, lanes a peer reopened at a later epoch.
   void followReopens();
@@ -326,7 +333,10 @@ P2pChannel::Impl::Impl(te::TransferEngine& engine, int rank, int size, const P2p
   // Eager slots: a message and its payload footer must fit a staging chunk;
   // the rings of all peers together stay within kEagerRingBudget.
   constexpr size_t kEagerRingBudget = 64u << 20;
+  // A power of two: sequence numbers wrap at 2^32, and seq % slots must stay
+  // in step across the wrap.
   eager_slots_ = std::min<size_t>(options_.eager_slots, kMaxEagerSlots);
+  while (eager_slots_ & (eager_slots_ - 1)) eager_slots_ &= eager_slots_ - 1;
   eager_bytes_ = std::min(options_.eager_bytes, chunk > 128 ? chunk - 128 : 0);
   if (eager_slots_ > 0 && static_cast<size_t>(size) * eager_slots_ * eagerSlotStride(eager_bytes_) > kEagerRingBudget) {
     const size_t per_slot = kEagerRingBudget / (static_cast<size_t>(size) * eager_slots_);
@@ -481,11 +491,9 @@ void P2pChannel::Impl::applyReopen(int p, const P2pEndpoint& endpoint, uint32_t 
     recv_lanes_[p].eager = EagerWindow(static_cast<uint32_t>(eager_slots_));
     send_lanes_[p] = SendLane{};
     peer.eager_open = false;  // until the peer says it reopened at this epoch too
-    if (peer.failure.empty()) {  // tell the peer we serve no older credit (best effort)
-      OpenSlot notice{};
-      seal(notice, openToken(epoch));
-      writeSlot(p, &notice, endpoint.notice_region + rank_ * sizeof(PeerNotices) + offsetof(PeerNotices, open));
-    }
+    peer.open_owed = peer.failure.empty();  // tell the peer we serve no older credit
+    peer.open_since = Clock::now();
+    sendOpenNotice(p);
   }
 }
 
@@ -511,6 +519,31 @@ void P2pChannel::Impl::applyAbort(const std::string& why, const std::vector<int>
       engine_.transferSync({te::TransferRequest{te::Opcode::kWrite, outbox_, peer.handle,
                                                 peer.endpoint.notice_region + rank_ * sizeof(PeerNotices),
                                                 sizeof(CloseSlot)}});
+    }
+  }
+}
+
+void P2pChannel::Impl::sendOpenNotice(int p) {
+  Peer& peer = peers_[p];
+  if (!peer.open_owed || !peer.failure.empty() || peer.handle == te::kInvalidSegment) return;
+  peer.open_tried = Clock::now();
+  OpenSlot notice{};
+  seal(notice, openToken(peer.epoch));
+  const uint64_t remote = peer.endpoint.notice_region + rank_ * sizeof(PeerNotices) + offsetof(PeerNotices, open);
+  peer.open_owed = writeSlot(p, &notice, remote) != te::kOk;
+}
+
+void P2pChannel::Impl::sendOpenNotices() {
+  const auto now = Clock::now();
+  for (int p = 0; p < size_; ++p) {
+    Peer& peer = peers_[p];
+    if (!peer.open_owed) continue;
+    // A peer unreachable for this long fails the messages posted to it by
+    // its own checks (probes, timeouts): stop trying.
+    if (now - peer.open_since > std::chrono::seconds(5)) {
+      peer.open_owed = false;
+    } else if (now - peer.open_tried > std::chrono::milliseconds(50)) {
+      sendOpenNotice(p);
     }
   }
 }
@@ -1200,7 +1233,7 @@ void P2pChannel::Impl::loop() {
       const auto now = Clock::now();
       for (int p = 0; p < size_ && !busy; ++p) {
         busy = !recv_lanes_[p].ops.empty() || !send_lanes_[p].ops.empty() || now < send_lanes_[p].drain_until ||
-               recv_lanes_[p].eager.releaseOwed();
+               (recv_lanes_[p].eager.releaseOwed() && peers_[p].failure.empty()) || peers_[p].open_owed;
       }
       if (!busy) cv_.wait(lock, [this] { return stopping_ || !posted_.empty() || !control_.empty(); });
       incoming.swap(posted_);
@@ -1250,6 +1283,7 @@ void P2pChannel::Impl::loop() {
     checkPeers(cut);
     if (!cut) {
       releaseQuarantine();
+      sendOpenNotices();
       followReopens();
     }
     // Nothing moved: back off from spinning to short sleeps, so that waiting

@@ -310,6 +310,26 @@ TEST_P(P2pPair, ReopenAtANewEpochAfterAnAbortCarriesMessagesAgain) {
   EXPECT_EQ(small_out, small);
 }
 
+TEST_P(P2pPair, AnOpenNoticeLostOnTheWayIsSentAgain) {
+  // Both ends reopen while their writes are lost (the cable cut for a
+  // moment): neither OpenSlot arrives, and eager writes wait for the
+  // peer's. Once traffic flows again the notices go again and a small
+  // message (eager both ways) gets through, long before the 5 s timeout.
+  const P2pEndpoint ep0 = ranks_[0]->channel->localEndpoint(), ep1 = ranks_[1]->channel->localEndpoint();
+  test_faults::detail::traffic_cut.store(true);
+  ranks_[0]->channel->reopen(1, ep1, 1);
+  ranks_[1]->channel->reopen(0, ep0, 1);
+  test_faults::detail::traffic_cut.store(false);
+  const auto data = pattern(300, 12);
+  std::vector<uint8_t> out(data.size());
+  auto s = send(0, 1, 0, data);
+  auto r = recv(1, 0, 0, out);
+  OpResult sr = get(s, 3s), rr = get(r, 3s);
+  ASSERT_TRUE(sr.ok) << sr.error;
+  ASSERT_TRUE(rr.ok) << rr.error;
+  EXPECT_EQ(out, data);
+}
+
 TEST_P(P2pPair, TwentyAbortAndReopenCyclesKeepThePoolUsable) {
   // Each cycle closes lanes while a receive holds credited chunks (which are
   // quarantined, since the sender could still write them): the pool must

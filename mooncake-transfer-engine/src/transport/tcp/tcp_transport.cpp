@@ -175,7 +175,7 @@ void TcpTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& t
     for (uint64_t offset = 0; offset < r.length; offset += split) {
       uint64_t n = std::min(split, r.length - offset);
       slices.push_back(Slice{task, pool, r.opcode, static_cast<char*>(r.source) + offset, device,
-                             r.target_offset + offset, n, deadline});
+                             r.target_offset + offset, n, deadline, {}});
     }
   }
   // A single slice for a waiting caller runs here: a hand-off to a worker
@@ -215,21 +215,36 @@ void TcpTransport::workerLoop() {
 }
 
 bool TcpTransport::sendInline(Slice& slice) const {
-  // Small enough to sit in the socket's send buffer: the send does not block.
-  constexpr uint64_t kInlineBytes = 64 * 1024 + 256;
+  // Small enough for the empty send buffer of an idle connection (its peer
+  // answered everything sent before: at least 16 KiB are free), so the
+  // caller (a progress thread) is not held up; and bounded anyway.
+  constexpr uint64_t kInlineBytes = 8 * 1024;
+  constexpr auto kInlineSendLimit = std::chrono::milliseconds(2);
   if (slice.opcode != Opcode::kWrite || slice.local_device >= 0 || slice.length > kInlineBytes) return false;
   auto socket = std::make_shared<net::Socket>();
   if (!slice.pool->takeIdle(*socket)) return false;
-  if (sendRequest(socket->fd(), slice) != kOk) return false;  // the connection closes; a worker tries afresh
+  Slice bounded = slice;
+  bounded.deadline = std::min(slice.deadline, net::after(kInlineSendLimit));
+  // On failure the connection closes (it may hold part of the request) and
+  // a worker sends the whole request again on another.
+  if (sendRequest(socket->fd(), bounded) != kOk) return false;
   slice.sent_on = std::move(socket);
   return true;
 }
 
 void TcpTransport::run(const Slice& slice) const {
   if (slice.sent_on) {
-    if (awaitAnswer(slice.sent_on->fd(), slice) == kOk) {
+    const int answer = awaitAnswer(slice.sent_on->fd(), slice);
+    if (answer == kOk) {
       slice.pool->release(std::move(*slice.sent_on));
       slice.task->completeSlice(slice.length, kOk);
+      return;
+    }
+    if (answer == kTimeout) {  // never sent again after its deadline: a late copy could land on reused memory
+      slice.sent_on->close();
+      MC_LOG(Warning) << "tcp write of " << slice.length << " bytes at 0x" << std::hex << slice.remote << std::dec
+                      << " failed: " << errorName(answer);
+      slice.task->completeSlice(0, answer);
       return;
     }
     // The pooled connection failed under the request (its peer restarted,

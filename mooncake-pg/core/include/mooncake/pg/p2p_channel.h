@@ -40,7 +40,7 @@ struct P2pOptions {
   size_t pool_chunks = 8;         // MOONCAKE_P2P_POOL_SIZE / chunk
   std::chrono::milliseconds timeout{std::chrono::seconds(600)};  // without progress
   // Largest message sent eagerly (MOONCAKE_P2P_EAGER_SIZE; 0: none), at most
-  // a chunk; slots per sender (at most 32). The ring memory is
+  // a chunk; slots per sender (a power of two, at most 32). The ring memory is
   // size × eager_slots × eager_bytes, so large groups get smaller slots.
   size_t eager_bytes = 64u << 10;
   size_t eager_slots = 8;
