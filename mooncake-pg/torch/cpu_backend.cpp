@@ -269,9 +269,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::allgatherPairs(std::vector<at
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), op, ": ", outputs.size(), " output tensors but ", inputs.size(),
                     " inputs");
   std::vector<at::Tensor> ins, outs;
-  if (!inputs.empty() && inputs[0].numel() > 0 && outputs[0].numel() % inputs[0].numel() == 0) {
-    awaitWorldOf(outputs[0].numel() / inputs[0].numel());
-  }
+  if (!inputs.empty()) awaitWorldFor(inputs[0], outputs[0]);
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkCpuDense(inputs[i], op, "input_tensor");
     checkSameKind(inputs[i], outputs[i], op, "input_tensor", "output_tensor");
@@ -366,9 +364,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCpuBackend::reduceScatterPairs(std::vecto
   std::vector<at::Tensor> ins, outs;
   std::vector<WireType> wires;
   std::vector<ReduceOp> ops;
-  if (!outputs.empty() && outputs[0].numel() > 0 && inputs[0].numel() % outputs[0].numel() == 0) {
-    awaitWorldOf(inputs[0].numel() / outputs[0].numel());
-  }
+  if (!outputs.empty()) awaitWorldFor(outputs[0], inputs[0]);
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkCpuDense(inputs[i], op, "input");
     checkSameKind(inputs[i], outputs[i], op, "input", "output");

@@ -61,6 +61,13 @@ class MooncakeCpuBackend : public c10d::Backend {
   // failure detection and reconciliation times) until the world is
   // `wanted`; the caller's size check then passes or fails as before.
   void awaitWorldOf(int64_t wanted) const;
+  // The same for a call whose `whole` tensor holds world-size times the
+  // elements of `per_rank` (all_gather's output, reduce_scatter's input).
+  void awaitWorldFor(const at::Tensor& per_rank, const at::Tensor& whole) const {
+    if (per_rank.defined() && whole.defined() && per_rank.numel() > 0 && whole.numel() % per_rank.numel() == 0) {
+      awaitWorldOf(whole.numel() / per_rank.numel());
+    }
+  }
   GroupMembership& membership() { return *membership_; }
   std::chrono::milliseconds collectiveTimeout() const { return collective_timeout_; }
   // Reports a failed operation's ranks to the control plane on the operation

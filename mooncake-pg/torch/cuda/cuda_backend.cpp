@@ -186,6 +186,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::allgather_into_tensor_coales
   const char* op = "all_gather_into_tensor";
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), op, ": ", outputs.size(), " output tensors but ", inputs.size(),
                     " inputs");
+  if (!inputs.empty()) host_->awaitWorldFor(inputs[0], outputs[0]);  // sized for the view a pending failure gives
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkTensor(inputs[i], op, "input_tensor");
     checkTensor(outputs[i], op, "output_tensor");
@@ -282,6 +283,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeCudaBackend::reduce_scatter_tensor_coales
   const char* op = "reduce_scatter_tensor";
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), op, ": ", outputs.size(), " output tensors but ", inputs.size(),
                     " inputs");
+  if (!outputs.empty()) host_->awaitWorldFor(outputs[0], inputs[0]);  // sized for the view a pending failure gives
   std::vector<WireType> wires;
   std::vector<ReduceOp> ops;
   for (size_t i = 0; i < inputs.size(); ++i) {

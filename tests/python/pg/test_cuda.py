@@ -381,3 +381,35 @@ def test_rank_killed_during_collective(size, victim, options):
         assert res["large_all"] and res["large"] == res["expect"], f"rank {r}: large all_reduce {res['large']}"
         assert res["mask_device"].startswith("cuda" if options else "cpu"), res["mask_device"]
         assert res["waited"] < 30, f"rank {r}: the failure took {res['waited']:.1f} s to surface"
+
+
+def _sized_for_the_survivors(ctx, victim):
+    dev = torch.device("cuda", torch.cuda.current_device())
+    r = ctx.rank
+
+    def gather_and_scatter(w):
+        gathered = torch.zeros(2 * w, device=dev)
+        dist.all_gather_into_tensor(gathered, torch.full((2,), float(r), device=dev))
+        scattered = torch.zeros(2, device=dev)
+        dist.reduce_scatter_tensor(scattered, torch.arange(2.0 * w, device=dev) + 10 * r)
+        return gathered.tolist(), scattered.tolist()
+
+    full = gather_and_scatter(ctx.size)
+    dist.barrier()
+    if r == victim:
+        os._exit(17)
+    # At once, before this rank may have seen the death: sized for the survivors.
+    return full, gather_and_scatter(ctx.size - 1)
+
+
+def test_calls_sized_for_the_survivors_wait_for_the_settled_view():
+    # Issue 19 §1 on CUDA tensors (the backend's own size checks): the last
+    # seat dies; the survivors' calls sized for 2 wait for the view without
+    # it and give the survivors' values.
+    env = {"MOONCAKE_PG_HEARTBEAT_TIMEOUT_MS": "1000", **REQUIRE_IPC}
+    with World(3, backend="mooncake", gloo=False, start_timeout=120, env=env) as w:
+        results = w.run(_sized_for_the_survivors, 2, timeout=120, allow_dead=(2,))
+    for r in (0, 1):
+        full, after = results[r]
+        assert full == ([0.0, 0.0, 1.0, 1.0, 2.0, 2.0], [3 * (2 * r + i) + 30.0 for i in range(2)]), (r, full)
+        assert after == ([0.0, 0.0, 1.0, 1.0], [2 * (2 * r + i) + 10.0 for i in range(2)]), (r, after)
