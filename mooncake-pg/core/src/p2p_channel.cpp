@@ -8,6 +8,7 @@
 #include <future>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -212,11 +213,35 @@ class P2pChannel::Impl {
   // `intact` when a slot was found overwritten (a stale write) or malformed.
   bool pollEager(int peer);
   bool matchEager(int peer, bool& intact);
+  bool takeEagerArrivals(int peer, bool& intact) {
+    const bool polled = pollEager(peer);
+    return matchEager(peer, intact) || polled;
+  }
+  // Whether message `tag_seq` of `tag` was posted on this side already
+  // (`next_tag_seq` of its lane holds the next number of each tag).
+  static bool postedBefore(const std::unordered_map<int, uint32_t>& next_tag_seq, int tag, uint32_t tag_seq) {
+    auto next = next_tag_seq.find(tag);
+    return next != next_tag_seq.end() && seqBefore(tag_seq, next->second);
+  }
+  // The writes in flight of a send that ends now settle without it.
+  void forgetWritesOf(const SendOp* op) {
+    for (PendingWrite& w : writes_) {
+      if (w.op == op) w.op = nullptr;
+    }
+  }
   // Copies an arrival's payload to `to`; false if the slot no longer holds it.
   bool copyPayload(int peer, const Arrival& arrival, char* to) const;
-  // A size mismatch found on this side: the receive fails, and the sender
-  // learns by a credit of our size unless credits already went out.
-  void refuse(int peer, RecvOp& op);
+  // A size mismatch found on this side (`sent`: the sender's size, when
+  // known): the receive fails, takes no more credits, and the sender learns
+  // by a credit of our size, unless credits already went out or it learns
+  // anyway (`sender_told`: the release of its eager message says so).
+  void refuse(int peer, RecvOp& op, bool sender_told = false, std::optional<uint64_t> sent = std::nullopt);
+  // The error of a receive whose matching send has another size.
+  static std::string receiveMismatch(int peer, const RecvOp& op, std::optional<uint64_t> sent = std::nullopt) {
+    return "message size mismatch with rank " + std::to_string(peer) + ": this rank receives " +
+           std::to_string(op.total) + " bytes, the matching send has " +
+           (sent ? std::to_string(*sent) : std::string("a different size"));
+  }
   void startRelease(int peer);
   uint64_t eagerSlotRemote(int peer, uint32_t seq) const;
   const char* eagerSlot(int peer, uint32_t seq) const;
@@ -696,9 +721,7 @@ bool P2pChannel::Impl::harvestReleases(int p) {
                               std::to_string(it->total) + " bytes, the matching receive expects a different size");
       result.mismatch = true;
     }
-    for (PendingWrite& w : writes_) {
-      if (w.op == &*it) w.op = nullptr;  // its write may settle after the receiver took it
-    }
+    forgetWritesOf(&*it);  // its write may settle after the receiver took it
     Done done = std::move(it->done);
     it = lane.ops.erase(it);
     done(result);
@@ -766,14 +789,11 @@ bool P2pChannel::Impl::copyPayload(int p, const Arrival& arrival, char* to) cons
   return footer == arrival.head.header && header == arrival.head.header;
 }
 
-void P2pChannel::Impl::refuse(int p, RecvOp& op) {
-  if (op.error.empty()) {
-    op.error = "message size mismatch with rank " + std::to_string(p) + ": this rank receives " +
-               std::to_string(op.total) + " bytes, the matching send has a different size";
-  }
+void P2pChannel::Impl::refuse(int p, RecvOp& op, bool sender_told, std::optional<uint64_t> sent) {
+  if (op.error.empty()) op.error = receiveMismatch(p, op, sent);
   // A sender of credited bytes learns from a credit of our size; credits
   // already out tell it the same.
-  if (op.eager || (op.credited == 0 && op.in_flight == 0)) op.refusal_owed = true;
+  if (!sender_told && (op.eager || (op.credited == 0 && op.in_flight == 0))) op.refusal_owed = true;
   op.eager = false;
   op.credits_done = true;
 }
@@ -791,8 +811,7 @@ bool P2pChannel::Impl::matchEager(int p, bool& intact) {
     auto op = std::find_if(lane.ops.begin(), lane.ops.end(),
                            [&](const RecvOp& o) { return o.tag == head.tag && o.tag_seq == head.tag_seq; });
     if (op == lane.ops.end()) {
-      auto next = lane.next_tag_seq.find(head.tag);
-      if (next == lane.next_tag_seq.end() || !seqBefore(head.tag_seq, next->second)) {
+      if (!postedBefore(lane.next_tag_seq, head.tag, head.tag_seq)) {
         ++it;  // its receive is not posted yet
         continue;
       }
@@ -813,12 +832,7 @@ bool P2pChannel::Impl::matchEager(int p, bool& intact) {
       }
     } else if (head.length != op->total) {
       mismatch = true;  // the sender learns from the release
-      if (op->error.empty()) {
-        op->error = "message size mismatch with rank " + std::to_string(p) + ": this rank receives " +
-                    std::to_string(op->total) + " bytes, the matching send has " + std::to_string(head.length);
-      }
-      op->eager = false;
-      op->credits_done = true;
+      refuse(p, *op, /*sender_told=*/true, head.length);
     } else {
       if (!copyPayload(p, *it, op->data)) {
         intact = false;
@@ -940,9 +954,8 @@ void P2pChannel::Impl::drainWrites() {
 void P2pChannel::Impl::failPeer(int peer, const std::string& why, bool gone) {
   Peer& p = peers_[peer];
   if (p.failure.empty() && eager_slots_ > 0) {  // what had fully arrived completes; the rest fails below
-    bool intact = true;
-    pollEager(peer);
-    matchEager(peer, intact);
+    bool intact = true;  // a slot found overwritten fails nothing more: the peer fails below
+    takeEagerArrivals(peer, intact);
   }
   if (p.failure.empty()) harvestReleases(peer);
   if (p.failure.empty()) p.failure = why;
@@ -987,10 +1000,7 @@ bool P2pChannel::Impl::harvestAcks(int peer) {
     reset(slot);
     RecvOp& op = *it->op;
     if (ack.length == kAckSizeMismatch) {
-      if (op.error.empty()) {
-        op.error = "message size mismatch with rank " + std::to_string(peer) + ": this rank receives " +
-                   std::to_string(op.total) + " bytes, the matching send has a different size";
-      }
+      if (op.error.empty()) op.error = receiveMismatch(peer, op);
       op.credits_done = true;  // issue nothing more for it
     } else if (ack.length == kAckSentEagerly) {
       // The bytes come (or came) through the eager ring; the chunk is unused.
@@ -1025,9 +1035,8 @@ bool P2pChannel::Impl::stepRecv(int peer) {
   RecvLane& lane = recv_lanes_[peer];
   bool progressed = false;
   if (eager_slots_ > 0 && peers_[peer].failure.empty()) {
-    progressed |= pollEager(peer);
     bool intact = true;
-    progressed |= matchEager(peer, intact);
+    progressed |= takeEagerArrivals(peer, intact);
     if (!intact) {
       failPeer(peer, "an eager message from rank " + std::to_string(peer) +
                          " was overwritten in its slot or malformed; point-to-point with this rank is closed");
@@ -1121,8 +1130,7 @@ bool P2pChannel::Impl::stepSend(int peer) {
           return !op.bound && op.tag == credit.tag && op.tag_seq == credit.tag_seq;
         });
         if (it == lane.ops.end()) {
-          auto next = lane.next_tag_seq.find(credit.tag);
-          if (next == lane.next_tag_seq.end() || !seqBefore(credit.tag_seq, next->second)) continue;  // not posted yet
+          if (!postedBefore(lane.next_tag_seq, credit.tag, credit.tag_seq)) continue;  // not posted yet
           sent_eagerly = true;  // it went through the eager ring and was taken
         } else if (it->path == SendPath::kEager && it->eager_written) {
           sent_eagerly = it->total == credit.total;  // else refused below
@@ -1146,9 +1154,7 @@ bool P2pChannel::Impl::stepSend(int peer) {
                                             ": this rank sends " + std::to_string(it->total) +
                                             " bytes, the matching receive expects " + std::to_string(credit.total));
         finished_result.mismatch = true;
-        for (PendingWrite& w : writes_) {
-          if (w.op == &*it) w.op = nullptr;  // what it wrote before the refusal no longer counts
-        }
+        forgetWritesOf(&*it);  // what it wrote before the refusal no longer counts
         lane.ops.erase(it);
       } else if (credit.length > 0) {
         // Data: the write carries its ack as trailer and completes later
