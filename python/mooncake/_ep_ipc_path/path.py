@@ -167,26 +167,16 @@ class IpcPath:
         the absent ranks it found, and all must have found the same. Returns
         (absent bits, "") or (0, why not)."""
         full = (1 << self.group_size) - 1
-        if not self._alive() >> self.rank & 1:
-            mine = f"rank {self.rank} is inactive in the group"
-        else:
-            mine = ""
-        self._store.set(f"{key}/{self.rank}", mine)
-        waiting = set(range(self.group_size))
-        while waiting:
-            for r in sorted(waiting):
-                if self._store.check([f"{key}/{r}"]):
-                    why = self._store.get(f"{key}/{r}").decode()
-                    if why:
-                        return 0, f"rank {r}: {why}"
-                    waiting.discard(r)
-            gone = full & ~self._alive()
-            if all(gone >> r & 1 for r in waiting):
-                break  # the rest are gone: not waited for
-            if time.monotonic() > deadline:
-                return 0, f"rank(s) {sorted(waiting)} did not report in time"
-            time.sleep(0.001)
-        absent = sum(1 << r for r in waiting)
+        self._store.set(f"{key}/{self.rank}",
+                        "" if self._alive() >> self.rank & 1 else f"rank {self.rank} is inactive in the group")
+        why, unheard = self._collect(key, range(self.group_size), deadline,
+                                     lambda r, post: f"rank {r}: {post}" if post else "",
+                                     gone=lambda: full & ~self._alive())
+        if why is None:
+            return 0, f"rank(s) {sorted(unheard)} did not report in time"
+        if why:
+            return 0, why
+        absent = sum(1 << r for r in unheard)
         found = self._agree(f"{key}/absent", "", absent, posted=str(absent), deadline=deadline)
         return (absent, "") if not found else (0, found)
 
@@ -198,21 +188,37 @@ class IpcPath:
         `deadline`, else twice the attach timeout). With `posted`, ranks
         post that instead and all must have posted the same."""
         self._store.set(f"{key}/{self.rank}", mine if posted is None else posted)
-        waiting = [r for r in range(self.group_size) if not absent >> r & 1]  # posts not read yet
         if deadline is None:
             deadline = time.monotonic() + 2 * _attach_timeout_ms() / 1e3
+
+        def judge(r: int, post: str) -> str:
+            if posted is not None:
+                return f"rank {r} found other ranks absent ({post} against {posted})" if post != posted else ""
+            return f"rank {r}: {post}" if post else ""
+
+        why, unheard = self._collect(key, [r for r in range(self.group_size) if not absent >> r & 1], deadline,
+                                     judge)
+        if why is None:
+            return f"rank(s) {unheard} did not report within {2 * _attach_timeout_ms()} ms"
+        return why
+
+    def _collect(self, key: str, ranks, deadline: float, judge, gone=None) -> tuple[str | None, list[int]]:
+        """Reads the posts of `ranks` under `key` until each has posted
+        (`judge(rank, post)` returns a complaint, or ""), one complains, or
+        `deadline` passes; ranks that `gone()` (bits) names are not waited
+        for. Returns (the complaint, "" when none, None at the deadline) and
+        the ranks not heard from."""
+        waiting = list(ranks)
         while True:
             for r in [r for r in waiting if self._store.check([f"{key}/{r}"])]:
-                why = self._store.get(f"{key}/{r}").decode()
-                if posted is not None and why != posted:
-                    return f"rank {r} found other ranks absent ({why} against {posted})"
-                if posted is None and why:
-                    return f"rank {r}: {why}"
+                why = judge(r, self._store.get(f"{key}/{r}").decode())
+                if why:
+                    return why, waiting
                 waiting.remove(r)
-            if not waiting:
-                return ""
+            if not waiting or (gone is not None and all(gone() >> r & 1 for r in waiting)):
+                return "", waiting
             if time.monotonic() > deadline:
-                return f"rank(s) {waiting} did not report within {2 * _attach_timeout_ms()} ms"
+                return None, waiting
             time.sleep(0.001)
 
     def close(self) -> None:
