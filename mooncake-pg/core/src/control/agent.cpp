@@ -252,7 +252,7 @@ bool AgentImpl::failover(const std::string& why, std::string* final_why) {
   }
   if (standbys.ranks.empty()) return false;
   std::vector<int> expected(standbys.ranks.begin(), standbys.ranks.end());
-  const auto level = planned ? ::mooncake::log::Level::kInfo : ::mooncake::log::Level::kWarning;
+  const auto level = ::mooncake::log::warningUnlessPlanned(planned);
   MC_LOG_AT(level) << "control plane agent (global rank " << global_rank_ << "): " << why
                    << "; failing over (candidates: global ranks " << listText(expected) << ")";
   const Hello resume = hello(/*resume=*/true, static_cast<uint32_t>(rejoins.size()));
@@ -394,7 +394,7 @@ void AgentImpl::loseConnection(const std::string& why) {
     changed_.notify_all();
   }
   if (!quiet) {
-    MC_LOG_AT(planned ? ::mooncake::log::Level::kInfo : ::mooncake::log::Level::kWarning)
+    MC_LOG_AT(::mooncake::log::warningUnlessPlanned(planned))
         << "control plane agent (global rank " << global_rank_ << "): " << why
         << (planned ? " (the coordinator's process ended normally)" : "");
   }

@@ -170,7 +170,7 @@ void CoordinatorState::goOffline(TimePoint now, const std::vector<SessionId>& se
       online_by_global_rank_.erase(it->second.global_rank);
       // A process that said Goodbye ended normally: its seats are lost all
       // the same, without an alarm.
-      MC_LOG_AT(it->second.leaving ? ::mooncake::log::Level::kInfo : ::mooncake::log::Level::kWarning)
+      MC_LOG_AT(::mooncake::log::warningUnlessPlanned(it->second.leaving))
           << "control plane: global rank " << it->second.global_rank
           << (it->second.leaving ? " left (a normal exit)" : " is offline: " + why);
     }

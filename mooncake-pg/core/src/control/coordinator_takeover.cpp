@@ -18,7 +18,7 @@ void CoordinatorState::beginTakeOver(TimePoint now, const std::vector<int>& cand
   recovery.deadline = now + options_.failover_timeout;
   recovery_ = std::move(recovery);
   told_standbys_.reset();
-  MC_LOG_AT(planned ? ::mooncake::log::Level::kInfo : ::mooncake::log::Level::kWarning)
+  MC_LOG_AT(::mooncake::log::warningUnlessPlanned(planned))
       << "control plane: global rank " << host_rank_ << " takes over as coordinator from global rank " << lost_rank
       << (planned ? " (which left)" : "") << "; waiting up to " << millisecondsText(options_.failover_timeout)
                   << " for global ranks " << listText(candidates) << " and the others online in their views";
@@ -78,7 +78,7 @@ void CoordinatorState::finishTakeOver(TimePoint now, bool deadline_passed, Effec
     if (ranks.count(g) == 0) missing.push_back(g);
   }
   // After a planned leave the others often end too (the end of a job): no alarm either way.
-  const auto level = recovery_->planned ? ::mooncake::log::Level::kInfo : ::mooncake::log::Level::kWarning;
+  const auto level = ::mooncake::log::warningUnlessPlanned(recovery_->planned);
   recovery_.reset();
   if (present * 2 <= expected) {
     refuse_all_ = "global rank " + std::to_string(host_rank_) + " could not take over as coordinator: only " +

@@ -38,8 +38,12 @@ class Line {
   } else                                                                \
     ::mooncake::log::Line(::mooncake::log::Level::k##LEVEL, __FILE__, __LINE__)
 
-// A level chosen at run time (e.g. Warning for a failure, Info for the same
-// event when it was planned).
+namespace mooncake::log {
+// Warning for a failure, Info for the same event when it was planned.
+inline Level warningUnlessPlanned(bool planned) { return planned ? Level::kInfo : Level::kWarning; }
+}  // namespace mooncake::log
+
+// A level chosen at run time (e.g. warningUnlessPlanned(...)).
 #define MC_LOG_AT(LEVEL_VALUE)                                          \
   if (const ::mooncake::log::Level mc_log_level_ = (LEVEL_VALUE);       \
       !::mooncake::log::enabled(mc_log_level_)) {                       \
