@@ -8,16 +8,17 @@ the GPU buffer, IBGDA/NVLink bootstrap, kernels) and the torch-versioned
   build for the running torch raises ``ImportError("Mooncake PG was not built
   against torch==X ...")`` with the rebuild command;
 - the parts that need no native code are plain Python and always present:
-  ``get_ep_buffer_size_hint`` (same formula), ``EventHandle(stream_ptr=0)`` (the
-  native class's contract, on torch's CUDA events), ``MAX_QP_COUNT``,
-  ``DEVICE_TYPE``;
+  ``get_ep_buffer_size_hint`` and ``calculate_elastic_buffer_size`` (alias
+  ``get_ep_elastic_buffer_size_hint``; the same formulas),
+  ``has_nccl_device_support()``, ``EventHandle(stream_ptr=0)`` (the native
+  class's contract, on torch's CUDA events), ``MAX_QP_COUNT``, ``DEVICE_TYPE``;
 - the native runtime's own classes (``Buffer(rank, num_ranks, bytes)`` and the
   rest) exist only when a compiled ``mooncake._ep`` is installed; without it,
   asking for one raises an AttributeError saying so, as for any absent name
   (``hasattr`` is false, ``getattr(ep, name, default)`` gives the default, and
   ``from mooncake.ep import Buffer`` is an ImportError). The user-facing
-  ``mooncake.mooncake_ep_buffer.Buffer`` does not need them: it runs the
-  collective path (docs/ep.md).
+  ``mooncake.mooncake_ep_buffer.Buffer`` and
+  ``mooncake.mooncake_elastic_buffer.ElasticBuffer`` do not need them (docs/ep.md).
 """
 
 from __future__ import annotations
@@ -27,13 +28,22 @@ import importlib
 from mooncake import pg as _pg  # noqa: F401 - the loading rule (version-suffixed PG module)
 from mooncake._ep_collective.events import StreamEventHandle as EventHandle
 from mooncake._ep_collective.sizes import ep_buffer_size_hint as get_ep_buffer_size_hint
+from mooncake._ep_elastic.sizes import elastic_buffer_size as calculate_elastic_buffer_size
 
 MAX_QP_COUNT = 256
 DEVICE_TYPE = "cuda"  # the torch device type of the EP runtime (the reference's buffer reads it)
 
 # Names only the compiled runtime provides.
-NATIVE_NAMES = frozenset({"Buffer", "ElasticBuffer", "calculate_elastic_buffer_size", "_LegacyBufferPerfTensors",
-                          "_LegacyBufferPerfConfig", "_benchmark_legacy_buffer"})
+NATIVE_NAMES = frozenset({"Buffer", "ElasticBuffer", "_LegacyBufferPerfTensors", "_LegacyBufferPerfConfig",
+                          "_benchmark_legacy_buffer"})
+get_ep_elastic_buffer_size_hint = calculate_elastic_buffer_size
+
+
+def has_nccl_device_support() -> bool:
+    """Whether the EP runtime was built with NCCL's device API (the
+    ElasticBuffer ``"nccl"`` transport). Never in this build."""
+    return False
+
 
 
 def _load_native():

@@ -41,10 +41,11 @@ from mooncake._ep_collective import checks
 from mooncake._ep_collective.events import EventHandle, EventOverlap, call_event
 from mooncake._ep_collective.exchange import Exchange
 from mooncake._ep_collective.fp8 import CHANNELS_PER_SCALE, quantize
+from mooncake._ep_collective.group import control_device, group_mask_reader, takes_cuda_tensors
 from mooncake._ep_collective.handle import DispatchHandle, DispatchState
 from mooncake._ep_collective.presence import Presence, bits_of, mask_of, ranks_of
-from mooncake._ep_collective.routing import (SendPlan, bitmap_bytes, block_begins, pack_bits, plan_sends, segments,
-                                              token_rows, unpack_bits)
+from mooncake._ep_collective.routing import (SendPlan, bitmap_bytes, block_begins, byte_rows, pack_bits, plan_sends,
+                                              segments, token_rows, unpack_bits)
 from mooncake._ep_collective.sizes import ep_buffer_size_hint
 from mooncake._ep_ipc_path import IpcPath, PathChoice, choose_path, local_statement
 from mooncake._ep_ipc_path.path import FastPathUnavailable, IpcDispatchState
@@ -63,42 +64,6 @@ _OPEN_FAST_PATHS: "weakref.WeakSet[IpcPath]" = weakref.WeakSet()
 def _close_fast_paths() -> None:
     for path in list(_OPEN_FAST_PATHS):
         path.close()
-
-
-def _control_device(group) -> torch.device:
-    """A device the group's collectives accept, for the few values of connect()."""
-    for kind in ("cpu", "cuda"):
-        try:
-            group._get_backend(torch.device(kind))
-        except RuntimeError:
-            continue
-        return torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
-    return torch.device("cpu")
-
-
-def _takes_cuda_tensors(group) -> bool:
-    """Whether the group's backend is one for CUDA tensors ("mooncake", or one
-    with NCCL). By name: torch lists the CPU and CUDA device types for every
-    custom backend, "mooncake-cpu" included."""
-    name = str(dist.get_backend(group))
-    return name == "mooncake" or "nccl" in name
-
-
-def _group_mask_reader(group, num_ranks: int):
-    """The process group's own active mask as a bit mask (a Mooncake group
-    deactivates dead or stalled ranks); all ranks for any other backend."""
-    everyone = (1 << num_ranks) - 1
-    try:
-        from mooncake import pg  # noqa: PLC0415
-
-        pg.get_active_ranks(group)
-    except (TypeError, RuntimeError, AttributeError, ImportError):
-        return lambda: everyone
-
-    def read() -> int:
-        return mask_of(r for r, bit in enumerate(pg.get_active_ranks(group).tolist()[:num_ranks]) if bit)
-
-    return read
 
 
 class _Connection:
@@ -154,7 +119,7 @@ class Buffer:
         # 0 means "sized on demand": the collective path allocates per call.
         self.num_ep_buffer_bytes = checks.check_buffer(num_ep_buffer_bytes)
         self.disable_p2p = bool(disable_p2p)  # True: the collective path, always
-        self._read_alive = _group_mask_reader(group, self.group_size)  # the group's active ranks, as bits
+        self._read_alive = group_mask_reader(group, self.group_size)  # the group's active ranks, as bits
         self._connection: _Connection | None = None
         self._ipc: IpcPath | None = None
         self._choice = PathChoice(False, "not connected")
@@ -175,7 +140,7 @@ class Buffer:
         if self._ipc is not None:
             self._ipc.close()  # collective: the peers close theirs in their connect()
             self._ipc = None
-        control = _control_device(self.group)
+        control = control_device(self.group)
         # One collective agrees on the connection id (the largest draw) and on
         # the ranks every member sees active (the smallest of the bits), so
         # that the path choice starts from the same view on every rank.
@@ -186,7 +151,7 @@ class Buffer:
         votes = votes.tolist()
         conn = self._connection = _Connection(self, -votes[0])
         agreed_alive = mask_of(r for r, bit in enumerate(votes[1:]) if bit)
-        self._choice = choose_path(conn.store, self.rank, self.group_size, cuda_group=_takes_cuda_tensors(self.group),
+        self._choice = choose_path(conn.store, self.rank, self.group_size, cuda_group=takes_cuda_tensors(self.group),
                                    alive=agreed_alive, mine=local_statement(self.group_size, self.disable_p2p))
         if self._choice.fast:
             self._ipc = IpcPath(conn.store, self.rank, self.group_size, conn.uid, conn.alive)
@@ -349,10 +314,7 @@ class Buffer:
             parts = [x[tokens].view(torch.uint8)]
         parts.append(tokens.to(torch.int32).unsqueeze(1).view(torch.uint8))
         parts.append(pack_bits(outgoing.experts))
-        unaligned = sum(p.size(1) for p in parts) % 8
-        if unaligned:  # whole int64 words per row, so the receiver copies payloads word-wise
-            parts.append(torch.zeros(tokens.numel(), 8 - unaligned, dtype=torch.uint8, device=device))
-        send = torch.cat(parts, dim=1)
+        send = byte_rows(parts)
         recv_counts = incoming.tolist()
         rows = conn.exchange.rows(send, outgoing.per_rank.tolist(), recv_counts, participants)
         sources = torch.repeat_interleave(torch.arange(num_ranks, device=device), incoming,

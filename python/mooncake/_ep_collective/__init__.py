@@ -13,6 +13,7 @@ One file per job:
 - ``routing``: where each (token, expert) pick goes and where it lands.
 - ``handle``: the dispatch handle (the reference's 5-tuple plus what combine needs).
 - ``events``: ``EventOverlap`` / ``EventHandle`` for the stream-ordering API.
+- ``group``: what the buffers need to know of their process group (control device, active ranks).
 
 See docs/ep.md for the design.
 """

@@ -14,6 +14,8 @@ message is ever left unmatched.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 
@@ -33,14 +35,16 @@ class Exchange:
         return len(participants) == self._num_ranks and self._group.size() == self._num_ranks
 
     def rows(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int],
-             participants: list[int]) -> torch.Tensor:
+             participants: list[int], timeout: timedelta | None = None) -> torch.Tensor:
         """``send`` holds rows for each destination in rank order (``send_counts[d]``
         rows for rank d); returns the rows received, in source rank order.
-        Counts of ranks outside ``participants`` must be 0."""
+        Counts of ranks outside ``participants`` must be 0. ``timeout`` bounds
+        the wait for the messages (a Work error after it)."""
         recv = send.new_empty((sum(recv_counts), *send.shape[1:]))
         if self._everyone(participants):
-            dist.all_to_all_single(recv, send, output_split_sizes=recv_counts,
-                                   input_split_sizes=send_counts, group=self._group)
+            work = dist.all_to_all_single(recv, send, output_split_sizes=recv_counts,
+                                          input_split_sizes=send_counts, group=self._group, async_op=True)
+            wait(work, timeout)
             return recv
         send_parts = torch.split(send, send_counts)
         recv_parts = torch.split(recv, recv_counts)
@@ -59,7 +63,7 @@ class Exchange:
             errors = []
             for work in dist.batch_isend_irecv(ops):
                 try:
-                    work.wait()
+                    wait(work, timeout)
                 except Exception as err:  # noqa: BLE001 - every message is waited for first
                     errors.append(err)
             if errors:
@@ -75,3 +79,11 @@ class Exchange:
         out = torch.zeros_like(send)
         out[[r for r in range(self._num_ranks) if per_rank[r]]] = got
         return out
+
+
+def wait(work, timeout: timedelta | None) -> None:
+    """Waits for a Work, no longer than ``timeout`` when one is given."""
+    if timeout is None:
+        work.wait()
+    else:
+        work.wait(timeout)

@@ -68,6 +68,17 @@ def token_rows(topk_idx: torch.Tensor, num_ranks: int, num_local_experts: int, s
     return TokenRows(token=token, experts=per_rank_experts[dest, token], per_rank=has.sum(dim=1))
 
 
+def byte_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Per-row byte fields ([M, w] uint8 each) side by side, padded to whole
+    int64 words, so that a receiver copies payloads word-wise (a byte-wise
+    copy of the same rows is several times slower on CPU)."""
+    rows = parts[0].size(0)
+    unaligned = sum(p.size(1) for p in parts) % 8
+    if unaligned:
+        parts = [*parts, torch.zeros(rows, 8 - unaligned, dtype=torch.uint8, device=parts[0].device)]
+    return torch.cat(parts, dim=1)
+
+
 def bitmap_bytes(num_local_experts: int) -> int:
     """Bytes of a row's expert bitmap, a multiple of 4 to keep rows 4-byte aligned."""
     return (num_local_experts + 31) // 32 * 4

@@ -56,7 +56,7 @@ def _reachable_gpus(device: int) -> tuple[str, ...]:
                  if d == device or torch.cuda.can_device_access_peer(device, d))
 
 
-def _host_id() -> str:
+def host_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             boot = f.read().strip()
@@ -94,9 +94,9 @@ def local_statement(group_size: int, disable_p2p: bool) -> RankStatement:
     """This rank's statement: its own conditions and where it runs."""
     able, why = local_conditions(group_size, disable_p2p)
     if not able:
-        return RankStatement(able, why, _host_id(), -1)
+        return RankStatement(able, why, host_id(), -1)
     device = torch.cuda.current_device()
-    return RankStatement(able, why, _host_id(), device, _gpu_uuid(device), _reachable_gpus(device))
+    return RankStatement(able, why, host_id(), device, _gpu_uuid(device), _reachable_gpus(device))
 
 
 def choose_path(store, rank: int, group_size: int, *, cuda_group: bool, alive: int, mine: RankStatement,

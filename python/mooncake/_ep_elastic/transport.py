@@ -1,0 +1,59 @@
+"""Which transport an ElasticBuffer runs on.
+
+Each rank requests one (the ``transport`` argument; ``"auto"`` is replaced
+by ``MOONCAKE_EP_TRANSPORT`` when that is set) and says whether it is ready
+for ``"nccl"`` (a build with NCCL's device API). The group agrees in one
+all-gather, the same rule on every rank:
+
+- differing requests: an error on every rank, naming who asked for what;
+- ``"nccl"`` requested and some rank not ready: an error naming those ranks;
+- ``"auto"``: ``"nccl"`` if every rank is ready, else ``"ibgda"``.
+
+``"ibgda"`` is the device-initiated family: CUDA IPC kernels inside a host
+and RDMA across hosts where those exist, the collective path (the process
+group's own operations, any device) where they do not.
+"""
+
+from __future__ import annotations
+
+import os
+
+TRANSPORTS = ("auto", "ibgda", "nccl")
+ENV = "MOONCAKE_EP_TRANSPORT"
+
+
+def requested(transport) -> str:
+    if not isinstance(transport, str) or transport not in TRANSPORTS:
+        raise ValueError(f"transport: must be one of {', '.join(map(repr, TRANSPORTS))}, got {transport!r}")
+    if transport == "auto":
+        override = os.environ.get(ENV, "").strip()
+        if override:
+            if override not in TRANSPORTS:
+                raise ValueError(f"{ENV}: must be one of {', '.join(map(repr, TRANSPORTS))}, got {override!r}")
+            transport = override
+    return transport
+
+
+def code_of(transport: str) -> int:
+    return TRANSPORTS.index(transport)
+
+
+def agree(requests: list[str], nccl_ready: list[bool]) -> str:
+    """The group's transport from every rank's request and readiness."""
+    if len(set(requests)) > 1:
+        by_request: dict[str, list[int]] = {}
+        for rank, request in enumerate(requests):
+            by_request.setdefault(request, []).append(rank)
+        asked = "; ".join(f"{request!r} by ranks {ranks}" for request, ranks in by_request.items())
+        raise RuntimeError(f"ElasticBuffer: the ranks ask for different transports ({asked}); every rank must "
+                           f"pass the same transport (or the same {ENV})")
+    request = requests[0]
+    unready = [rank for rank, ready in enumerate(nccl_ready) if not ready]
+    if request == "nccl" and unready:
+        raise RuntimeError(
+            f"ElasticBuffer: transport='nccl' but ranks {unready} have no NCCL device API support (this build has "
+            "none: rebuild with -DMOONCAKE_WITH_NCCL_DEVICE=ON against NCCL >= 2.30.4 headers, and preload that "
+            "NCCL); use transport='ibgda' or 'auto'")
+    if request == "auto":
+        return "ibgda" if unready else "nccl"
+    return request

@@ -1,0 +1,346 @@
+"""Expert-parallel dispatch/combine in DeepEP V2's ``ElasticBuffer`` form:
+tokens deduplicated per destination rank, an ``EPHandle``, cached and
+expanded modes, FP8 as a pre-quantised ``(x, scales)`` tuple.
+
+    from mooncake.mooncake_elastic_buffer import ElasticBuffer
+    buffer = ElasticBuffer(group, num_max_tokens_per_rank=T, hidden=H, num_topk=k)
+    recv_x, recv_topk_idx, recv_topk_weights, handle, event = buffer.dispatch(
+        x, topk_idx=topk_idx, topk_weights=topk_weights, num_experts=E)
+    ...  # the experts run on recv_x; recv_topk_idx holds this rank's local expert ids (-1: not here)
+    combined_x, _, event = buffer.combine(expert_out, handle)
+
+Unlike the reference's compiled kernels (a handful of shapes), every shape
+works: any hidden size, top-k, expert count, world size and token count, on
+CPU tensors over ``mooncake-cpu``, CUDA tensors over ``mooncake``, or any
+group with all_gather and all_to_all (``nccl``, ``gloo``).
+
+Transports (``transport=``, ``buffer.transport``): the group agrees on one
+(``_ep_elastic.transport``). ``"ibgda"`` runs here on the collective path
+(``buffer.path``): the group's own operations. ``"nccl"`` needs a build with
+NCCL's device API, which this build does not have; asking for it says so.
+
+Membership is fixed, as in the reference. A rank that fails during dispatch
+or combine makes the call fail on every survivor (within
+``num_gpu_timeout_secs`` at worst) instead of hanging, and the buffer then
+refuses calls until the process group has recovered every seat and the
+survivors called ``update_ep_member()`` while each replacement constructs a
+new ElasticBuffer with the same arguments (one coordinated operation).
+Handles from before are refused. Contract and differences: docs/ep.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import mooncake.ep as _ep
+from mooncake._ep_collective.checks import int_arg
+from mooncake._ep_collective.events import EventHandle, EventOverlap, call_event
+from mooncake._ep_collective.group import control_device, group_mask_reader
+from mooncake._ep_elastic import checks, sizes
+from mooncake._ep_elastic import transport as transports
+from mooncake._ep_elastic.collective import CollectivePath
+from mooncake._ep_elastic.handle import EPHandle
+from mooncake._ep_elastic.topology import local_ranks_setting, ranks_per_host, topology
+from mooncake._ep_ipc_path.choice import host_id
+
+__all__ = ["ElasticBuffer", "EPHandle", "EventOverlap"]
+
+_log = logging.getLogger("mooncake.ep")
+
+
+class _Generation:
+    """One connection of the buffer (constructor or update_ep_member()): what a handle belongs to."""
+
+    def __init__(self, uid: int):
+        self.uid = uid
+
+
+def _host_number() -> int:
+    return int.from_bytes(hashlib.sha256(host_id().encode()).digest()[:7], "little")
+
+
+class ElasticBuffer:
+    def __init__(self, group: dist.ProcessGroup, num_bytes: int | None = None, num_max_tokens_per_rank: int = 0,
+                 hidden: int = 0, num_topk: int = 0, use_fp8_dispatch: bool = False, deterministic: bool = False,
+                 allow_hybrid_mode: bool = True, allow_multiple_reduction: bool = True,
+                 prefer_overlap_with_compute: bool = True, sl_idx: int = 3, num_allocated_qps: int = 0,
+                 num_cpu_timeout_secs: int = 300, num_gpu_timeout_secs: int = 100, explicitly_destroy: bool = False,
+                 transport: str = "auto"):
+        if not isinstance(group, dist.ProcessGroup):
+            raise TypeError(f"group: must be a torch.distributed ProcessGroup, got {type(group).__name__}")
+        if not allow_multiple_reduction:
+            raise NotImplementedError("allow_multiple_reduction: only True is supported (the reference's rule too)")
+        for name, value in (("num_max_tokens_per_rank", num_max_tokens_per_rank), ("hidden", hidden),
+                            ("num_topk", num_topk), ("num_allocated_qps", num_allocated_qps)):
+            int_arg(name, value, minimum=0)
+        for name, value in (("num_cpu_timeout_secs", num_cpu_timeout_secs),
+                            ("num_gpu_timeout_secs", num_gpu_timeout_secs)):
+            int_arg(name, value, minimum=1)
+        if num_bytes is not None:
+            int_arg("num_bytes", num_bytes, minimum=0)
+        self._transport_request = transports.requested(transport)
+        self.group = group
+        self.rank_idx = group.rank()
+        self.num_ranks = group.size()
+        self.num_max_tokens_per_rank = num_max_tokens_per_rank
+        self.hidden = hidden
+        self.num_topk = num_topk
+        self.use_fp8_dispatch = bool(use_fp8_dispatch)
+        self.deterministic = bool(deterministic)  # the collective path is deterministic either way
+        self.allow_hybrid_mode = bool(allow_hybrid_mode)
+        self.allow_multiple_reduction = True
+        self.prefer_overlap_with_compute = bool(prefer_overlap_with_compute)
+        self.sl_idx = int(os.environ.get("EP_OVERRIDE_RDMA_SL", sl_idx))
+        self.num_allocated_qps = num_allocated_qps
+        self.num_cpu_timeout_secs = num_cpu_timeout_secs
+        self.num_gpu_timeout_secs = num_gpu_timeout_secs
+        self.explicitly_destroy = bool(explicitly_destroy)
+        # Given by the caller: calls that need more are refused, as the reference's fixed buffer would be.
+        self._num_bytes_given = num_bytes is not None
+        self.num_bytes = num_bytes if num_bytes is not None else self.get_buffer_size_hint(
+            group, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch, allow_hybrid_mode)
+        self._read_alive = group_mask_reader(group, self.num_ranks)
+        self.runtime: CollectivePath | None = None
+        self._broken: str | None = None
+        self._connect()
+
+    # ------------------------------------------------------------------ setup
+    def _connect(self) -> None:
+        """Collective: agrees on the transport, the topology and a fresh generation."""
+        request = self._transport_request
+        mine = torch.tensor([transports.code_of(request), int(_ep.has_nccl_device_support()), _host_number(),
+                             secrets.randbits(62)], dtype=torch.int64, device=control_device(self.group))
+        table = mine.new_empty(self.num_ranks * mine.numel())
+        dist.all_gather_into_tensor(table, mine, group=self.group)
+        rows = table.view(self.num_ranks, mine.numel()).tolist()
+        chosen = transports.agree([transports.TRANSPORTS[r[0]] for r in rows], [bool(r[1]) for r in rows])
+        if chosen == "nccl":  # unreachable in this build (nothing is ready for it); kept for the rule's sake
+            raise RuntimeError("transport='nccl': this build has no NCCL device API path")
+        self.transport = chosen
+        local = local_ranks_setting() or ranks_per_host([r[2] for r in rows])
+        topo = topology(self.num_ranks, local, self.allow_hybrid_mode)
+        self._topology = topo
+        self.num_rdma_ranks, self.num_nvlink_ranks = topo.num_rdma_ranks, topo.num_nvlink_ranks
+        self.num_scaleout_ranks, self.num_scaleup_ranks = topo.num_scaleout_ranks, topo.num_scaleup_ranks
+        self.scaleout_rank_idx = topo.scaleout_index(self.rank_idx)
+        self.scaleup_rank_idx = topo.scaleup_index(self.rank_idx)
+        self._generation = _Generation(max(r[3] for r in rows))
+        self.runtime = CollectivePath(self.group, self.rank_idx, topo, self._generation,
+                                      timedelta(seconds=self.num_gpu_timeout_secs))
+        self._broken = None
+        if self.rank_idx == 0:
+            _log.info("ElasticBuffer over %d rank(s): transport %s, %s path, domains %dx%d", self.num_ranks,
+                      self.transport, self.path, self.num_scaleout_ranks, self.num_scaleup_ranks)
+
+    @property
+    def path(self) -> str:
+        """``"collective"``: the process group's own operations (the only one of this build)."""
+        return "collective"
+
+    @property
+    def path_reason(self) -> str:
+        return "the ElasticBuffer's device-initiated kernels are not part of this build"
+
+    def update_ep_member(self) -> None:
+        """Call on every survivor once the process group has recovered every
+        seat, while each replacement constructs a new ElasticBuffer with the
+        same arguments; also works with no replacement (a healthy re-connect).
+        Handles of earlier dispatches are refused afterwards."""
+        self._check_alive("update_ep_member")
+        missing = self._inactive_ranks()
+        if missing:
+            raise RuntimeError(f"update_ep_member: ranks {missing} are not active in the process group; wait until "
+                               "the group has recovered every seat (pg.get_peer_state, pg.recover_ranks), then call "
+                               "it on every survivor while the replacements construct their ElasticBuffer")
+        try:
+            self._connect()
+        except (ValueError, TypeError):
+            raise
+        except Exception as err:
+            self._broken = f"update_ep_member failed: {err}"
+            raise RuntimeError(f"update_ep_member: the buffer's collectives failed ({err}); the process group "
+                               "must be restarted") from err
+
+    def destroy(self) -> None:
+        """Releases the buffer (not collective here: nothing is shared with the peers)."""
+        self.runtime = None
+
+    def barrier(self, use_comm_stream: bool = True, with_cpu_sync: bool = False) -> None:
+        del use_comm_stream  # one stream here
+        self._check_alive("barrier")
+        cuda = with_cpu_sync and torch.cuda.is_available()
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier(group=self.group)
+        if cuda:
+            torch.cuda.synchronize()
+
+    @staticmethod
+    def capture() -> EventHandle:
+        """An event on the current CUDA stream (a no-op object without CUDA)."""
+        if torch.cuda.is_available():
+            return EventHandle(torch.device("cuda", torch.cuda.current_device()))
+        return EventHandle(None)
+
+    # ------------------------------------------------------------- sizes
+    @staticmethod
+    def get_buffer_size_hint(group: dist.ProcessGroup, num_max_tokens_per_rank: int, hidden: int, num_topk: int = 0,
+                             use_fp8_dispatch: bool = False, allow_hybrid_mode: bool = True,
+                             allow_multiple_reduction: bool = True) -> int:
+        return sizes.elastic_buffer_size(group.size(), num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch,
+                                         allow_hybrid_mode, allow_multiple_reduction)
+
+    @staticmethod
+    def get_engram_storage_size_hint(num_entries: int, hidden: int, num_max_tokens_per_rank: int,
+                                     dtype: torch.dtype = torch.bfloat16) -> int:
+        return sizes.engram_storage_size(num_entries, hidden, num_max_tokens_per_rank, dtype.itemsize)
+
+    @staticmethod
+    def get_pp_buffer_size_hint(num_max_tensor_bytes: int, num_max_inflight_tensors: int) -> int:
+        return sizes.pp_buffer_size(num_max_tensor_bytes, num_max_inflight_tensors)
+
+    @staticmethod
+    def get_agrs_buffer_size_hint(group: dist.ProcessGroup, num_max_session_bytes: int) -> int:
+        del group
+        return num_max_session_bytes
+
+    def get_theoretical_num_sms(self, num_experts: int, num_topk: int) -> int:
+        """The reference's rule from the device's SM count (132 assumed without CUDA)."""
+        sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
+            if torch.cuda.is_available() else 132
+        if self.prefer_overlap_with_compute:
+            return max(1, min(24, sm_count // 4))
+        return max(1, min(40, sm_count // 2, num_experts * max(1, num_topk)))
+
+    def get_physical_domain_size(self) -> tuple[int, int]:
+        return self.num_rdma_ranks, self.num_nvlink_ranks
+
+    def get_logical_domain_size(self) -> tuple[int, int]:
+        return self.num_scaleout_ranks, self.num_scaleup_ranks
+
+    # ------------------------------------------------------------ dispatch
+    def dispatch(self, x, topk_idx: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
+                 num_experts: int | None = None, num_max_tokens_per_rank: int | None = None,
+                 expert_alignment: int | None = None, handle: EPHandle | None = None, do_expand: bool = False,
+                 do_cpu_sync: bool | None = None, num_sms: int | None = None, async_with_compute_stream: bool = False):
+        """Sends every token once to each rank owning one of its experts.
+
+        Returns ``(recv_x, recv_topk_idx, recv_topk_weights, handle, event)``;
+        ``recv_x`` is a ``(data, scales)`` tuple for FP8 input. See docs/ep.md.
+        """
+        data, sf = checks.split_x(x)
+        num_tokens, hidden = data.shape
+        checks.check_hidden(hidden)
+        checks.check_num_sms(num_sms)
+        if handle is not None:
+            routing = self._routing_of(handle)
+            checks.check_cached_call(topk_idx, topk_weights, do_expand, handle.do_expand)
+            if (num_tokens, hidden) != (routing.num_tokens, routing.hidden):
+                raise ValueError(f"x: a cached dispatch needs x shaped like the handle's dispatch "
+                                 f"[{routing.num_tokens}, {routing.hidden}], got {list(data.shape)}")
+            self._check_usable("dispatch")
+            out = self._guarded("dispatch", lambda: self.runtime.dispatch_cached(data, sf, handle))
+        else:
+            if topk_idx is None:
+                raise ValueError("topk_idx: required without a handle")
+            checks.check_topk_idx(topk_idx, num_tokens, data.device)
+            checks.check_topk_weights(topk_weights, topk_idx)
+            if num_experts is None:  # the reference's rule (a CPU synchronisation)
+                num_experts = int(topk_idx.max()) + 1 if topk_idx.numel() else self.num_ranks
+            checks.check_num_experts(num_experts, self.num_ranks)
+            checks.check_topk_values(topk_idx, num_experts)
+            if num_max_tokens_per_rank is None:
+                num_max_tokens_per_rank = self.num_max_tokens_per_rank or num_tokens
+            checks.check_tokens_per_rank(num_max_tokens_per_rank, num_tokens)
+            alignment = checks.check_alignment(1 if expert_alignment is None else expert_alignment)
+            self._check_fits(num_max_tokens_per_rank, hidden, topk_idx.size(1), sf is not None)
+            if num_sms is None:
+                num_sms = self.get_theoretical_num_sms(num_experts, topk_idx.size(1))
+            cpu_sync = True if do_cpu_sync is None else bool(do_cpu_sync)
+            self._check_usable("dispatch")
+            out = self._guarded("dispatch", lambda: self.runtime.dispatch(
+                data, sf, topk_idx, topk_weights, num_experts, num_max_tokens_per_rank, alignment, bool(do_expand),
+                cpu_sync, num_sms))
+        keep = (data, out.recv_x, out.recv_topk_idx) + ((sf,) if sf is not None else ())
+        event = call_event(async_with_compute_stream, data.device, keep)
+        return out.recv_x, out.recv_topk_idx, out.recv_topk_weights, out.handle, event
+
+    # ------------------------------------------------------------- combine
+    def combine(self, x: torch.Tensor, handle: EPHandle, topk_weights: torch.Tensor | None = None,
+                num_sms: int | None = None, async_with_compute_stream: bool = False):
+        """Returns ``(combined_x, None, event)``: per token of the handle's
+        dispatch, the float32 sum of the rows its destination ranks return
+        (unweighted; ``topk_weights`` is carried as metadata only, as in the
+        reference), rounded to bf16."""
+        routing = self._routing_of(handle)
+        checks.check_combine_x(x, routing.hidden, routing.rows_for_combine, handle.topk_idx.device)
+        if topk_weights is not None:
+            checks.check_topk_weights(topk_weights, handle.topk_idx)
+        checks.check_num_sms(num_sms)
+        self._check_usable("combine")
+        combined = self._guarded("combine", lambda: self.runtime.combine(x, handle))
+        event = call_event(async_with_compute_stream, x.device, (x, combined))
+        return combined, None, event
+
+    # ------------------------------------------------------------- helpers
+    def _routing_of(self, handle):
+        if not isinstance(handle, EPHandle) or handle.native_handle is None:
+            raise TypeError(f"handle: must be the EPHandle of this ElasticBuffer's dispatch, got {type(handle).__name__}")
+        routing = handle.native_handle
+        if self.runtime is not None and routing.generation is not self._generation:
+            raise ValueError("handle: comes from another ElasticBuffer or from before update_ep_member(); "
+                             "dispatch again")
+        return routing
+
+    def _check_fits(self, tokens_per_rank: int, hidden: int, num_topk: int, fp8: bool) -> None:
+        if not self._num_bytes_given:
+            return
+        need = sizes.elastic_buffer_size(self.num_ranks, tokens_per_rank, hidden, num_topk, fp8,
+                                         self.allow_hybrid_mode)
+        if need > self.num_bytes:
+            raise ValueError(
+                f"num_bytes: the buffer has {self.num_bytes} bytes but num_max_tokens_per_rank={tokens_per_rank}, "
+                f"hidden={hidden}, num_topk={num_topk} need {need} (ElasticBuffer.get_buffer_size_hint)")
+
+    def _check_alive(self, what: str) -> None:
+        if self.runtime is None:
+            raise RuntimeError(f"ElasticBuffer.{what}: the buffer has been destroyed")
+
+    def _inactive_ranks(self) -> list[int]:
+        alive = self._read_alive()
+        return [r for r in range(self.num_ranks) if not alive >> r & 1]
+
+    def _check_usable(self, what: str) -> None:
+        self._check_alive(what)
+        if self._broken is not None:
+            raise RuntimeError(f"ElasticBuffer.{what}: an earlier call failed ({self._broken}); the buffer takes no "
+                               "calls until the process group has recovered every seat and every rank called "
+                               "update_ep_member() (a replacement constructs a new ElasticBuffer)")
+        missing = self._inactive_ranks()
+        if missing:
+            raise RuntimeError(f"ElasticBuffer.{what}: ranks {missing} are not active in the process group; the "
+                               "buffer's membership is fixed: once the group has recovered every seat, call "
+                               "update_ep_member() on every survivor while each replacement constructs a new "
+                               "ElasticBuffer")
+
+    def _guarded(self, what: str, call):
+        """Runs an exchange; a failed or timed-out one makes the buffer refuse calls until update_ep_member()."""
+        try:
+            return call()
+        except (ValueError, TypeError):
+            raise  # the same argument error on every rank, raised before any row moved
+        except Exception as err:
+            self._broken = f"{what}: {err}"
+            raise RuntimeError(
+                f"ElasticBuffer.{what}: the exchange failed ({err}); a rank of the group failed or stalled. The "
+                "buffer's membership is fixed: once the process group has recovered every seat, call "
+                "update_ep_member() on every survivor while each replacement constructs a new ElasticBuffer") from err
+
+
