@@ -24,10 +24,14 @@ EP_P2P_TAG = 0x4550
 
 
 class Exchange:
-    def __init__(self, group, rank: int, num_ranks: int):
+    """``check(work)``, called after each finished Work, may raise for one
+    that completed without every message (the default accepts all)."""
+
+    def __init__(self, group, rank: int, num_ranks: int, check=None):
         self._group = group
         self._rank = rank
         self._num_ranks = num_ranks
+        self._check = check or (lambda work: None)
 
     def _everyone(self, participants: list[int]) -> bool:
         # After the group has dropped a member its size shrinks: a collective
@@ -45,6 +49,7 @@ class Exchange:
             work = dist.all_to_all_single(recv, send, output_split_sizes=recv_counts,
                                           input_split_sizes=send_counts, group=self._group, async_op=True)
             wait(work, timeout)
+            self._check(work)
             return recv
         send_parts = torch.split(send, send_counts)
         recv_parts = torch.split(recv, recv_counts)
@@ -64,6 +69,7 @@ class Exchange:
             for work in dist.batch_isend_irecv(ops):
                 try:
                     wait(work, timeout)
+                    self._check(work)
                 except Exception as err:  # noqa: BLE001 - every message is waited for first
                     errors.append(err)
             if errors:

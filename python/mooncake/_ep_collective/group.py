@@ -42,3 +42,23 @@ def group_mask_reader(group, num_ranks: int):
         return mask_of(r for r, bit in enumerate(pg.get_active_ranks(group).tolist()[:num_ranks]) if bit)
 
     return read
+
+
+def work_failure_reader(group):
+    """``read(work)``: the ranks a finished Work of ``group`` saw fail ([]
+    when it succeeded). A Mooncake group completes an operation that lost a
+    peer and reports it (``pg.get_local_success``, the failure hint) instead
+    of raising; any other backend raises from ``wait()``, so [] there."""
+    try:
+        from mooncake import pg  # noqa: PLC0415
+
+        pg.get_active_ranks(group)
+    except (TypeError, RuntimeError, AttributeError, ImportError):
+        return lambda work: []
+
+    def read(work) -> list[int]:
+        if pg.get_local_success(work):
+            return []
+        return [r for r, bit in enumerate(pg.get_failed_ranks_hint(work).tolist()) if bit] or [-1]
+
+    return read

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from .._ep_collective.exchange import Exchange, wait
+from .._ep_collective.group import work_failure_reader
 from .._ep_collective.routing import byte_rows, token_rows
 from . import layout
 from .handle import EPHandle, Routing
@@ -41,8 +42,16 @@ class CollectivePath:
         self.topo = topo
         self.generation = generation
         self.timeout = timeout
-        self.exchange = Exchange(group, rank, topo.num_ranks)
+        self.exchange = Exchange(group, rank, topo.num_ranks, check=self._check_work)
         self.everyone = list(range(topo.num_ranks))
+        self._failed_ranks = work_failure_reader(group)
+
+    def _check_work(self, work) -> None:
+        """A Mooncake group completes an operation that lost a peer and reports it: raise here."""
+        failed = self._failed_ranks(work)
+        if failed:
+            seats = "an unknown rank" if failed == [-1] else f"ranks {failed}"
+            raise RuntimeError(f"{seats} failed during the exchange")
 
     def _timeout_for(self, t: torch.Tensor) -> timedelta | None:
         # CUDA Works complete on their stream; the group's own failure detection bounds them.
@@ -138,7 +147,9 @@ class CollectivePath:
         num_ranks = self.topo.num_ranks
         mine = torch.cat([per_rank, torch.tensor(facts, dtype=torch.int64, device=per_rank.device)])
         table = mine.new_empty(num_ranks * mine.numel())
-        wait(dist.all_gather_into_tensor(table, mine, group=self.group, async_op=True), self._timeout_for(mine))
+        work = dist.all_gather_into_tensor(table, mine, group=self.group, async_op=True)
+        wait(work, self._timeout_for(mine))
+        self._check_work(work)
         table = table.view(num_ranks, mine.numel())
         seen = table[:, num_ranks:].tolist()
         for i, name in enumerate(_FACTS):
