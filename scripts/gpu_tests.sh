@@ -32,7 +32,8 @@ DEFAULT_CTEST='^(EpIpcGroup|EpReference|EpRegionLayout|CudaIpcGroup|CudaSchedule
 CTEST_REGEX=${GPU_CTEST-$DEFAULT_CTEST}
 SELECTION=("$@")
 [ ${#SELECTION[@]} -gt 0 ] || SELECTION=(tests/python/pg/test_cuda.py tests/python/ep/test_ep_cuda.py
-                                         tests/python/ep/test_ep_ipc.py tests/python/te/test_cuda_ipc.py)
+                                         tests/python/ep/test_ep_ipc.py tests/python/ep/test_elastic_cuda.py
+                                         tests/python/te/test_cuda_ipc.py)
 status=0
 for placement in $PLACEMENTS; do
   if [ "$placement" = all ]; then unset MOONCAKE_TEST_GPUS; else export MOONCAKE_TEST_GPUS=$placement; fi

@@ -29,6 +29,20 @@ class ElasticCase:
         return sorted(range(world), key=lambda s: (s % up, s // up))
 
 
+# The grid of test_elastic_buffer.py (CPU) and test_elastic_cuda.py (GPU):
+# hidden sizes not a multiple of 128 and up to 7168, top-k 1-9, alignment,
+# FP8 tuples, no weights, every pick -1.
+GRID = [
+
+    ElasticCase(Case(hidden=128, experts_per_rank=1, num_topk=1, tokens=1)),
+    ElasticCase(Case(hidden=100, experts_per_rank=3, num_topk=2, tokens=5, masked=0.2), weights=False),
+    ElasticCase(Case(hidden=256, experts_per_rank=8, num_topk=8, tokens=7, masked=0.1), alignment=4),
+    ElasticCase(Case(hidden=384, experts_per_rank=9, num_topk=9, tokens=6, masked=0.3), fp8=True),
+    ElasticCase(Case(hidden=7168, experts_per_rank=3, num_topk=3, tokens=3), alignment=3, fp8=True),
+    ElasticCase(Case(hidden=128, experts_per_rank=5, num_topk=4, tokens=4, masked=1.0)),  # every pick -1
+]
+
+
 def fp8_inputs(case: Case, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A pre-quantised x: e4m3 data and arbitrary float32 scales, which must
     travel unchanged (ElasticBuffer does not quantise)."""

@@ -154,7 +154,7 @@ def run_elastic_round(ctx, ec: ElasticCase, expand: bool = False, cpu_sync: bool
     return n
 
 
-def run_elastic_grid(ctx, cases) -> list[int]:
-    """Every (case, expand, cpu_sync) of ``cases`` on one buffer."""
-    return [run_elastic_round(ctx, ec, expand=expand, cpu_sync=sync)
-            for ec, expand, sync in cases]
+def run_elastic_grid(ctx, cases, device: str = "cpu") -> list[int]:
+    """Every case of ``cases`` expanded and not, with and without CPU sync, on one buffer."""
+    return [run_elastic_round(ctx, ec, expand=expand, cpu_sync=sync, device=device)
+            for ec in cases for expand in (False, True) for sync in (True, False)]

@@ -6,7 +6,7 @@ expert alignment, FP8 tuple input, with and without CPU sync, a hybrid
 
 import pytest
 
-from _elastic_refs import ElasticCase
+from _elastic_refs import GRID, ElasticCase
 from _elastic_rounds import run_elastic_grid
 from _ep_refs import Case
 from _ep_rounds import RANK_ENV
@@ -14,28 +14,12 @@ from _harness import World
 
 pytestmark = pytest.mark.timeout(240)
 
-CASES = [
-    ElasticCase(Case(hidden=128, experts_per_rank=1, num_topk=1, tokens=1)),
-    ElasticCase(Case(hidden=100, experts_per_rank=3, num_topk=2, tokens=5, masked=0.2), weights=False),
-    ElasticCase(Case(hidden=256, experts_per_rank=8, num_topk=8, tokens=7, masked=0.1), alignment=4),
-    ElasticCase(Case(hidden=384, experts_per_rank=9, num_topk=9, tokens=6, masked=0.3), fp8=True),
-    ElasticCase(Case(hidden=7168, experts_per_rank=3, num_topk=3, tokens=3), alignment=3, fp8=True),
-    ElasticCase(Case(hidden=128, experts_per_rank=5, num_topk=4, tokens=4, masked=1.0)),  # every pick -1
-]
-
-
-def _grid(cases):
-    return [(ec, expand, sync) for ec in cases for expand in (False, True) for sync in (True, False)]
-
-
-def _run(ctx, cases):
-    return run_elastic_grid(ctx, _grid(cases))
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_dispatch_and_combine_match_the_dense_reference(world):
     with World(world, gloo=False, env=RANK_ENV) as w:
-        received = w.run(_run, CASES, timeout=200)
+        received = w.run(run_elastic_grid, GRID, timeout=200)
     assert len(received) == world
     # Some rank received rows in some case (the grid is not vacuous).
     assert any(sum(r) for r in received)
@@ -49,7 +33,7 @@ def test_hybrid_layout_orders_sources_by_scaleup_index():
              ElasticCase(Case(hidden=256, experts_per_rank=3, num_topk=2, tokens=4), scaleup=2, alignment=2)]
     env = {**RANK_ENV, "MOONCAKE_EP_NUM_LOCAL_RANKS": "2"}
     with World(4, gloo=False, env=env) as w:
-        w.run(_run, cases, timeout=200)
+        w.run(run_elastic_grid, cases, timeout=200)
         shapes = w.run(_domains, timeout=60)
     assert shapes == [((2, 2), (2, 2), r // 2, r % 2) for r in range(4)]
 
