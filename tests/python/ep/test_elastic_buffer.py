@@ -43,3 +43,11 @@ def _domains(ctx):
 
     b = elastic_buffer_of(ctx)
     return b.get_physical_domain_size(), b.get_logical_domain_size(), b.scaleout_rank_idx, b.scaleup_rank_idx
+
+
+def test_works_over_a_gloo_group():
+    """Any group with all_gather and all_to_all will do (the reference's own
+    tests run it over an NCCL group)."""
+    with World(3, gloo=False, env=RANK_ENV, backend="gloo") as w:
+        received = w.run(run_elastic_grid, GRID[1:4], timeout=200)
+    assert any(sum(r) for r in received)
