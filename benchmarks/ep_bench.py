@@ -2,8 +2,11 @@
 dispatch and combine, next to the reference's fallback design run on the same
 group: all_gather of every rank's padded tokens and top-k in dispatch, and an
 all_reduce of a [R * T, H] bf16 buffer in combine (what the reference does when
-it has no fast path; reference/ep.md §1.9). Each rank times its own calls after
-a barrier; a row reports, over iterations, the median and p90 of the slowest
+it has no fast path; reference/ep.md §1.9). Also ElasticBuffer
+(mooncake.mooncake_elastic_buffer) at the same shapes, fresh and cached
+dispatch and combine (bf16), and the copy bound: one local copy of the bytes
+its dispatch delivers to this rank. Each rank times its own calls after a
+barrier; a row reports, over iterations, the median and p90 of the slowest
 rank (the critical path).
 
     PYTHONPATH=python python3 benchmarks/ep_bench.py --worlds 1 2 4 --csv docs/benchmarks/ep_cpu.csv
@@ -89,6 +92,7 @@ def _rank_main(rank, world, port, args, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # more ranks than cores: one intra-op thread each
     from mooncake import pg  # noqa: F401
+    from mooncake.mooncake_elastic_buffer import ElasticBuffer
     from mooncake.mooncake_ep_buffer import Buffer
 
     device = torch.device("cpu")
@@ -102,6 +106,7 @@ def _rank_main(rank, world, port, args, queue):
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     group = dist.group.WORLD
     buffer = Buffer(group)
+    elastic = ElasticBuffer(group)
     rows = []
     for T, H, E, K in SHAPES:
         if E % world:
@@ -155,9 +160,46 @@ def _rank_main(rank, world, port, args, queue):
                 for phase, samples in table.items():
                     if samples:
                         rows.append((T, H, E, K, "fp8" if fp8 else "bf16", impl, phase, samples))
+        for impl, phase, samples in _time_elastic(elastic, x, topk, weights, E, T, device, args):
+            rows.append((T, H, E, K, "bf16", impl, phase, samples))
     queue.put((rank, rows))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _time_elastic(elastic, x, topk, weights, E, T, device, args):
+    """ElasticBuffer: fresh dispatch, cached dispatch, combine; and the copy
+    bound (a local copy of the rows the dispatch delivered here)."""
+    times = {("elastic", "dispatch"): [], ("elastic", "dispatch-cached"): [], ("elastic", "combine"): [],
+             ("copy-bound", "dispatch"): [], ("copy-bound", "combine"): []}
+    for it in range(args.warmup + args.iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        recv_x, _, _, handle, _ = elastic.dispatch(x, topk_idx=topk, topk_weights=weights, num_experts=E,
+                                                   num_max_tokens_per_rank=T)
+        _sync(device)
+        t1 = time.perf_counter()
+        dist.barrier()
+        t2 = time.perf_counter()
+        elastic.dispatch(x, handle=handle)
+        _sync(device)
+        t3 = time.perf_counter()
+        dist.barrier()
+        t4 = time.perf_counter()
+        elastic.combine(recv_x, handle)  # the "expert": identity
+        _sync(device)
+        t5 = time.perf_counter()
+        dist.barrier()
+        copy = torch.empty_like(recv_x)
+        t6 = time.perf_counter()
+        copy.copy_(recv_x)
+        _sync(device)
+        t7 = time.perf_counter()
+        if it >= args.warmup:
+            # Combine moves the same rows back: the same copy bounds it.
+            for key, dt in zip(times, (t1 - t0, t3 - t2, t5 - t4, t7 - t6, t7 - t6)):
+                times[key].append(dt)
+    return [(impl, phase, samples) for (impl, phase), samples in times.items()]
 
 
 def _run_world(world, args):
