@@ -16,8 +16,9 @@ domain is flat.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from .._env import positive_int
 
 
 @dataclass(frozen=True)
@@ -38,16 +39,9 @@ class Topology:
 def local_ranks_setting() -> int:
     """Ranks per host from the environment, 0 when it says nothing."""
     for name in ("MOONCAKE_EP_NUM_LOCAL_RANKS", "LOCAL_WORLD_SIZE"):
-        text = os.environ.get(name, "").strip()
-        if not text:
-            continue
-        try:
-            value = int(text)
-        except ValueError:
-            raise ValueError(f"{name}: must be a positive int (ranks per host), got {text!r}") from None
-        if value <= 0:
-            raise ValueError(f"{name}: must be a positive int (ranks per host), got {value}")
-        return value
+        value = positive_int(name, "ranks per host")
+        if value is not None:
+            return value
     return 0
 
 

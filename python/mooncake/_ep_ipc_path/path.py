@@ -17,7 +17,6 @@ collective path instead).
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from datetime import timedelta
 
 import torch
 
+from mooncake._env import positive_int
 from mooncake._ep_collective.events import call_event
 from mooncake._ep_collective.fp8 import CHANNELS_PER_SCALE
 from mooncake._ep_collective.handle import DispatchHandle
@@ -49,14 +49,7 @@ class IpcDispatchState:
 
 
 def _attach_timeout_ms() -> int:
-    raw = os.environ.get(ATTACH_TIMEOUT_ENV, "60000")
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{ATTACH_TIMEOUT_ENV}: must be an integer number of milliseconds, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"{ATTACH_TIMEOUT_ENV}: must be > 0 milliseconds, got {value}")
-    return value
+    return positive_int(ATTACH_TIMEOUT_ENV, "milliseconds") or 60000
 
 
 class _InFlight:

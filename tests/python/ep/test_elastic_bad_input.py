@@ -13,7 +13,7 @@ from _elastic_refs import ElasticCase
 from _elastic_rounds import elastic_buffer_of, run_elastic_round
 from _ep_refs import Case
 from _ep_rounds import RANK_ENV
-from _harness import World, errors_of
+from _harness import World, assert_errors, errors_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -85,10 +85,7 @@ def test_dispatch_rejects_bad_input_naming_the_argument_and_the_rule():
         "cached expand": ("ValueError", "do_expand: the handle comes from a non-expanded dispatch"),
         "cached other shape": ("ValueError", "x: a cached dispatch needs x shaped like the handle's dispatch"),
     }
-    for rank, errors in enumerate(seen):
-        for name, (kind, text) in want.items():
-            got_kind, got_message = errors[name]
-            assert got_kind == kind and text in got_message, f"rank {rank}, {name}: {got_kind}: {got_message}"
+    assert_errors(seen, want)
 
 
 def _handle_and_state_mistakes(ctx):
@@ -155,8 +152,5 @@ def test_handles_shapes_constructor_and_transport_rules():
         "stale handle": ("ValueError", "from before update_ep_member()"),
         "destroyed": ("RuntimeError", "the buffer has been destroyed"),
     }
-    for rank, (errors, chosen, path) in enumerate(seen):
-        assert (chosen, path) == ("ibgda", "collective")
-        for name, (kind, text) in want.items():
-            got_kind, got_message = errors[name]
-            assert got_kind == kind and text in got_message, f"rank {rank}, {name}: {got_kind}: {got_message}"
+    assert [(chosen, path) for _, chosen, path in seen] == [("ibgda", "collective")] * 2
+    assert_errors([errors for errors, _, _ in seen], want)

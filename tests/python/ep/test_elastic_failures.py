@@ -11,7 +11,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from _elastic import Job, die, poll
+from _elastic import Job, die, poll, run_with_a_replacement
 from _elastic_refs import ElasticCase
 from _elastic_rounds import elastic_buffer_of, run_elastic_round
 from _ep_refs import Case
@@ -93,12 +93,7 @@ def _combine_input(handle):
 
 def test_a_dead_rank_fails_the_call_and_a_replacement_restores_the_buffer():
     with Job(event_names=["degraded"], env=RANK_ENV) as job:
-        procs = [job.start(_survivor, r, WORLD) for r in range(WORLD)]
-        procs[VICTIM].join(60)
-        assert not procs[VICTIM].is_alive()
-        assert job.events["degraded"].wait(60)
-        job.start(_replacement, VICTIM, WORLD, spec=(WORLD, True))
-        got = job.collect(WORLD, timeout=120)
+        got = run_with_a_replacement(job, _survivor, _replacement, WORLD, VICTIM, after_event="degraded", timeout=120)
     assert got[VICTIM][0] == ["full"]
     for r in (0, 2):
         failed, refused, early_update, stale, full = got[r][0]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 import torch.distributed as dist
 
-from _elastic import Job, die, poll
+from _elastic import Job, die, poll, run_with_a_replacement
 from _ep_refs import Case
 from _ep_rounds import RANK_ENV, buffer_of, run_round
 
@@ -57,12 +57,7 @@ def _replacement(ctx):
 
 def test_replacement_rank_takes_part_after_update_ep_member():
     with Job(event_names=["degraded"], env=RANK_ENV) as job:
-        procs = [job.start(_survivor, r, WORLD) for r in range(WORLD)]
-        procs[VICTIM].join(60)
-        assert not procs[VICTIM].is_alive()
-        assert job.events["degraded"].wait(60)
-        job.start(_replacement, VICTIM, WORLD, spec=(WORLD, True))
-        got = job.collect(WORLD, timeout=90)
+        got = run_with_a_replacement(job, _survivor, _replacement, WORLD, VICTIM, after_event="degraded", timeout=90)
     for r in range(WORLD):
         said = got[r][0]
         assert said == (["full"] if r == VICTIM else ["degraded", "full"]), (r, said)

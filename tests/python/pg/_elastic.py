@@ -178,14 +178,18 @@ def lose_a_rank_between_collectives(ctx, victim, leave=die):
     ctx.say(("after", after.tolist(), ctx.pg.get_local_success(work), ctx.pg.get_current_epoch(dist.group.WORLD)))
 
 
-def run_with_a_replacement(job, fn, replacement, world, victim):
-    """Starts `fn` on every rank of `world`; once `victim` has died, a
-    replacement (is_extension) of it runs `replacement`; returns what every
-    rank said (job.collect)."""
+def run_with_a_replacement(job, fn, replacement, world, victim, after_event=None, timeout=90.0):
+    """Starts `fn` on every rank of `world`; once `victim` has died (and, with
+    `after_event`, that event of the job is set), a replacement
+    (is_extension) of it runs `replacement`; returns what every rank said
+    (job.collect)."""
     procs = [job.start(fn, r, world) for r in range(world)]
     procs[victim].join(60)
+    assert not procs[victim].is_alive(), f"rank {victim} did not die"
+    if after_event is not None:
+        assert job.events[after_event].wait(60), f"event {after_event!r} not set within 60 s"
     job.start(replacement, victim, world, spec=(world, True))
-    return job.collect(world)
+    return job.collect(world, timeout=timeout)
 
 
 def replacement_joins(ctx):

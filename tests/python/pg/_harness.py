@@ -344,6 +344,15 @@ def outcome(fn):
         return (type(e).__name__, str(e), time.monotonic() - start)
 
 
+def assert_errors(per_rank, want):
+    """``per_rank``: every rank's errors_of() result; ``want``: {name: (exception
+    type name, text the message must contain)}. Fails naming the rank and call."""
+    for rank, errors in enumerate(per_rank):
+        for name, (kind, text) in want.items():
+            got_kind, got_message = errors[name]
+            assert got_kind == kind and text in got_message, f"rank {rank}, {name}: {got_kind}: {got_message}"
+
+
 def errors_of(calls):
     """{name: (exception type name, message)} for each zero-argument call; ("no exception", "") if none."""
     out = {}
