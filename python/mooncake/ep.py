@@ -8,8 +8,9 @@ the GPU buffer, IBGDA/NVLink bootstrap, kernels) and the torch-versioned
   build for the running torch raises ``ImportError("Mooncake PG was not built
   against torch==X ...")`` with the rebuild command;
 - the parts that need no native code are plain Python and always present:
-  ``get_ep_buffer_size_hint`` and ``calculate_elastic_buffer_size`` (alias
-  ``get_ep_elastic_buffer_size_hint``; the same formulas),
+  ``get_ep_buffer_size_hint``, ``get_ep_elastic_buffer_size_hint(T, H, R,
+  experts per rank)`` (the Buffer's fixed-capacity mode) and
+  ``calculate_elastic_buffer_size`` (ElasticBuffer's), the same formulas,
   ``has_nccl_device_support()``, ``EventHandle(stream_ptr=0)`` (the native
   class's contract, on torch's CUDA events), ``MAX_QP_COUNT``, ``DEVICE_TYPE``;
 - the native runtime's own classes (``Buffer(rank, num_ranks, bytes)`` and the
@@ -28,6 +29,7 @@ import importlib
 from mooncake import pg as _pg  # noqa: F401 - the loading rule (version-suffixed PG module)
 from mooncake._ep_collective.events import StreamEventHandle as EventHandle
 from mooncake._ep_collective.sizes import ep_buffer_size_hint as get_ep_buffer_size_hint
+from mooncake._ep_collective.sizes import ep_elastic_buffer_size_hint as get_ep_elastic_buffer_size_hint
 from mooncake._ep_elastic.sizes import elastic_buffer_size as calculate_elastic_buffer_size
 
 MAX_QP_COUNT = 256
@@ -36,7 +38,6 @@ DEVICE_TYPE = "cuda"  # the torch device type of the EP runtime (the reference's
 # Names only the compiled runtime provides.
 NATIVE_NAMES = frozenset({"Buffer", "ElasticBuffer", "_LegacyBufferPerfTensors", "_LegacyBufferPerfConfig",
                           "_benchmark_legacy_buffer"})
-get_ep_elastic_buffer_size_hint = calculate_elastic_buffer_size
 
 
 def has_nccl_device_support() -> bool:

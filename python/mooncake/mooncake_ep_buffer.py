@@ -46,7 +46,7 @@ from mooncake._ep_collective.handle import DispatchHandle, DispatchState
 from mooncake._ep_collective.presence import Presence, bits_of, mask_of, ranks_of
 from mooncake._ep_collective.routing import (SendPlan, bitmap_bytes, block_begins, byte_rows, pack_bits, plan_sends,
                                               segments, token_rows, unpack_bits)
-from mooncake._ep_collective.sizes import ep_buffer_size_hint
+from mooncake._ep_collective.sizes import ep_buffer_size_hint, ep_elastic_buffer_size_hint
 from mooncake._ep_ipc_path import IpcPath, PathChoice, choose_path, local_statement
 from mooncake._ep_ipc_path.path import FastPathUnavailable, IpcDispatchState
 
@@ -132,6 +132,38 @@ class Buffer:
                                 num_experts: int) -> int:
         return ep_buffer_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
 
+    @staticmethod
+    def get_low_latency_buffer_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                                         num_experts: int) -> int:
+        """The reference's fixed-capacity buffer size (``mooncake.ep.get_ep_elastic_buffer_size_hint``)."""
+        if num_ranks <= 0 or num_experts % num_ranks:
+            raise ValueError(f"num_experts: must divide evenly across num_ranks={num_ranks}, got {num_experts}")
+        return ep_elastic_buffer_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks,
+                                           num_experts // num_ranks)
+
+    get_rdma_size_hint = get_low_latency_buffer_size_hint
+
+    @classmethod
+    def create_elastic(cls, *args, **kwargs):
+        raise NotImplementedError(
+            "Buffer.create_elastic (the 0.3.14 wheel's fixed-capacity buffer connected through a TCPStore, with "
+            "connect_ranks / update_mask_buffer) is not implemented here. Use Buffer(group) with active_ranks, "
+            "timeout_us and update_ep_member(), or mooncake.mooncake_elastic_buffer.ElasticBuffer (docs/ep.md)")
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        """An event on the current CUDA stream (a no-op one without CUDA)."""
+        if torch.cuda.is_available():
+            return EventOverlap(EventHandle(torch.device("cuda", torch.cuda.current_device())))
+        return EventOverlap(EventHandle(None))
+
+    @property
+    def runtime(self):
+        """The object that runs this connection's calls: the fast path (``IpcPath``)
+        or the collective path's connection. Its methods are this project's,
+        not those of the reference's native runtime."""
+        return self._ipc if self.path == "ipc" else self._connection
+
     def connect(self, is_update: bool = False) -> None:
         """Collective over the group: agrees on a fresh namespace for the call
         agreement and restarts call numbering, so nothing of an earlier
@@ -197,7 +229,8 @@ class Buffer:
     # ------------------------------------------------------------ dispatch
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, active_ranks: torch.Tensor | None,
                  num_max_dispatch_tokens_per_rank: int, num_experts: int, timeout_us: int = -1,
-                 use_fp8: bool | None = None, async_finish: bool = False, return_recv_hook: bool = False):
+                 use_fp8: bool | None = None, async_finish: bool = False, return_recv_hook: bool = False,
+                 topk_weights: torch.Tensor | None = None):
         """Sends every token to the ranks owning its top-k experts.
 
         Returns ``(recv_x, recv_count, handle, event, hook)``: ``recv_x`` is
@@ -205,6 +238,8 @@ class Buffer:
         the reference) a tuple of e4m3 data and float32 scales ``[L, R * T,
         hidden / 128]``; rows of local expert ``le`` are ``recv_x[le,
         :recv_count[le]]``, ordered by source rank, then token.
+        ``topk_weights`` is accepted as in the reference (which reads it on
+        XPU only): checked, not used; combine takes the weights.
         """
         num_ranks = self.group_size
         checks.check_tokens(x)
@@ -217,6 +252,7 @@ class Buffer:
         checks.check_sync_mode(async_finish, return_recv_hook)
         checks.check_buffer_size(self.num_ep_buffer_bytes, num_max_dispatch_tokens_per_rank, hidden, num_ranks,
                                  num_experts)
+        checks.check_dispatch_weights(topk_weights, topk_idx)
         use_fp8 = True if use_fp8 is None else bool(use_fp8)
         if fast:
             active_ranks = checks.check_active_ranks(active_ranks, num_ranks)

@@ -92,6 +92,16 @@ def check_topk_values(topk_idx: torch.Tensor, num_experts: int) -> None:
                              f"token {token} picks {topk_idx[token].tolist()}")
 
 
+def check_dispatch_weights(topk_weights, topk_idx) -> None:
+    """dispatch's optional ``topk_weights`` (the reference reads it on XPU only; here it is checked and not used)."""
+    if topk_weights is None:
+        return
+    if not isinstance(topk_weights, torch.Tensor) or topk_weights.dtype != torch.float32 \
+            or not topk_weights.is_contiguous() or tuple(topk_weights.shape) != tuple(topk_idx.shape):
+        raise TypeError(f"topk_weights: must be None or a contiguous float32 tensor shaped like topk_idx "
+                        f"{list(topk_idx.shape)}, got {describe(topk_weights)}")
+
+
 def check_dispatch_shape(num_tokens: int, tokens_per_rank, num_experts, num_ranks: int) -> None:
     int_arg("num_max_dispatch_tokens_per_rank", tokens_per_rank, minimum=1)
     int_arg("num_experts", num_experts, minimum=1)

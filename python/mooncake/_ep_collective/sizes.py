@@ -21,3 +21,14 @@ def ep_buffer_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_
     signal_bytes = _SIGNAL_BYTES_PER_EXPERT * num_experts
     data_bytes = num_experts * num_max_dispatch_tokens_per_rank * (_ROW_HEADER_BYTES + 2 * hidden)
     return 4 * signal_bytes + 4 * data_bytes
+
+
+def ep_elastic_buffer_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                                num_experts_per_rank: int) -> int:
+    """Bytes of the reference's fixed-capacity ("elastic mode") Buffer: per
+    rank slot an 8-byte control word, per (rank, local expert) a 16-byte
+    signal pair, and per (rank, local expert, token) the double-buffered
+    send/receive rows of the layout above (four rows of header + BF16 payload)."""
+    row = _ROW_HEADER_BYTES + 2 * hidden
+    per_rank = 8 + 16 * num_experts_per_rank + num_experts_per_rank * num_max_dispatch_tokens_per_rank * 4 * row
+    return num_ranks * per_rank

@@ -23,10 +23,13 @@ ENV = "MOONCAKE_EP_TRANSPORT"
 
 
 def requested(transport) -> str:
+    """The request of this rank (case and surrounding blanks do not matter)."""
+    if isinstance(transport, str):
+        transport = transport.strip().lower()
     if not isinstance(transport, str) or transport not in TRANSPORTS:
         raise ValueError(f"transport: must be one of {', '.join(map(repr, TRANSPORTS))}, got {transport!r}")
     if transport == "auto":
-        override = os.environ.get(ENV, "").strip()
+        override = os.environ.get(ENV, "").strip().lower()
         if override:
             if override not in TRANSPORTS:
                 raise ValueError(f"{ENV}: must be one of {', '.join(map(repr, TRANSPORTS))}, got {override!r}")

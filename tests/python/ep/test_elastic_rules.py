@@ -39,11 +39,24 @@ def test_the_documented_example_is_about_1_12_gb():
     assert abs(sizes.elastic_buffer_size(8, 128, 4096, 8) / 1e9 - 1.12) < 0.01
 
 
-def test_mooncake_ep_exports_the_size_rule_and_the_nccl_query():
+# Values printed by the reference's 0.3.14 wheel (mooncake._ep, on this machine, 2026-12-02).
+REFERENCE_ELASTIC_SIZES = {(8, 128, 4096, 8, False, True, True): 1122713920,
+                           (2, 128, 7168, 8, True, True, True): 278610240,
+                           (1, 64, 100, 0, False, True, True): 32325952,
+                           (16, 256, 2048, 9, True, False, False): 857948480}
+REFERENCE_FIXED_CAPACITY_SIZES = {(1, 128, 1, 1): 1176, (2, 128, 1, 1): 2328, (1, 256, 1, 1): 2200,
+                                  (1, 128, 2, 1): 2352, (1, 128, 1, 4): 4680, (128, 7168, 8, 36): 2118652480}
+REFERENCE_LEGACY_SIZES = {(128, 7168, 8, 288): 2118652416, (256, 2048, 8, 288): 1217401344, (1, 128, 3, 2): 2336}
+
+
+def test_mooncake_ep_sizes_are_the_reference_wheels():
     ep = pytest.importorskip("mooncake.ep", reason="mooncake.pg is not built for this torch")
-    assert ep.calculate_elastic_buffer_size(8, 128, 4096, 8, False, True, True) == _formula(8, 128, 4096, 8, False,
-                                                                                            True, True)
-    assert ep.get_ep_elastic_buffer_size_hint is ep.calculate_elastic_buffer_size
+    for args, want in REFERENCE_ELASTIC_SIZES.items():
+        assert ep.calculate_elastic_buffer_size(*args) == want, args
+    for args, want in REFERENCE_FIXED_CAPACITY_SIZES.items():
+        assert ep.get_ep_elastic_buffer_size_hint(*args) == want, args
+    for args, want in REFERENCE_LEGACY_SIZES.items():
+        assert ep.get_ep_buffer_size_hint(*args) == want, args
     assert ep.has_nccl_device_support() is False
     assert not hasattr(ep, "ElasticBuffer")  # the native runtime class: absent, and hasattr says so
 
@@ -83,7 +96,8 @@ def test_transport_request_and_override(monkeypatch):
     monkeypatch.delenv(transport.ENV, raising=False)
     assert transport.requested("auto") == "auto"
     assert transport.requested("nccl") == "nccl"
-    monkeypatch.setenv(transport.ENV, "ibgda")
+    assert transport.requested(" NCCL ") == "nccl"
+    monkeypatch.setenv(transport.ENV, "IBGDA")
     assert transport.requested("auto") == "ibgda"
     assert transport.requested("nccl") == "nccl"  # an explicit request wins over the environment
     monkeypatch.setenv(transport.ENV, "rdma")

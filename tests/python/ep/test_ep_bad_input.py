@@ -53,7 +53,11 @@ def _dispatch_mistakes(ctx):
         "timeout float": call(timeout_us=1.5),
         "async and hook": call(async_finish=True, return_recv_hook=True),
         "active_ranks int64": call(active_ranks=torch.ones(W, dtype=torch.int64)),
+        "weights float64": call(topk_weights=torch.ones(3, 2, dtype=torch.float64)),
+        "weights shape": call(topk_weights=torch.ones(3, 1)),
     })
+    # The reference's optional topk_weights (read on XPU only) is accepted.
+    call(topk_weights=torch.ones(3, 2))()
     # The Buffer is unharmed: a full round still works.
     run_round(ctx, Case(hidden=128, experts_per_rank=2, num_topk=2, tokens=4))
     return out
@@ -80,6 +84,8 @@ def test_dispatch_rejects_bad_input_naming_the_argument_and_the_rule():
         "timeout float": ("TypeError", "timeout_us: must be an int"),
         "async and hook": ("ValueError", "async_finish and return_recv_hook"),
         "active_ranks int64": ("TypeError", "active_ranks: must be a 1-D contiguous int32"),
+        "weights float64": ("TypeError", "topk_weights: must be None or a contiguous float32 tensor"),
+        "weights shape": ("TypeError", "shaped like topk_idx [3, 2]"),
     }
     assert_errors(seen, want)
 
@@ -200,6 +206,30 @@ def test_size_hint_matches_the_reference_examples():
     assert Buffer.get_ep_buffer_size_hint(128, 7168, 8, 288) == 2_118_652_416
     assert Buffer.get_ep_buffer_size_hint(256, 2048, 8, 288) == 1_217_401_344
     assert ep.get_ep_buffer_size_hint(1024, 7168, 8, 256) == 15_065_944_064
+
+
+def test_the_reference_buffers_static_helpers():
+    from mooncake.mooncake_ep_buffer import Buffer
+
+    # The reference's 0.3.14 wheel gives 2118652480 for (128, 7168, 8 ranks, 288 experts = 36 per rank).
+    assert Buffer.get_low_latency_buffer_size_hint(128, 7168, 8, 288) == 2118652480
+    assert Buffer.get_rdma_size_hint(128, 7168, 8, 288) == 2118652480
+    with pytest.raises(ValueError, match="num_experts: must divide evenly across num_ranks=8"):
+        Buffer.get_low_latency_buffer_size_hint(128, 7168, 8, 100)
+    with pytest.raises(NotImplementedError, match="create_elastic"):
+        Buffer.create_elastic(rank=0)
+    event = Buffer.capture()
+    event.current_stream_wait()  # a no-op without CUDA, a stream wait with it
+
+
+def _runtime_of(ctx):
+    buf = buffer_of(ctx)
+    return type(buf.runtime).__name__, buf.path
+
+
+def test_buffer_runtime_is_the_path_object():
+    with World(2, gloo=False, env=RANK_ENV) as world:
+        assert world.run(_runtime_of, timeout=60) == [("_Connection", "collective")] * 2
 
 
 def test_mooncake_ep_loading_rule():
