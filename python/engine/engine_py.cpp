@@ -15,9 +15,13 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
+#include "array_args.h"
 #include "managed_buffers.h"
+#include "scatter_ticket.h"
 #include "mooncake/te/log.h"
 #include "mooncake/te/transfer_engine.h"
 
@@ -60,6 +64,24 @@ struct TransferNotifyPy {
   std::string name;
   std::string msg;
 };
+
+// Tickets are destroyed without the GIL: an undrained one waits for its batch.
+struct TicketDelete {
+  void operator()(binding::ScatterTicket* ticket) const {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      delete ticket;
+    } else {
+      delete ticket;
+    }
+  }
+};
+using TicketPtr = std::unique_ptr<binding::ScatterTicket, TicketDelete>;
+
+template <typename... Args>
+TicketPtr makeTicket(Args&&... args) {
+  return TicketPtr(new binding::ScatterTicket(std::forward<Args>(args)...));
+}
 
 class InnerTransferEngine {
  public:
@@ -233,6 +255,113 @@ class TransferEnginePy {
     return py::bytes(reinterpret_cast<const char*>(src), length);
   }
 
+  // The *_arrays forms: the batch calls over arrays of 8-byte integers.
+  int batchTransferSyncArrays(const std::string& target, const py::buffer& buffers, const py::buffer& peers,
+                              const py::buffer& lengths, te::Opcode opcode, const std::string& hint) {
+    auto [b, p, n] = arrayBatch(buffers, peers, lengths);
+    return batchTransferSync(target, b, p, n, opcode, std::nullopt, hint);
+  }
+  uint64_t batchTransferAsyncArrays(const std::string& target, const py::buffer& buffers, const py::buffer& peers,
+                                    const py::buffer& lengths, te::Opcode opcode, const std::string& hint) {
+    auto [b, p, n] = arrayBatch(buffers, peers, lengths);
+    return batchTransferAsync(target, b, p, n, opcode, hint);
+  }
+
+  // The *_pages form: `fields` rows are (local base, local stride, remote
+  // base, remote stride, length); descriptor (f, i) moves `length` bytes
+  // between local base + src_pages[i] * local stride and remote base +
+  // dst_pages[i] * remote stride (write: local to remote; read: remote to
+  // local). At most `max_batch_size` descriptors per batch (0: all in one).
+  int batchTransferSyncPages(const std::string& target, const py::buffer& src_pages, const py::buffer& dst_pages,
+                             const py::buffer& fields, int64_t max_batch_size, te::Opcode opcode,
+                             const std::string& hint) {
+    std::vector<uint64_t> src = binding::words(src_pages, "src_pages");
+    std::vector<uint64_t> dst = binding::words(dst_pages, "dst_pages");
+    if (src.size() != dst.size()) throw py::value_error("src_pages and dst_pages must have the same length");
+    size_t rows = 0;
+    std::vector<uint64_t> table = binding::table(fields, "fields", 5, rows);
+    if (max_batch_size < 0) throw py::value_error("max_batch_size must be >= 0 (0: one batch)");
+    std::vector<uint64_t> locals, remotes;
+    std::vector<size_t> lengths;
+    for (size_t f = 0; f < rows; ++f) {
+      const uint64_t* row = &table[f * 5];
+      for (size_t i = 0; i < src.size(); ++i) {
+        locals.push_back(row[0] + src[i] * row[1]);
+        remotes.push_back(row[2] + dst[i] * row[3]);
+        lengths.push_back(row[4]);
+      }
+    }
+    const size_t step = max_batch_size == 0 ? std::max<size_t>(locals.size(), 1) : size_t(max_batch_size);
+    for (size_t at = 0; at < locals.size(); at += step) {
+      const size_t end = std::min(locals.size(), at + step);
+      auto slice = [&](const auto& v) { return std::vector<typename std::decay_t<decltype(v)>::value_type>(
+                                            v.begin() + at, v.begin() + end); };
+      if (batchTransferSync(target, slice(locals), slice(remotes), slice(lengths), opcode, std::nullopt, hint) != 0) {
+        return -1;
+      }
+    }
+    return 0;
+  }
+
+  // Scatter: range r spans [local base r, + local capacity r) here and
+  // [remote base r, + remote capacity r) at the peer; fragment j of it moves
+  // lengths[r][j] bytes between the two offsets. One batch for everything.
+  TicketPtr submitScatter(
+      const std::string& endpoint, const std::vector<uint64_t>& local_bases, const std::vector<uint64_t>& local_caps,
+      const std::vector<uint64_t>& remote_bases, const std::vector<uint64_t>& remote_caps,
+      const std::vector<std::vector<uint64_t>>& local_offsets, const std::vector<std::vector<uint64_t>>& remote_offsets,
+      const std::vector<std::vector<uint64_t>>& lengths, te::Opcode opcode) {
+    const size_t ranges = local_bases.size();
+    const std::pair<const char*, size_t> per_range[] = {
+        {"local_capacities", local_caps.size()},   {"remote_base_addresses", remote_bases.size()},
+        {"remote_capacities", remote_caps.size()}, {"local_offsets", local_offsets.size()},
+        {"remote_offsets", remote_offsets.size()}, {"lengths", lengths.size()}};
+    for (const auto& [name, size] : per_range) {
+      if (size != ranges) {
+        throw py::value_error(std::string(name) + " must have one entry per range (" + std::to_string(ranges) +
+                              " local_base_addresses), got " + std::to_string(size));
+      }
+    }
+    std::vector<uint64_t> locals, remotes;
+    std::vector<size_t> sizes;
+    for (size_t r = 0; r < ranges; ++r) {
+      if (local_offsets[r].size() != lengths[r].size() || remote_offsets[r].size() != lengths[r].size()) {
+        throw py::value_error("local_offsets, remote_offsets and lengths must have the same number of fragments "
+                              "in range " + std::to_string(r));
+      }
+      for (size_t j = 0; j < lengths[r].size(); ++j) {
+        const uint64_t n = lengths[r][j];
+        if (local_offsets[r][j] > local_caps[r] || n > local_caps[r] - local_offsets[r][j] ||
+            remote_offsets[r][j] > remote_caps[r] || n > remote_caps[r] - remote_offsets[r][j]) {
+          throw py::value_error("fragment " + std::to_string(j) + " of range " + std::to_string(r) +
+                                " (local offset " + std::to_string(local_offsets[r][j]) + ", remote offset " +
+                                std::to_string(remote_offsets[r][j]) + ", length " + std::to_string(n) +
+                                ") does not fit the range's capacities (" + std::to_string(local_caps[r]) + ", " +
+                                std::to_string(remote_caps[r]) + ")");
+        }
+        if (n == 0) continue;
+        locals.push_back(local_bases[r] + local_offsets[r][j]);
+        remotes.push_back(remote_bases[r] + remote_offsets[r][j]);
+        sizes.push_back(n);
+      }
+    }
+    using binding::ScatterStatus;
+    if (locals.empty()) return makeTicket(ScatterStatus::kCompleted);
+    py::gil_scoped_release release;
+    std::vector<te::TransferRequest> requests;
+    te::SegmentHandle handle = 0;
+    if (!buildRequests(endpoint, locals, remotes, sizes, opcode, requests, handle)) {
+      return makeTicket(ScatterStatus::kFailedDrained);
+    }
+    te::BatchId id = engine_->allocateBatchID(requests.size());
+    if (id == te::kInvalidBatch) return makeTicket(ScatterStatus::kFailedDrained);
+    if (engine_->submitTransfer(id, requests) != te::kOk) {
+      engine_->freeBatchID(id);
+      return makeTicket(ScatterStatus::kFailedDrained);
+    }
+    return makeTicket(engine_, id, budget(sizes));
+  }
+
   uint64_t getFirstBufferAddress(const std::string& segment_name) {
     py::gil_scoped_release release;
     return engine_->firstBufferAddress(segment_name);
@@ -257,6 +386,19 @@ class TransferEnginePy {
     te::SegmentHandle handle;
     std::chrono::steady_clock::time_point deadline;
   };
+
+  static std::tuple<std::vector<uint64_t>, std::vector<uint64_t>, std::vector<size_t>> arrayBatch(
+      const py::buffer& buffers, const py::buffer& peers, const py::buffer& lengths) {
+    std::vector<uint64_t> b = binding::words(buffers, "buffers");
+    std::vector<uint64_t> p = binding::words(peers, "peer_buffer_addresses");
+    std::vector<uint64_t> n = binding::words(lengths, "lengths");
+    if (b.size() != p.size() || b.size() != n.size()) {
+      throw py::value_error("buffers, peer_buffer_addresses and lengths must have the same length (" +
+                            std::to_string(b.size()) + ", " + std::to_string(p.size()) + ", " +
+                            std::to_string(n.size()) + ")");
+    }
+    return {std::move(b), std::move(p), std::vector<size_t>(n.begin(), n.end())};
+  }
 
   static std::vector<void*> toPointers(const std::vector<uint64_t>& addrs) {
     std::vector<void*> out;
@@ -342,6 +484,29 @@ PYBIND11_MODULE(engine, m) {
       .def_readwrite("name", &TransferNotifyPy::name)
       .def_readwrite("msg", &TransferNotifyPy::msg)
       .def("__repr__", [](const TransferNotifyPy& n) { return "TransferNotify(name='" + n.name + "', msg='" + n.msg + "')"; });
+
+  py::enum_<binding::ScatterStatus>(m, "ScatterTransferCompletionStatus", py::arithmetic())
+      .value("COMPLETED", binding::ScatterStatus::kCompleted)
+      .value("FAILED_DRAINED", binding::ScatterStatus::kFailedDrained)
+      .value("COMPLETION_UNKNOWN", binding::ScatterStatus::kCompletionUnknown);
+
+  py::class_<binding::ScatterTicket, TicketPtr>(m, "ScatterTransferTicket",
+                                                "Keeps a scatter operation alive until every request of it ended.")
+      .def_property_readonly("status", [](binding::ScatterTicket& t) {
+        py::gil_scoped_release release;
+        return t.status();
+      })
+      .def_property_readonly("drained", [](binding::ScatterTicket& t) {
+        py::gil_scoped_release release;
+        return t.drained();
+      })
+      .def(
+          "drain",
+          [](binding::ScatterTicket& t, int64_t timeout_ms) {
+            py::gil_scoped_release release;
+            return t.drain(std::chrono::milliseconds(timeout_ms));
+          },
+          py::arg("timeout_ms"));
 
   py::class_<InnerTransferEngine>(m, "InnerTransferEngine");
 
@@ -437,6 +602,65 @@ PYBIND11_MODULE(engine, m) {
           py::arg("device_name") = py::none())
       .def(
           "warmup_efa_segment", [](TransferEnginePy&, const std::string&) { return 0; }, py::arg("segment_name"));
+  // The *_arrays, *_pages and scatter forms.
+  for (auto [suffix, opcode_value] : {std::pair{"write", te::Opcode::kWrite}, std::pair{"read", te::Opcode::kRead}}) {
+    const te::Opcode op = opcode_value;
+    const std::string s = suffix;
+    cls.def(
+        ("batch_transfer_sync_" + s + "_arrays").c_str(),
+        [op](TransferEnginePy& self, const std::string& target, const py::buffer& buffers, const py::buffer& peers,
+             const py::buffer& lengths, const std::string& hint, const std::string& /*nic_hint*/) {
+          return self.batchTransferSyncArrays(target, buffers, peers, lengths, op, hint);
+        },
+        py::arg("target_hostname"), py::arg("buffers"), py::arg("peer_buffer_addresses"), py::arg("lengths"),
+        py::arg("transport_hint") = "", py::arg("nic_hint") = "");
+    cls.def(
+        ("batch_transfer_async_" + s + "_arrays").c_str(),
+        [op](TransferEnginePy& self, const std::string& target, const py::buffer& buffers, const py::buffer& peers,
+             const py::buffer& lengths, const std::string& hint, const std::string& /*nic_hint*/) {
+          return self.batchTransferAsyncArrays(target, buffers, peers, lengths, op, hint);
+        },
+        py::arg("target_hostname"), py::arg("buffers"), py::arg("peer_buffer_addresses"), py::arg("lengths"),
+        py::arg("transport_hint") = "", py::arg("nic_hint") = "");
+    cls.def(
+        ("batch_transfer_sync_" + s + "_pages").c_str(),
+        [op](TransferEnginePy& self, const std::string& target, const py::buffer& src_pages, const py::buffer& dst_pages,
+             const py::buffer& fields, int64_t max_batch_size, const std::string& hint,
+             const std::string& /*nic_hint*/) {
+          return self.batchTransferSyncPages(target, src_pages, dst_pages, fields, max_batch_size, op, hint);
+        },
+        py::arg("target_hostname"), py::arg("src_pages"), py::arg("dst_pages"), py::arg("fields"),
+        py::arg("max_batch_size") = 0, py::arg("transport_hint") = "", py::arg("nic_hint") = "");
+    cls.def(
+        ("submit_scatter_" + s).c_str(),
+        [op](TransferEnginePy& self, const std::string& endpoint, const std::vector<uint64_t>& local_bases,
+             const std::vector<uint64_t>& local_caps, const std::vector<uint64_t>& remote_bases,
+             const std::vector<uint64_t>& remote_caps, const std::vector<std::vector<uint64_t>>& local_offsets,
+             const std::vector<std::vector<uint64_t>>& remote_offsets,
+             const std::vector<std::vector<uint64_t>>& lengths) {
+          return self.submitScatter(endpoint, local_bases, local_caps, remote_bases, remote_caps, local_offsets,
+                                    remote_offsets, lengths, op);
+        },
+        py::arg("endpoint"), py::arg("local_base_addresses"), py::arg("local_capacities"),
+        py::arg("remote_base_addresses"), py::arg("remote_capacities"), py::arg("local_offsets"),
+        py::arg("remote_offsets"), py::arg("lengths"));
+    cls.def(
+        ("scatter_transfer_sync_" + s + "_with_ticket").c_str(),
+        [op](TransferEnginePy& self, const std::string& endpoint, const std::vector<uint64_t>& local_bases,
+             const std::vector<uint64_t>& local_caps, const std::vector<uint64_t>& remote_bases,
+             const std::vector<uint64_t>& remote_caps, const std::vector<std::vector<uint64_t>>& local_offsets,
+             const std::vector<std::vector<uint64_t>>& remote_offsets,
+             const std::vector<std::vector<uint64_t>>& lengths) {
+          TicketPtr ticket = self.submitScatter(endpoint, local_bases, local_caps, remote_bases, remote_caps,
+                                                local_offsets, remote_offsets, lengths, op);
+          py::gil_scoped_release release;
+          ticket->drain(std::chrono::milliseconds(-1));
+          return ticket;
+        },
+        py::arg("endpoint"), py::arg("local_base_addresses"), py::arg("local_capacities"),
+        py::arg("remote_base_addresses"), py::arg("remote_capacities"), py::arg("local_offsets"),
+        py::arg("remote_offsets"), py::arg("lengths"));
+  }
   cls.attr("TransferOpcode") = opcode;
 
   // What this build's transfer engine can move: the flags turn true with the
