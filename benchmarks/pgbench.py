@@ -9,6 +9,8 @@ runs: time(us), algbw(GB/s) = bytes / 1e9 / time, busbw(GB/s) = algbw times
 the nccl-tests factor (2(n-1)/n all_reduce; (n-1)/n all_gather,
 reduce_scatter, alltoall; 1 broadcast, sendrecv), and #wrong (elements that
 differ from the expected result, summed over ranks; -c 0 skips the check).
+Sizes (-b, -e) are the bytes of the whole message, as in nccl-tests and the
+reference: for all_gather the gathered output (each rank sends 1/n of it).
 
 With --bound (CUDA), each size also gets the time of one device-to-device
 copy and of one copy into another rank's memory, measured in the same run:
@@ -26,7 +28,9 @@ mooncake, cpu: mooncake-cpu); -d all sweeps every dtype; -C/--report_cputime,
 -S/--report_timestamps; -J/--output_file PATH writes the rows as JSON (one
 object per size, dtype and placement). Under torchrun, LOCAL_RANK names each
 rank's GPU; MOONCAKE_PGTEST_DEVICE_FILTERS (comma-separated device names)
-goes to pg.set_device_filter before the group is made.
+goes to pg.set_device_filter before the group is made. The reference's
+command line (PYTHONPATH=mooncake-pg python mooncake-pg/benchmark/pgbench.py
+...) runs this file too.
 """
 
 from __future__ import annotations
@@ -84,10 +88,15 @@ class Case:
         dtype = DTYPES[args.datatype]
         esize = torch.empty(0, dtype=dtype).element_size()
         count = max(1, nbytes // esize)
-        if args.collective in ("all_gather", "reduce_scatter", "alltoall"):
-            count = max(world, count - count % world) if args.collective != "all_gather" else count
-            # nccl-tests align these to 16 bytes
-            align = max(1, 16 // esize) * (world if args.collective != "all_gather" else 1)
+        if args.collective == "all_gather":
+            # The size is the gathered output, as in nccl-tests and the reference:
+            # each rank sends its share, aligned down to 16 bytes.
+            align = max(1, 16 // esize)
+            share = count // world
+            count = max(align, share - share % align)
+        elif args.collective in ("reduce_scatter", "alltoall"):
+            # nccl-tests align these to 16 bytes per rank
+            align = max(1, 16 // esize) * world
             count = max(align, count - count % align)
         self.count, self.dtype, self.device = count, dtype, device
         base = (torch.arange(count) % 7 + 1 + rank).to(torch.float32)

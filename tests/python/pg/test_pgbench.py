@@ -35,3 +35,20 @@ def test_reference_flags_sweep_every_dtype_into_a_json_file(tmp_path):
     for r in rows:
         assert r["out-of-place"]["wrong"] == 0 and r["in-place"]["wrong"] == 0, r
         assert r["out-of-place"]["time_us"] > 0 and "timestamp" in r, r
+
+
+@pytest.mark.timeout(120)
+def test_the_references_command_line_and_all_gather_sizes(tmp_path):
+    """The reference's path (mooncake-pg/benchmark/pgbench.py) with only
+    PYTHONPATH=mooncake-pg, and -b meaning the gathered output: 4 KiB of
+    float over 2 ranks is 512 elements sent per rank (nccl-tests' rule)."""
+    out = tmp_path / "rows.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "mooncake-pg"))
+    env.pop("RANK", None)
+    proc = subprocess.run([sys.executable, str(ROOT / "mooncake-pg" / "benchmark" / "pgbench.py"), "--collective",
+                           "all_gather", "--device", "cpu", "-g", "2", "-b", "4K", "-e", "4K", "-n", "2",
+                           "-J", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = json.loads(out.read_text())
+    assert row["bytes"] == 4096 and row["count"] == 512, row
+    assert row["out-of-place"]["wrong"] == 0 and row["in-place"]["wrong"] == 0, row
