@@ -52,8 +52,13 @@ EngineConfig EngineConfig::fromEnvironment() {
   if (readNumber("MC_TCP_SLICE_SIZE", v)) c.tcp_slice_size = static_cast<size_t>(v);
   if (readNumber("MC_TCP_WORKERS", v)) c.tcp_workers = static_cast<int>(v);
   if (readNumber("MC_SHM_CHUNK_SIZE", v)) c.shm_chunk_size = static_cast<size_t>(v);
-  const char* force_tcp = std::getenv("MC_FORCE_TCP");
-  c.force_tcp = force_tcp != nullptr && std::string(force_tcp) != "0" && *force_tcp != '\0';
+  auto flag = [](const char* name) {
+    const char* text = std::getenv(name);
+    return text != nullptr && *text != '\0' && std::string(text) != "0";
+  };
+  c.force_tcp = flag("MC_FORCE_TCP");
+  c.listen_all = flag("MC_LISTEN_ALL");
+  if (const char* secret = std::getenv("MC_TE_AUTH_SECRET")) c.auth_secret = secret;
   return c;
 }
 

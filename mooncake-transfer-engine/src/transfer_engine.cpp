@@ -13,10 +13,12 @@
 #include <unordered_map>
 
 #include "batch.h"
+#include "mooncake/te/auth.h"
 #include "mooncake/te/host_identity.h"
 #include "mooncake/te/log.h"
 #include "mooncake/te/memory_region.h"
 #include "mooncake/te/transport.h"
+#include "net/listen_address.h"
 #include "rpc/connection_server.h"
 #include "rpc/rpc.h"
 #include "transport/shm/shm_transport.h"
@@ -93,6 +95,22 @@ std::string formatSegmentName(const std::string& host, uint16_t port) {
 }
 
 namespace {
+
+// Once per process: who can reach this engine's registered memory.
+void logExposure(const net::ListenChoice& listen, bool authenticated) {
+  if (listen.every_interface) {
+    MC_LOG(Info) << "transfer engine: listening on every interface: " << listen.reason;
+  }
+  if (authenticated) return;
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    const bool loopback = listen.address.rfind("127.", 0) == 0 || listen.address == "::1";
+    const log::Level level = loopback ? log::Level::kInfo : log::Level::kWarning;
+    MC_LOG_AT(level) << "transfer engine: no MC_TE_AUTH_SECRET: its registered memory is open to anyone who can "
+                     << "reach " << (loopback ? "this host's loopback" : listen.address)
+                     << " on its port (docs/security.md)";
+  });
+}
 
 // "host", "host:port", "[v6]", "[v6]:port", "v6" -> host. A port given in the
 // local host name is ignored: P2P mode always picks its own.
@@ -188,7 +206,7 @@ class EngineImpl {
   std::string encodeLocalDescriptor();
   Transport* transportByName(const std::string& name);
   rpc::CallOptions callOptions() const {
-    return rpc::CallOptions{config_.connect_timeout, config_.rpc_timeout, config_.max_rpc_message};
+    return rpc::CallOptions{config_.connect_timeout, config_.rpc_timeout, config_.max_rpc_message, config_.auth_secret};
   }
 
   std::atomic<bool> initialized_{false};
@@ -237,6 +255,11 @@ int EngineImpl::init(const std::string& metadata, const std::string& local_hostn
     return kInvalidArgument;
   }
   config_ = config;
+  if (!config_.auth_secret.empty() && !auth::available()) {
+    MC_LOG(Error) << "initialize: a secret (MC_TE_AUTH_SECRET) was given, but this build has no crypto library "
+                     "(rebuild with OpenSSL's libcrypto: Debian libssl-dev)";
+    return kInvalidArgument;
+  }
   std::string proto = protocol;
   std::transform(proto.begin(), proto.end(), proto.begin(), [](unsigned char c) { return std::tolower(c); });
   if (config_.force_tcp) proto = "tcp";
@@ -283,11 +306,14 @@ int EngineImpl::init(const std::string& metadata, const std::string& local_hostn
         socket, [this](uint32_t type, const std::string& req, std::string& reply) { return dispatchRpc(type, req, reply); },
         config_.max_rpc_message, config_.rpc_timeout);
   });
-  bool ipv6 = host.find(':') != std::string::npos;
-  if (int rc = server_->start(config_.min_rpc_port, config_.max_rpc_port, ipv6, config_.connect_timeout); rc != kOk) {
+  const net::ListenChoice listen = net::listenAddressFor(host, config_.listen_all);
+  if (int rc = server_->start(config_.min_rpc_port, config_.max_rpc_port, listen.address, config_.auth_secret,
+                              config_.connect_timeout);
+      rc != kOk) {
     teardown();
     return rc;
   }
+  logExposure(listen, !config_.auth_secret.empty());
   rpc_port_ = server_->port();
   local_host_ = host;
   segment_name_ = formatSegmentName(host, rpc_port_);
@@ -676,7 +702,7 @@ int EngineImpl::probe(const std::string& name, std::chrono::milliseconds timeout
   uint16_t port = 0;
   if (!parseSegmentName(name, host, port)) return kInvalidArgument;
   std::string reply;
-  return rpc::call(host, port, rpc::kProbe, {}, reply, rpc::CallOptions{timeout, timeout, 1024});
+  return rpc::call(host, port, rpc::kProbe, {}, reply, rpc::CallOptions{timeout, timeout, 1024, config_.auth_secret});
 }
 
 // ---- facade ----

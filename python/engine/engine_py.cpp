@@ -97,20 +97,24 @@ class TransferEnginePy {
     managed_.releaseAll();
   }
 
+  // `auth_secret` (ours; "" = MC_TE_AUTH_SECRET, if set): every connection
+  // with a peer engine proves knowledge of it (docs/security.md).
   int initialize(const std::string& local_hostname, const std::string& metadata_server, const std::string& protocol,
-                 const std::string& device_name) {
+                 const std::string& device_name, const std::string& auth_secret = "") {
     py::gil_scoped_release release;
-    return engine_->init(metadata_server, local_hostname, protocol, device_name) == te::kOk ? 0 : -1;
+    te::EngineConfig config = te::EngineConfig::fromEnvironment();
+    if (!auth_secret.empty()) config.auth_secret = auth_secret;
+    return engine_->init(metadata_server, local_hostname, protocol, device_name, config) == te::kOk ? 0 : -1;
   }
 
   int initializeExt(const std::string& local_hostname, const std::string& metadata_server, const std::string& protocol,
-                    const std::string& device_name, const std::string& metadata_type) {
+                    const std::string& device_name, const std::string& metadata_type, const std::string& auth_secret) {
     // "<type>://<addr>" or P2PHANDSHAKE; only P2P mode exists here.
     std::string conn = metadata_server;
     if (metadata_server != "P2PHANDSHAKE" && metadata_server.find("://") == std::string::npos) {
       conn = metadata_type + "://" + metadata_server;
     }
-    return initialize(local_hostname, conn, protocol, device_name);
+    return initialize(local_hostname, conn, protocol, device_name, auth_secret);
   }
 
   int getRpcPort() const { return engine_->rpcPort(); }
@@ -512,10 +516,13 @@ PYBIND11_MODULE(engine, m) {
 
   py::class_<TransferEnginePy> cls(m, "TransferEngine");
   cls.def(py::init<>())
-      .def("initialize", &TransferEnginePy::initialize, py::arg("local_hostname"), py::arg("metadata_server"),
-           py::arg("protocol"), py::arg("device_name"))
+      .def(
+          "initialize",
+          [](TransferEnginePy& self, const std::string& host, const std::string& metadata, const std::string& protocol,
+             const std::string& device) { return self.initialize(host, metadata, protocol, device); },
+          py::arg("local_hostname"), py::arg("metadata_server"), py::arg("protocol"), py::arg("device_name"))
       .def("initialize_ext", &TransferEnginePy::initializeExt, py::arg("local_hostname"), py::arg("metadata_server"),
-           py::arg("protocol"), py::arg("device_name"), py::arg("metadata_type"))
+           py::arg("protocol"), py::arg("device_name"), py::arg("metadata_type"), py::arg("auth_secret") = "")
       .def("get_rpc_port", &TransferEnginePy::getRpcPort)
       .def("register_memory", &TransferEnginePy::registerMemory, py::arg("buffer_addr"), py::arg("capacity"),
            py::arg("location") = "*", py::arg("remote_accessible") = true)

@@ -163,33 +163,46 @@ int recvAll(int fd, void* data, size_t length, Deadline deadline) {
 
 int waitReadable(int fd, Deadline deadline) { return waitFor(fd, POLLIN, deadline); }
 
-int Listener::open(uint16_t min_port, uint16_t max_port, bool ipv6) {
+int Listener::open(uint16_t min_port, uint16_t max_port, const std::string& address) {
+  sockaddr_storage bound{};
+  socklen_t bound_length = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&bound);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&bound);
+  if (::inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    bound_length = sizeof(sockaddr_in);
+  } else if (::inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    bound_length = sizeof(sockaddr_in6);
+  } else {
+    MC_LOG(Error) << "listen: '" << address << "' is not an IP address";
+    return kInvalidArgument;
+  }
+  const bool ipv6 = bound.ss_family == AF_INET6;
   uint32_t span = static_cast<uint32_t>(max_port - min_port) + 1;
   std::random_device rd;
   uint32_t start = std::uniform_int_distribution<uint32_t>(0, span - 1)(rd);
   for (uint32_t i = 0; i < span; ++i) {
     uint16_t port = static_cast<uint16_t>(min_port + (start + i) % span);
-    Socket s(::socket(ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    Socket s(::socket(bound.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (!s.valid()) return kSocketFailed;
     int one = 1;
     ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    int rc;
     if (ipv6) {
-      int zero = 0;
+      int zero = 0;  // "::" takes IPv4 peers too
       ::setsockopt(s.fd(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-      sockaddr_in6 a{};
-      a.sin6_family = AF_INET6;
-      a.sin6_addr = in6addr_any;
-      a.sin6_port = htons(port);
-      rc = ::bind(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof(a));
+      v6->sin6_port = htons(port);
     } else {
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_addr.s_addr = htonl(INADDR_ANY);
-      a.sin_port = htons(port);
-      rc = ::bind(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof(a));
+      v4->sin_port = htons(port);
     }
-    if (rc != 0) continue;  // taken (or reserved): try the next port
+    if (::bind(s.fd(), reinterpret_cast<sockaddr*>(&bound), bound_length) != 0) {
+      if (errno == EADDRNOTAVAIL) {
+        MC_LOG(Error) << "listen: " << address << " is not an address of this host (pass one of its addresses, "
+                      << "or set MC_LISTEN_ALL=1 to listen on every interface)";
+        return kSocketFailed;
+      }
+      continue;  // taken (or reserved): try the next port
+    }
     if (::listen(s.fd(), 512) != 0) continue;
     socket_ = std::move(s);
     port_ = port;

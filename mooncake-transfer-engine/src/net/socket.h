@@ -55,11 +55,13 @@ int waitReadable(int fd, Deadline deadline);
 
 void setNoDelay(int fd);
 
-// A listening socket on any local address, bound to a free port of a range.
+// A listening socket bound to one local address, on a free port of a range.
 class Listener {
  public:
-  // ipv6: listen dual-stack on [::] instead of 0.0.0.0.
-  int open(uint16_t min_port, uint16_t max_port, bool ipv6);
+  // `address`: an IPv4 or IPv6 literal; "0.0.0.0" is every IPv4 interface,
+  // "::" every interface (dual-stack). kInvalidArgument for anything else,
+  // kSocketFailed (logged) when the address is not this host's.
+  int open(uint16_t min_port, uint16_t max_port, const std::string& address);
   uint16_t port() const { return port_; }
   // Blocks until a connection arrives; false once stop() was called.
   bool accept(Socket& out);

@@ -1,13 +1,21 @@
 #include "rpc/connection_server.h"
 
+#include <arpa/inet.h>
+#include <cstdio>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "mooncake/te/log.h"
 #include "mooncake/te/status.h"
+#include "rpc/opening.h"
 
 namespace mooncake::te::rpc {
 
-int ConnectionServer::start(uint16_t min_port, uint16_t max_port, bool ipv6, std::chrono::milliseconds hello_timeout) {
+int ConnectionServer::start(uint16_t min_port, uint16_t max_port, const std::string& bind_address,
+                            const std::string& secret, std::chrono::milliseconds hello_timeout) {
   hello_timeout_ = hello_timeout;
-  if (int rc = listener_.open(min_port, max_port, ipv6); rc != kOk) return rc;
+  secret_ = secret;
+  if (int rc = listener_.open(min_port, max_port, bind_address); rc != kOk) return rc;
   accept_thread_ = std::thread([this] { acceptLoop(); });
   return kOk;
 }
@@ -42,21 +50,43 @@ void ConnectionServer::reapFinishedLocked(std::list<std::unique_ptr<Connection>>
 }
 
 void ConnectionServer::serve(Connection* connection) {
-  uint32_t magic = 0;
-  int fd = connection->socket.fd();
-  if (net::recvAll(fd, &magic, sizeof(magic), net::after(hello_timeout_)) == kOk) {
-    auto it = handlers_.find(magic);
+  uint32_t kind = 0;
+  std::string why;
+  if (acceptOpening(connection->socket, secret_, net::after(hello_timeout_), kind, why) == kOk) {
+    auto it = handlers_.find(kind);
     if (it != handlers_.end()) {
       it->second(connection->socket);
     } else {
-      MC_LOG(Warning) << "dropping a connection with unknown magic 0x" << std::hex << magic;
+      logRefusal(connection->socket, "unknown connection kind 0x" + [&] {
+        char hex[9];
+        std::snprintf(hex, sizeof(hex), "%08x", kind);
+        return std::string(hex);
+      }());
     }
+  } else if (!why.empty()) {
+    logRefusal(connection->socket, why);
   }
   // Close under the lock: stop() only shuts down sockets of live connections,
   // so it never touches a descriptor number that was closed and reused.
   std::lock_guard lock(mutex_);
   connection->socket.close();
   connection->done = true;
+}
+
+// The first ten refusals, then one in a thousand: a flood of bad
+// connections must not flood the log too.
+void ConnectionServer::logRefusal(const net::Socket& socket, const std::string& why) {
+  const uint64_t n = refusals_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (n > 10 && n % 1000 != 0) return;
+  sockaddr_storage peer{};
+  socklen_t length = sizeof(peer);
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (::getpeername(socket.fd(), reinterpret_cast<sockaddr*>(&peer), &length) == 0) {
+    const void* at = peer.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr)
+                                                 : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&peer)->sin_addr);
+    ::inet_ntop(peer.ss_family, at, text, sizeof(text));
+  }
+  MC_LOG(Warning) << "transfer engine: closed a connection from " << text << ": " << why << " (refusal " << n << ")";
 }
 
 void ConnectionServer::stop() {

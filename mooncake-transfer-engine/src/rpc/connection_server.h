@@ -1,7 +1,8 @@
-// The engine's one listening port. Every connection starts with a 4-byte
-// magic naming its kind (handshake RPC, TCP transport data, ...) and is then
-// served on its own thread by the handler registered for that kind, so that
-// the transports share the port peers learn from the segment name.
+// The engine's one listening port. Every connection opens with its kind (a
+// 4-byte magic: handshake RPC, TCP transport data, ...; with a secret, after
+// a mutual challenge, rpc/opening.h) and is then served on its own thread by
+// the handler registered for that kind, so that the transports share the
+// port peers learn from the segment name.
 #pragma once
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "net/socket.h"
@@ -27,9 +29,12 @@ class ConnectionServer {
   // Before start(): which handler serves connections opening with `magic`.
   void addHandler(uint32_t magic, Handler handler) { handlers_[magic] = std::move(handler); }
 
-  // Binds a port in [min_port, max_port] and starts accepting. A connection
-  // that does not send its magic within `hello_timeout` is dropped.
-  int start(uint16_t min_port, uint16_t max_port, bool ipv6, std::chrono::milliseconds hello_timeout);
+  // Binds a port in [min_port, max_port] on `bind_address` (an IP literal;
+  // "" for every interface) and starts accepting. A connection that does not
+  // open (rpc/opening.h, with `secret` when it is not empty) within
+  // `hello_timeout` is dropped and logged.
+  int start(uint16_t min_port, uint16_t max_port, const std::string& bind_address, const std::string& secret,
+            std::chrono::milliseconds hello_timeout);
   uint16_t port() const { return listener_.port(); }
 
   // Stops accepting, wakes every connection (its reads see end of stream) and
@@ -47,8 +52,12 @@ class ConnectionServer {
   void serve(Connection* connection);
   void reapFinishedLocked(std::list<std::unique_ptr<Connection>>& finished);
 
+  void logRefusal(const net::Socket& socket, const std::string& why);
+
   std::map<uint32_t, Handler> handlers_;
   net::Listener listener_;
+  std::string secret_;
+  std::atomic<uint64_t> refusals_{0};
   std::chrono::milliseconds hello_timeout_{5000};
   std::thread accept_thread_;
   std::mutex mutex_;

@@ -2,6 +2,7 @@
 
 #include "mooncake/te/log.h"
 #include "mooncake/te/status.h"
+#include "rpc/opening.h"
 
 namespace mooncake::te::rpc {
 namespace {
@@ -47,8 +48,7 @@ int call(const std::string& host, uint16_t port, uint32_t type, const std::strin
   net::Socket socket;
   if (int rc = net::connectTo(host, port, net::after(options.connect_timeout), socket); rc != kOk) return rc;
   net::Deadline deadline = net::after(options.reply_timeout);
-  uint32_t magic = kRpcMagic;
-  if (int rc = net::sendAll(socket.fd(), &magic, sizeof(magic), deadline); rc != kOk) return rc;
+  if (int rc = openAs(socket, kRpcMagic, options.secret, deadline); rc != kOk) return rc;
   if (int rc = sendFrame(socket.fd(), type, request, deadline); rc != kOk) return rc;
   uint32_t status = 0;
   if (int rc = recvFrame(socket.fd(), status, reply, options.max_message, deadline); rc != kOk) return rc;

@@ -34,10 +34,12 @@ struct CallOptions {
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds reply_timeout{10000};
   size_t max_message = 64u << 20;
+  std::string secret;  // "" = an open connection (rpc/opening.h)
 };
 
 // Client side: kOk with `reply` filled, the peer's non-zero status, or a
-// transport error (kPeerUnreachable, kTimeout, kDnsFailed, kMalformedMessage).
+// transport error (kPeerUnreachable, kTimeout, kDnsFailed, kMalformedMessage,
+// kHandshakeRejected when the secrets differ).
 int call(const std::string& host, uint16_t port, uint32_t type, const std::string& request, std::string& reply,
          const CallOptions& options);
 

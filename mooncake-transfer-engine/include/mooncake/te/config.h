@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace mooncake::te {
 
@@ -28,6 +29,11 @@ struct EngineConfig {
   // during a large copy is noticed between chunks.
   size_t shm_chunk_size = 64u << 20;  // MC_SHM_CHUNK_SIZE
   bool force_tcp = false;             // MC_FORCE_TCP: same as protocol "tcp"
+  // Every connection to or from this engine proves knowledge of this secret
+  // (te/auth.h); "" = open connections, as the reference (docs/security.md).
+  std::string auth_secret;            // MC_TE_AUTH_SECRET (ours)
+  // Listen on every interface instead of the initialize() host's address.
+  bool listen_all = false;            // MC_LISTEN_ALL=1 (ours)
 
   static EngineConfig fromEnvironment();
 

@@ -7,6 +7,7 @@
 #include "cuda/host_staging.h"
 #include "mooncake/te/log.h"
 #include "rpc/connection_server.h"
+#include "rpc/opening.h"
 #include "rpc/rpc.h"
 #include "transport/tcp/tcp_protocol.h"
 
@@ -65,8 +66,8 @@ int serveDeviceRead(int fd, const char* gpu, uint64_t length, int device, net::D
 // connection is never in the middle of a message.
 class TcpTransport::ConnectionPool {
  public:
-  ConnectionPool(std::string host, uint16_t port, std::chrono::milliseconds connect_timeout)
-      : host_(std::move(host)), port_(port), connect_timeout_(connect_timeout) {}
+  ConnectionPool(std::string host, uint16_t port, std::chrono::milliseconds connect_timeout, std::string secret)
+      : host_(std::move(host)), port_(port), connect_timeout_(connect_timeout), secret_(std::move(secret)) {}
 
   // A pooled connection (reused = true) or a new one.
   int acquire(net::Deadline deadline, net::Socket& out, bool& reused) {
@@ -82,8 +83,7 @@ class TcpTransport::ConnectionPool {
     reused = false;
     net::Deadline connect_deadline = std::min(deadline, net::after(connect_timeout_));
     if (int rc = net::connectTo(host_, port_, connect_deadline, out); rc != kOk) return rc;
-    uint32_t magic = rpc::kTcpDataMagic;
-    return net::sendAll(out.fd(), &magic, sizeof(magic), deadline);
+    return rpc::openAs(out, rpc::kTcpDataMagic, secret_, deadline);
   }
 
   // An idle connection, if there is one (never connects).
@@ -110,6 +110,7 @@ class TcpTransport::ConnectionPool {
   const std::string host_;
   const uint16_t port_;
   const std::chrono::milliseconds connect_timeout_;
+  const std::string secret_;
   std::mutex mutex_;
   std::vector<net::Socket> idle_;
   bool closed_ = false;
@@ -145,7 +146,10 @@ bool TcpTransport::reaches(PeerSegment& peer) { return peer.descriptor()->serves
 std::shared_ptr<TcpTransport::ConnectionPool> TcpTransport::poolFor(PeerSegment& peer) {
   std::lock_guard lock(pools_mutex_);
   auto& pool = pools_[peer.handle()];
-  if (!pool) pool = std::make_shared<ConnectionPool>(peer.host(), peer.port(), context_.config->connect_timeout);
+  if (!pool) {
+    pool = std::make_shared<ConnectionPool>(peer.host(), peer.port(), context_.config->connect_timeout,
+                                            context_.config->auth_secret);
+  }
   return pool;
 }
 

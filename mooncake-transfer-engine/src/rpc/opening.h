@@ -1,0 +1,33 @@
+// How a connection to the engine's port opens: the kind of connection (a
+// 4-byte magic: handshake RPC, TCP data, ...), preceded, when the engine has
+// a secret, by a mutual challenge (te/auth.h).
+//
+//   open:          u32 kind
+//   authenticated: u32 kAuthMagic, u32 kind, client nonce[32]
+//                  <- server nonce[32], server proof[32]
+//                  -> client proof[32]
+//
+// A server with a secret serves only connections that complete the
+// challenge; one without serves only open ones. A mismatch either way fails
+// the opening (kHandshakeRejected on the side that can tell) before any
+// request is read, and is logged with the reason.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "net/socket.h"
+
+namespace mooncake::te::rpc {
+
+constexpr uint32_t kAuthMagic = 0x5541434d;  // "MCAU" on the wire
+
+// Client: opens `socket` (connected) as a connection of `kind`.
+int openAs(net::Socket& socket, uint32_t kind, const std::string& secret, net::Deadline deadline);
+
+// Server: reads the opening. kOk with `kind` set for a connection to serve;
+// otherwise an error, with `why` saying what was wrong.
+int acceptOpening(net::Socket& socket, const std::string& secret, net::Deadline deadline, uint32_t& kind,
+                  std::string& why);
+
+}  // namespace mooncake::te::rpc

@@ -1,0 +1,143 @@
+"""The engine's listener binds where it was asked (read back from
+/proc/net/tcp), and engines with a secret (MC_TE_AUTH_SECRET or
+initialize_ext's auth_secret) serve only peers that prove it: different
+secrets, or a secret on one side only, fail every transfer with both buffers
+unchanged; a raw socket that skips the challenge gets nothing; a flood of
+connections that say nothing leaves the engine serving (docs/security.md)."""
+
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from _procs import HOST, addr, pattern
+from mooncake.engine import TransferEngine
+
+pytestmark = pytest.mark.timeout(120)
+
+LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
+
+
+def _listening(port: int) -> list[str]:
+    """Local addresses of the listening sockets on `port` (hex, as /proc shows them)."""
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                local, state = fields[1], fields[3]
+                address, hex_port = local.split(":")
+                if state == LISTEN and int(hex_port, 16) == port:
+                    out.append(address)
+    return out
+
+
+def _engine(host=HOST, protocol="tcp", secret=None):
+    e = TransferEngine()
+    if secret is None:
+        rc = e.initialize(host, "P2PHANDSHAKE", protocol, "")
+    else:
+        rc = e.initialize_ext(host, "P2PHANDSHAKE", protocol, "", "P2PHANDSHAKE", auth_secret=secret)
+    assert rc == 0, rc
+    return e
+
+
+def test_the_listener_binds_the_initialize_host(monkeypatch):
+    monkeypatch.delenv("MC_LISTEN_ALL", raising=False)
+    e = _engine("127.0.0.1")
+    assert _listening(e.get_rpc_port()) == ["0100007F"]  # 127.0.0.1, nothing else
+    loopback_name = _engine("localhost")
+    assert _listening(loopback_name.get_rpc_port()) == ["0100007F"]
+
+
+def test_every_interface_only_when_asked(monkeypatch):
+    wildcard = _engine("0.0.0.0")
+    assert _listening(wildcard.get_rpc_port()) == ["00000000"]
+    monkeypatch.setenv("MC_LISTEN_ALL", "1")
+    asked = _engine("127.0.0.1")
+    assert _listening(asked.get_rpc_port()) == ["00000000"]
+
+
+def test_an_address_of_another_host_is_refused(monkeypatch):
+    monkeypatch.delenv("MC_LISTEN_ALL", raising=False)
+    assert TransferEngine().initialize("192.0.2.1", "P2PHANDSHAKE", "tcp", "") == -1  # TEST-NET-1
+
+
+def _buffers(src_engine, dst_engine):
+    s, d = pattern(1, 1 << 16), pattern(2, 1 << 16)
+    assert src_engine.register_memory(addr(s), s.size) == 0 and dst_engine.register_memory(addr(d), d.size) == 0
+    return s, d
+
+
+@pytest.mark.parametrize("protocol", ["tcp", "shm"])
+@pytest.mark.parametrize("secrets", [("alpha", "beta"), ("alpha", ""), ("", "alpha")],
+                         ids=["different", "only-initiator", "only-target"])
+def test_mismatched_secrets_fail_every_transfer_and_change_nothing(protocol, secrets):
+    a = _engine(protocol=protocol, secret=secrets[0])
+    b = _engine(protocol=protocol, secret=secrets[1])
+    s, d = _buffers(a, b)
+    target = f"{HOST}:{b.get_rpc_port()}"
+    assert a.transfer_sync_write(target, addr(s), addr(d), 4096) == -1
+    assert a.transfer_sync_read(target, addr(s), addr(d), 4096) == -1
+    np.testing.assert_array_equal(s, pattern(1, s.size))
+    np.testing.assert_array_equal(d, pattern(2, d.size))
+
+
+@pytest.mark.parametrize("protocol", ["tcp", "shm"])
+def test_the_same_secret_works(protocol, monkeypatch):
+    monkeypatch.setenv("MC_TE_AUTH_SECRET", "a shared secret")
+    a, b = _engine(protocol=protocol), _engine(protocol=protocol)
+    s, d = _buffers(a, b)
+    target = f"{HOST}:{b.get_rpc_port()}"
+    assert a.transfer_sync_write(target, addr(s, 10), addr(d, 100), 5000) == 0
+    np.testing.assert_array_equal(d[100:5100], s[10:5010])
+    assert a.send_probe(target) == 0
+
+
+def _raw(port, payload, wait=2.0):
+    """Sends `payload` on a fresh connection; returns what came back before
+    the close (a reset, for unread bytes, is a close too)."""
+    with socket.create_connection((HOST, port), timeout=5) as c:
+        got = b""
+        try:
+            c.sendall(payload)
+            c.settimeout(wait)
+            while chunk := c.recv(4096):
+                got += chunk
+        except (TimeoutError, ConnectionResetError, BrokenPipeError):
+            pass
+        return got
+
+
+def test_a_raw_socket_without_the_challenge_gets_nothing():
+    b = _engine(secret="s3cret")
+    d = pattern(2, 4096)
+    assert b.register_memory(addr(d), d.size) == 0
+    rpc_magic, data_magic = 0x5052434D, 0x5444434D
+    # The engine's own descriptor request, with no challenge: no reply, just a close.
+    name = b"127.0.0.1:1"
+    assert _raw(b.get_rpc_port(), struct.pack("<III", rpc_magic, 1, len(name)) + name) == b""
+    # A data connection that writes at once: nothing changes.
+    assert _raw(b.get_rpc_port(), struct.pack("<I", data_magic) + struct.pack("<QQ", addr(d), 64) + b"x" * 64) == b""
+    np.testing.assert_array_equal(d, pattern(2, d.size))
+
+
+def test_connections_that_say_nothing_leave_the_engine_serving(monkeypatch):
+    monkeypatch.setenv("MC_TE_AUTH_SECRET", "flood")
+    a, b = _engine(), _engine()
+    s, d = _buffers(a, b)
+    port = b.get_rpc_port()
+    start = time.monotonic()
+    for _ in range(2000):
+        with socket.create_connection((HOST, port), timeout=5):
+            pass  # opened and dropped
+    silent = [socket.create_connection((HOST, port), timeout=5) for _ in range(50)]  # open, silent
+    try:
+        assert a.transfer_sync_write(f"{HOST}:{port}", addr(s), addr(d), 8192) == 0
+        np.testing.assert_array_equal(d[:8192], s[:8192])
+    finally:
+        for c in silent:
+            c.close()
+    assert time.monotonic() - start < 60
