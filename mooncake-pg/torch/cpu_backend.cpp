@@ -54,7 +54,7 @@ MooncakeCpuBackend::MooncakeCpuBackend(const c10::intrusive_ptr<c10d::Store>& st
   const auto collective_timeout = override_us >= 0 ? std::chrono::milliseconds(override_us / 1000) : timeout;
   collective_timeout_ = collective_timeout;
   try {
-    if (te::TransferEngine* engine = pgTransferEngine(&p2p_error_)) {
+    if (te::TransferEngine* engine = pgTransferEngine(&p2p_error_, jobSecret(store))) {
       P2pOptions o = p2pOptionsFromEnv();
       const int64_t p2p_us = settings().p2p_timeout_us.load();
       o.timeout = p2p_us >= 0 ? std::chrono::milliseconds(p2p_us / 1000) : timeout;

@@ -1,6 +1,7 @@
 #include "settings.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -11,6 +12,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "mooncake/te/auth.h"
 #include "mooncake/te/transfer_engine.h"
 
 namespace mooncake::pg {
@@ -85,7 +89,31 @@ size_t envBytes(const char* name, size_t fallback, size_t minimum) {
   return static_cast<size_t>(v);
 }
 
-te::TransferEngine* pgTransferEngine(std::string* error) {
+std::string jobSecret(const c10::intrusive_ptr<c10d::Store>& store) {
+  const char* own = std::getenv("MC_TE_AUTH_SECRET");
+  if ((own != nullptr && *own != '\0') || !te::auth::available() || !store) return "";
+  c10::intrusive_ptr<c10d::Store> base = store;
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(store.get())) base = prefixed->getUnderlyingNonPrefixStore();
+  te::auth::Nonce draw{};
+  if (!te::auth::randomNonce(draw)) return "";
+  static const char* kHex = "0123456789abcdef";
+  std::vector<uint8_t> mine;
+  for (uint8_t b : draw) {
+    mine.push_back(static_cast<uint8_t>(kHex[b >> 4]));
+    mine.push_back(static_cast<uint8_t>(kHex[b & 15]));
+  }
+  try {
+    // The first proposal wins; everyone reads the winner.
+    std::vector<uint8_t> agreed = base->compareSet("mooncake/te_auth_secret", {}, mine);
+    return std::string(agreed.begin(), agreed.end());
+  } catch (const std::exception& e) {
+    LOG(WARNING) << "mooncake: the store cannot share a secret (" << e.what()
+                    << "); the transfer engine's connections are not authenticated (docs/security.md)";
+    return "";
+  }
+}
+
+te::TransferEngine* pgTransferEngine(std::string* error, const std::string& secret) {
   const std::string host = hostIp();
   PgSettings& s = settings();
   std::lock_guard lock(s.mutex);
@@ -95,7 +123,9 @@ te::TransferEngine* pgTransferEngine(std::string* error) {
   static te::TransferEngine* owned = nullptr;
   if (owned == nullptr) {
     auto* engine = new te::TransferEngine();
-    if (engine->init("P2PHANDSHAKE", host) != te::kOk) {
+    te::EngineConfig config = te::EngineConfig::fromEnvironment();
+    if (config.auth_secret.empty()) config.auth_secret = secret;
+    if (engine->init("P2PHANDSHAKE", host, "", "", config) != te::kOk) {
       delete engine;
       if (error) *error = "cannot start the transfer engine on host " + host + " (see MC_LOG_LEVEL=INFO)";
       return nullptr;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
 namespace mooncake::te {
 class TransferEngine;
 }
@@ -41,9 +43,18 @@ std::string hostIp();
 // when it is not a number of at least `minimum` bytes.
 size_t envBytes(const char* name, size_t fallback, size_t minimum = 4096);
 
+// The job's secret for the connections of its transfer engines: "" when
+// MC_TE_AUTH_SECRET is set (the engine takes that) or the build has no crypto
+// library; otherwise one drawn once per job and shared through the
+// rendezvous store, under a key outside every group's prefix, so that every
+// process of the job (replacements included) gets the same one whichever
+// group it creates first.
+std::string jobSecret(const c10::intrusive_ptr<c10d::Store>& store);
+
 // The process's transfer engine for P2P: the one given to set_transfer_engine,
-// else one made on first use (P2PHANDSHAKE on the host of set_host_ip).
+// else one made on first use (P2PHANDSHAKE on the host of set_host_ip, its
+// connections authenticated with `secret` when one is given: see jobSecret).
 // Null, with *error set, when it cannot be started.
-te::TransferEngine* pgTransferEngine(std::string* error);
+te::TransferEngine* pgTransferEngine(std::string* error, const std::string& secret = "");
 
 }  // namespace mooncake::pg
