@@ -1,6 +1,6 @@
 #include "rpc/opening.h"
 
-#include "mooncake/te/auth.h"
+#include "mooncake/te/auth_opening.h"
 #include "mooncake/te/status.h"
 
 namespace mooncake::te::rpc {
@@ -8,22 +8,18 @@ namespace mooncake::te::rpc {
 int openAs(net::Socket& socket, uint32_t kind, const std::string& secret, net::Deadline deadline) {
   const int fd = socket.fd();
   if (secret.empty()) return net::sendAll(fd, &kind, sizeof(kind), deadline);
-  auth::Nonce client{}, server{};
-  if (!auth::randomNonce(client)) return kSocketFailed;
-  const uint32_t hello[2] = {kAuthMagic, kind};
-  if (int rc = net::sendAll(fd, hello, sizeof(hello), deadline); rc != kOk) return rc;
-  if (int rc = net::sendAll(fd, client.data(), client.size(), deadline); rc != kOk) return rc;
-  auth::Proof server_proof{};
-  if (int rc = net::recvAll(fd, server.data(), server.size(), deadline); rc != kOk) {
-    // A server without a secret drops the opening: nothing comes back.
+  auth::ClientOpening opening(secret, kind);
+  if (!opening.ok()) return kSocketFailed;
+  const std::vector<uint8_t> hello = opening.hello();
+  if (int rc = net::sendAll(fd, hello.data(), hello.size(), deadline); rc != kOk) return rc;
+  uint8_t reply[auth::kReplyBytes];
+  if (int rc = net::recvAll(fd, reply, sizeof(reply), deadline); rc != kOk) {
+    // A server without the secret drops the opening: nothing comes back.
     return rc == kPeerUnreachable ? kHandshakeRejected : rc;
   }
-  if (int rc = net::recvAll(fd, server_proof.data(), server_proof.size(), deadline); rc != kOk) return rc;
-  if (!auth::same(server_proof, auth::prove(secret, auth::Role::kServer, kind, client, server))) {
-    return kHandshakeRejected;  // the server knows another secret (or none)
-  }
-  const auth::Proof mine = auth::prove(secret, auth::Role::kClient, kind, client, server);
-  return net::sendAll(fd, mine.data(), mine.size(), deadline);
+  std::vector<uint8_t> proof;
+  if (!opening.answer(reply, proof)) return kHandshakeRejected;  // the server knows another secret
+  return net::sendAll(fd, proof.data(), proof.size(), deadline);
 }
 
 int acceptOpening(net::Socket& socket, const std::string& secret, net::Deadline deadline, uint32_t& kind,
@@ -34,35 +30,42 @@ int acceptOpening(net::Socket& socket, const std::string& secret, net::Deadline 
     why = "no opening within the hello timeout";
     return rc;
   }
-  if (first != kAuthMagic) {
-    if (!secret.empty()) {
-      why = "an unauthenticated connection (this engine has a secret: MC_TE_AUTH_SECRET or its process group's)";
+  if (secret.empty()) {
+    if (first == auth::kAuthMagic) {
+      why = "a peer offered authentication, but this engine has no secret (set MC_TE_AUTH_SECRET alike on both)";
       return kHandshakeRejected;
     }
     kind = first;
     return kOk;
   }
-  if (secret.empty()) {
-    why = "a peer offered authentication, but this engine has no secret (set MC_TE_AUTH_SECRET alike on both)";
-    return kHandshakeRejected;
+  auth::ServerOpening opening(secret);
+  std::vector<uint8_t> out;
+  auth::ServerOpening::Step step = opening.feed(reinterpret_cast<const uint8_t*>(&first), sizeof(first), out);
+  // The client sends the rest of its hello, then its proof after our reply: read exactly what each step needs.
+  size_t need = auth::kHelloBytes - sizeof(first);
+  for (;;) {
+    if (step == auth::ServerOpening::Step::kRefused) {
+      why = opening.why() + (opening.why().find("unauthenticated") != std::string::npos
+                                 ? ": MC_TE_AUTH_SECRET or its process group's"
+                                 : "");
+      return kHandshakeRejected;
+    }
+    if (step == auth::ServerOpening::Step::kDone) {
+      kind = opening.kind();
+      return kOk;
+    }
+    if (step == auth::ServerOpening::Step::kReply) {
+      if (int rc = net::sendAll(fd, out.data(), out.size(), deadline); rc != kOk) return rc;
+      need = auth::kProofBytes;
+    }
+    std::vector<uint8_t> chunk(need);
+    if (int rc = net::recvAll(fd, chunk.data(), chunk.size(), deadline); rc != kOk) {
+      why = step == auth::ServerOpening::Step::kReply ? "the peer did not prove the secret (it knows another one)"
+                                                      : "an incomplete opening";
+      return rc == kPeerUnreachable ? kHandshakeRejected : rc;
+    }
+    step = opening.feed(chunk.data(), chunk.size(), out);
   }
-  auth::Nonce client{}, server{};
-  if (int rc = net::recvAll(fd, &kind, sizeof(kind), deadline); rc != kOk) return rc;
-  if (int rc = net::recvAll(fd, client.data(), client.size(), deadline); rc != kOk) return rc;
-  if (!auth::randomNonce(server)) return kSocketFailed;
-  const auth::Proof mine = auth::prove(secret, auth::Role::kServer, kind, client, server);
-  if (int rc = net::sendAll(fd, server.data(), server.size(), deadline); rc != kOk) return rc;
-  if (int rc = net::sendAll(fd, mine.data(), mine.size(), deadline); rc != kOk) return rc;
-  auth::Proof theirs{};
-  if (int rc = net::recvAll(fd, theirs.data(), theirs.size(), deadline); rc != kOk) {
-    why = "the peer did not prove the secret (it knows another one)";
-    return rc == kPeerUnreachable ? kHandshakeRejected : rc;
-  }
-  if (!auth::same(theirs, auth::prove(secret, auth::Role::kClient, kind, client, server))) {
-    why = "the peer's proof of the secret is wrong";
-    return kHandshakeRejected;
-  }
-  return kOk;
 }
 
 }  // namespace mooncake::te::rpc

@@ -1,11 +1,6 @@
 // How a connection to the engine's port opens: the kind of connection (a
-// 4-byte magic: handshake RPC, TCP data, ...), preceded, when the engine has
-// a secret, by a mutual challenge (te/auth.h).
-//
-//   open:          u32 kind
-//   authenticated: u32 kAuthMagic, u32 kind, client nonce[32]
-//                  <- server nonce[32], server proof[32]
-//                  -> client proof[32]
+// 4-byte magic: handshake RPC, TCP data, ...), or, when the engine has a
+// secret, the authenticated opening of te/auth_opening.h that names it.
 //
 // A server with a secret serves only connections that complete the
 // challenge; one without serves only open ones. A mismatch either way fails
@@ -19,8 +14,6 @@
 #include "net/socket.h"
 
 namespace mooncake::te::rpc {
-
-constexpr uint32_t kAuthMagic = 0x5541434d;  // "MCAU" on the wire
 
 // Client: opens `socket` (connected) as a connection of `kind`.
 int openAs(net::Socket& socket, uint32_t kind, const std::string& secret, net::Deadline deadline);

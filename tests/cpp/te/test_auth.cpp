@@ -10,6 +10,7 @@
 #include <string>
 
 #include "mooncake/te/auth.h"
+#include "mooncake/te/auth_opening.h"
 #include "mooncake/te/status.h"
 #include "net/listen_address.h"
 #include "rpc/opening.h"
@@ -69,6 +70,60 @@ TEST(ListenAddress, BindsWhatWasAsked) {
   const auto name = listenAddressFor("node-7.cluster", false);
   EXPECT_TRUE(name.every_interface);
   EXPECT_NE(name.reason.find("is a name"), std::string::npos);
+}
+
+// The two state machines against each other, the server fed one byte at a
+// time, with the client's first protocol bytes arriving with its proof.
+TEST(AuthOpening, ByteByByteWithTrailingBytes) {
+  if (!auth::available()) GTEST_SKIP() << "built without OpenSSL's libcrypto";
+  auth::ClientOpening client("s", 42);
+  ASSERT_TRUE(client.ok());
+  auth::ServerOpening server("s");
+  std::vector<uint8_t> out;
+  const std::vector<uint8_t> hello = client.hello();
+  ASSERT_EQ(hello.size(), auth::kHelloBytes);
+  auto step = auth::ServerOpening::Step::kNeedMore;
+  for (size_t i = 0; i < hello.size(); ++i) {
+    EXPECT_EQ(step, auth::ServerOpening::Step::kNeedMore) << i;
+    step = server.feed(&hello[i], 1, out);
+  }
+  ASSERT_EQ(step, auth::ServerOpening::Step::kReply);
+  ASSERT_EQ(out.size(), auth::kReplyBytes);
+  std::vector<uint8_t> proof;
+  ASSERT_TRUE(client.answer(out.data(), proof));
+  proof.push_back(0xAB);  // the protocol's first byte, in the same packet
+  proof.push_back(0xCD);
+  EXPECT_EQ(server.feed(proof.data(), proof.size(), out), auth::ServerOpening::Step::kDone);
+  EXPECT_EQ(server.kind(), 42u);
+  EXPECT_EQ(server.takeRest(), (std::vector<uint8_t>{0xAB, 0xCD}));
+}
+
+TEST(AuthOpening, WrongSecretsAndPlainStartsAreRefused) {
+  if (!auth::available()) GTEST_SKIP() << "built without OpenSSL's libcrypto";
+  std::vector<uint8_t> out, proof;
+  {  // the client tells a server with another secret
+    auth::ClientOpening client("a", 1);
+    auth::ServerOpening server("b");
+    const auto hello = client.hello();
+    ASSERT_EQ(server.feed(hello.data(), hello.size(), out), auth::ServerOpening::Step::kReply);
+    EXPECT_FALSE(client.answer(out.data(), proof));
+  }
+  {  // a proof that does not match (altered on the way, or made with another secret)
+    auth::ClientOpening honest("b", 1);
+    auth::ServerOpening server("b");
+    const auto hello = honest.hello();
+    ASSERT_EQ(server.feed(hello.data(), hello.size(), out), auth::ServerOpening::Step::kReply);
+    ASSERT_TRUE(honest.answer(out.data(), proof));
+    proof[0] ^= 1;
+    EXPECT_EQ(server.feed(proof.data(), proof.size(), out), auth::ServerOpening::Step::kRefused);
+    EXPECT_NE(server.why().find("proof"), std::string::npos);
+  }
+  {  // a plain start
+    auth::ServerOpening server("b");
+    const uint8_t plain[4] = {0x4d, 0x43, 0x52, 0x50};
+    EXPECT_EQ(server.feed(plain, 4, out), auth::ServerOpening::Step::kRefused);
+    EXPECT_NE(server.why().find("unauthenticated"), std::string::npos);
+  }
 }
 
 struct Outcome {
