@@ -36,11 +36,6 @@ bool failoverEnabled() {
 
 std::vector<uint8_t> bytes(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
 
-c10::intrusive_ptr<c10d::Store> rootStore(c10::intrusive_ptr<c10d::Store> store) {
-  while (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(store.get())) store = prefixed->getUnderlyingStore();
-  return store;
-}
-
 std::chrono::milliseconds envMs(const char* name, std::chrono::milliseconds fallback) {
   const char* text = std::getenv(name);
   if (text == nullptr || *text == '\0') return fallback;
@@ -125,7 +120,8 @@ Agent& controlAgent(const c10::intrusive_ptr<c10d::Store>& store, int global_ran
   ControlRuntime& r = runtime();
   std::lock_guard lock(r.mutex);
   c10::intrusive_ptr<c10d::Store> root = rootStore(store);
-  const ControlOptions options = controlOptions();
+  ControlOptions options = controlOptions();
+  options.secret = jobSecret(store);
   const bool failover = failoverEnabled();
   std::string error;
   static const bool leave_at_exit = (std::atexit(leaveAtExit), true);

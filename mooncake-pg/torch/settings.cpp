@@ -89,26 +89,38 @@ size_t envBytes(const char* name, size_t fallback, size_t minimum) {
   return static_cast<size_t>(v);
 }
 
+c10::intrusive_ptr<c10d::Store> rootStore(c10::intrusive_ptr<c10d::Store> store) {
+  while (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(store.get())) store = prefixed->getUnderlyingStore();
+  return store;
+}
+
 std::string jobSecret(const c10::intrusive_ptr<c10d::Store>& store) {
   const char* own = std::getenv("MC_TE_AUTH_SECRET");
-  if ((own != nullptr && *own != '\0') || !te::auth::available() || !store) return "";
-  c10::intrusive_ptr<c10d::Store> base = store;
-  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(store.get())) base = prefixed->getUnderlyingNonPrefixStore();
-  te::auth::Nonce draw{};
-  if (!te::auth::randomNonce(draw)) return "";
-  static const char* kHex = "0123456789abcdef";
-  std::vector<uint8_t> mine;
-  for (uint8_t b : draw) {
-    mine.push_back(static_cast<uint8_t>(kHex[b >> 4]));
-    mine.push_back(static_cast<uint8_t>(kHex[b & 15]));
+  if (own != nullptr && *own != '\0') return own;
+  if (!te::auth::available() || !store) return "";
+  PgSettings& s = settings();
+  std::vector<uint8_t> proposal;
+  {
+    // A process whose engine runs already proposes the secret it has.
+    std::lock_guard lock(s.mutex);
+    proposal.assign(s.engine_secret.begin(), s.engine_secret.end());
+  }
+  if (proposal.empty()) {
+    te::auth::Nonce draw{};
+    if (!te::auth::randomNonce(draw)) return "";
+    static const char* kHex = "0123456789abcdef";
+    for (uint8_t b : draw) {
+      proposal.push_back(static_cast<uint8_t>(kHex[b >> 4]));
+      proposal.push_back(static_cast<uint8_t>(kHex[b & 15]));
+    }
   }
   try {
     // The first proposal wins; everyone reads the winner.
-    std::vector<uint8_t> agreed = base->compareSet("mooncake/te_auth_secret", {}, mine);
+    std::vector<uint8_t> agreed = rootStore(store)->compareSet("mooncake/job_secret", {}, proposal);
     return std::string(agreed.begin(), agreed.end());
   } catch (const std::exception& e) {
     LOG(WARNING) << "mooncake: the store cannot share a secret (" << e.what()
-                    << "); the transfer engine's connections are not authenticated (docs/security.md)";
+                 << "); this job's connections are not authenticated (docs/security.md)";
     return "";
   }
 }
@@ -124,13 +136,17 @@ te::TransferEngine* pgTransferEngine(std::string* error, const std::string& secr
   if (owned == nullptr) {
     auto* engine = new te::TransferEngine();
     te::EngineConfig config = te::EngineConfig::fromEnvironment();
-    if (config.auth_secret.empty()) config.auth_secret = secret;
+    config.auth_secret = secret;
     if (engine->init("P2PHANDSHAKE", host, "", "", config) != te::kOk) {
       delete engine;
       if (error) *error = "cannot start the transfer engine on host " + host + " (see MC_LOG_LEVEL=INFO)";
       return nullptr;
     }
     owned = engine;
+    s.engine_secret = secret;
+  } else if (secret != s.engine_secret) {
+    LOG(WARNING) << "mooncake: this process's transfer engine was started for another job (another secret): "
+                 << "its connections with this job's processes will be refused";
   }
   return owned;
 }

@@ -19,6 +19,7 @@ namespace mooncake::pg {
 struct PgSettings {
   std::mutex mutex;
   std::string host_ip;  // set_host_ip's, or the one hostIp() chose; empty before either
+  std::string engine_secret;  // the secret pgTransferEngine()'s own engine was started with
   std::vector<std::string> device_filter;
   uint64_t transfer_engine_ptr = 0;  // an external TransferEngine (set_transfer_engine), 0 = own
   // Negative: not set; the group's torch timeout applies.
@@ -43,12 +44,16 @@ std::string hostIp();
 // when it is not a number of at least `minimum` bytes.
 size_t envBytes(const char* name, size_t fallback, size_t minimum = 4096);
 
-// The job's secret for the connections of its transfer engines: "" when
-// MC_TE_AUTH_SECRET is set (the engine takes that) or the build has no crypto
-// library; otherwise one drawn once per job and shared through the
-// rendezvous store, under a key outside every group's prefix, so that every
-// process of the job (replacements included) gets the same one whichever
-// group it creates first.
+// The store under every PrefixStore: where keys of the whole job live.
+c10::intrusive_ptr<c10d::Store> rootStore(c10::intrusive_ptr<c10d::Store> store);
+
+// The secret every connection of this job's processes proves (its transfer
+// engines', its control plane's): MC_TE_AUTH_SECRET when set; else one
+// proposed by every process with compare-and-set on the job's root store
+// (the first proposal wins; a process whose engine already runs proposes
+// the secret it has), so that every process of the job, replacements
+// included, gets the same one whichever group it creates first; "" without
+// a crypto library or when the store cannot compare-and-set.
 std::string jobSecret(const c10::intrusive_ptr<c10d::Store>& store);
 
 // The process's transfer engine for P2P: the one given to set_transfer_engine,

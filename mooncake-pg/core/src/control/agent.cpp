@@ -26,6 +26,7 @@
 #include "control/text.h"
 #include "mooncake/pg/control_plane.h"
 #include "mooncake/pg/test_faults.h"
+#include "mooncake/te/auth_opening.h"
 #include "mooncake/te/log.h"
 
 namespace mooncake::pg {
@@ -110,6 +111,8 @@ class AgentImpl final : public Agent {
   }
   // Connects to `address`, says `hello` (and sends `rejoins`), and waits for
   // the answer. On success *fd and *decoder hold the connection.
+  bool authenticate(int fd, const std::string& address, TimePoint connect_deadline, TimePoint answer_deadline,
+                    std::string* error);
   bool greet(const std::string& address, const Hello& hello, const std::vector<Rejoin>& rejoins,
              TimePoint connect_deadline, TimePoint answer_deadline, UniqueFd* fd, FrameDecoder* decoder,
              std::string* error);
@@ -172,6 +175,41 @@ bool AgentImpl::start(std::string* error) {
   return true;
 }
 
+// The opening of te/auth_opening.h, before any message: the Coordinator
+// proves it knows the job's secret, then this Agent does.
+bool AgentImpl::authenticate(int fd, const std::string& address, TimePoint connect_deadline,
+                             TimePoint answer_deadline, std::string* error) {
+  te::auth::ClientOpening opening(options_.secret, kControlPlaneKind);
+  std::string why;
+  const std::vector<uint8_t> hello = opening.hello();
+  if (!opening.ok() || !sendAll(fd, hello.data(), hello.size(), connect_deadline, &why)) {
+    *error = "cannot open an authenticated connection to the coordinator at " + address + ": " +
+             (opening.ok() ? why : "no random nonce");
+    return false;
+  }
+  uint8_t reply[te::auth::kReplyBytes];
+  size_t got = 0;
+  while (got < sizeof(reply)) {
+    ssize_t n = receiveSome(fd, reply + got, sizeof(reply) - got, answer_deadline, &why);
+    if (n <= 0) {
+      *error = "the coordinator at " + address + " did not answer the authentication (" +
+               (n == 0 ? "it closed the connection: another secret, or none" : why) + ")";
+      return false;
+    }
+    got += static_cast<size_t>(n);
+  }
+  std::vector<uint8_t> proof;
+  if (!opening.answer(reply, proof)) {
+    *error = "the coordinator at " + address + " does not know this job's secret";
+    return false;
+  }
+  if (!sendAll(fd, proof.data(), proof.size(), connect_deadline, &why)) {
+    *error = "cannot finish the authentication with the coordinator at " + address + ": " + why;
+    return false;
+  }
+  return true;
+}
+
 bool AgentImpl::greet(const std::string& address, const Hello& hello, const std::vector<Rejoin>& rejoins,
                       TimePoint connect_deadline, TimePoint answer_deadline, UniqueFd* fd_out, FrameDecoder* decoder,
                       std::string* error) {
@@ -185,6 +223,9 @@ bool AgentImpl::greet(const std::string& address, const Hello& hello, const std:
   UniqueFd fd = connectTo(host, port, connect_deadline, &why);
   if (!fd.valid()) {
     *error = "cannot connect to the coordinator at " + address + ": " + why;
+    return false;
+  }
+  if (!options_.secret.empty() && !authenticate(fd.get(), address, connect_deadline, answer_deadline, error)) {
     return false;
   }
   std::vector<uint8_t> frames = encodeFrame(hello);

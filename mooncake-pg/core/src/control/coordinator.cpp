@@ -21,6 +21,7 @@
 #include "control/protocol.h"
 #include "control/socket_io.h"
 #include "mooncake/pg/control_plane.h"
+#include "mooncake/te/auth_opening.h"
 #include "mooncake/te/log.h"
 
 namespace mooncake::pg {
@@ -30,6 +31,8 @@ namespace {
 // An Agent that does not read its messages must not make the Coordinator
 // buffer without bound.
 constexpr size_t kMaxQueuedBytes = 64u << 20;
+// A connection that has not proved the job's secret within this is closed.
+constexpr std::chrono::seconds kOpeningTimeout{10};
 
 std::string randomIncarnation() {
   std::random_device device;
@@ -130,6 +133,10 @@ class CoordinatorImpl final : public Coordinator {
  private:
   struct Connection {
     UniqueFd fd;
+    // With a secret: the opening still to complete before any message
+    // (te/auth_opening.h), and when it must have completed.
+    std::unique_ptr<te::auth::ServerOpening> opening;
+    TimePoint opening_deadline;
     FrameDecoder decoder;
     std::vector<uint8_t> output;
     size_t output_sent = 0;
@@ -169,10 +176,13 @@ class CoordinatorImpl final : public Coordinator {
       short revents = polled[i + 2].revents;
       if ((revents & (POLLIN | POLLHUP | POLLERR)) != 0) receive(now, polled_sessions[i], &effects);
     }
+    expireOpenings(now);
     state_.onTimer(now, &effects);
     const bool goodbye = queueGoodbyeIfAsked(&effects);
     if (now >= next_heartbeat_) {
-      for (const auto& entry : connections_) effects.sends.push_back({entry.first, Heartbeat{}});
+      for (const auto& entry : connections_) {
+        if (!entry.second.opening) effects.sends.push_back({entry.first, Heartbeat{}});
+      }
       next_heartbeat_ = now + options_.heartbeat_interval;
     }
     apply(now, std::move(effects));
@@ -188,7 +198,9 @@ class CoordinatorImpl final : public Coordinator {
   bool queueGoodbyeIfAsked(Effects* effects) {
     std::lock_guard<std::mutex> lock(goodbye_mutex_);
     if (!goodbye_requested_ || goodbye_queued_) return false;
-    for (const auto& entry : connections_) effects->sends.push_back({entry.first, Goodbye{}});
+    for (const auto& entry : connections_) {
+      if (!entry.second.opening) effects->sends.push_back({entry.first, Goodbye{}});
+    }
     goodbye_queued_ = true;
     return true;
   }
@@ -202,8 +214,14 @@ class CoordinatorImpl final : public Coordinator {
       }
       setNoDelay(fd);
       SessionId id = next_session_++;
-      connections_[id].fd = UniqueFd(fd);
-      state_.onConnected(now, id);
+      Connection& connection = connections_[id];
+      connection.fd = UniqueFd(fd);
+      if (options_.secret.empty()) {
+        state_.onConnected(now, id);
+      } else {  // the state hears of it once it has proved the secret
+        connection.opening = std::make_unique<te::auth::ServerOpening>(options_.secret);
+        connection.opening_deadline = now + kOpeningTimeout;
+      }
     }
   }
 
@@ -215,6 +233,11 @@ class CoordinatorImpl final : public Coordinator {
     uint8_t buffer[64 * 1024];
     for (;;) {
       ssize_t n = ::recv(connection.fd.get(), buffer, sizeof(buffer), MSG_DONTWAIT);
+      if (n > 0 && connection.opening) {
+        if (!advanceOpening(now, id, connection, buffer, static_cast<size_t>(n))) return;
+        if (static_cast<size_t>(n) < sizeof(buffer)) break;
+        continue;
+      }
       if (n > 0) {
         connection.decoder.append(buffer, static_cast<size_t>(n));
         if (static_cast<size_t>(n) < sizeof(buffer)) break;
@@ -223,6 +246,10 @@ class CoordinatorImpl final : public Coordinator {
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
       std::string why = n == 0 ? "connection closed" : std::string("connection error: ") + std::strerror(errno);
+      if (connection.opening) {  // never known to the state
+        refuse(id, connection, "closed before proving the secret");
+        return;
+      }
       drop(now, id, why, effects);
       return;
     }
@@ -238,6 +265,54 @@ class CoordinatorImpl final : public Coordinator {
       state_.onMessage(now, id, std::move(message), effects);
       if (connections_.count(id) == 0 || connection.closing) return;
     }
+  }
+
+  // Feeds bytes to a connection's opening; false when the connection is gone.
+  bool advanceOpening(TimePoint now, SessionId id, Connection& connection, const uint8_t* data, size_t length) {
+    std::vector<uint8_t> out;
+    switch (connection.opening->feed(data, length, out)) {
+      case te::auth::ServerOpening::Step::kNeedMore:
+        return true;
+      case te::auth::ServerOpening::Step::kReply:
+        connection.output.insert(connection.output.end(), out.begin(), out.end());
+        return true;
+      case te::auth::ServerOpening::Step::kRefused:
+        refuse(id, connection, connection.opening->why());
+        return false;
+      case te::auth::ServerOpening::Step::kDone: {
+        std::vector<uint8_t> rest = connection.opening->takeRest();
+        if (connection.opening->kind() != kControlPlaneKind) {
+          refuse(id, connection, "an authenticated connection of another kind");
+          return false;
+        }
+        connection.opening.reset();
+        connection.decoder.append(rest.data(), rest.size());
+        state_.onConnected(now, id);
+        return true;
+      }
+    }
+    return true;
+  }
+
+  // Closes a connection the state never heard of (it did not prove the
+  // secret), logged: the first ten, then one in a thousand.
+  void refuse(SessionId id, Connection& connection, const std::string& why) {
+    ++refusals_;
+    if (refusals_ <= 10 || refusals_ % 1000 == 0) {
+      MC_LOG(Warning) << "control plane coordinator: closed a connection: " << why << " (refusal " << refusals_
+                      << ")";
+    }
+    ::shutdown(connection.fd.get(), SHUT_RDWR);
+    connections_.erase(id);
+  }
+
+  // Connections that have not proved the secret in time.
+  void expireOpenings(TimePoint now) {
+    std::vector<SessionId> late;
+    for (auto& [id, connection] : connections_) {
+      if (connection.opening && now >= connection.opening_deadline) late.push_back(id);
+    }
+    for (SessionId id : late) refuse(id, connections_.at(id), "no authenticated opening in time");
   }
 
   void drop(TimePoint now, SessionId id, const std::string& why, Effects* effects) {
@@ -262,7 +337,7 @@ class CoordinatorImpl final : public Coordinator {
       std::string error;
       if (!flush(connection, &error)) {
         finished.push_back(id);
-        if (!connection.closing) state_.onDisconnected(now, id, error, &more);
+        if (!connection.closing && !connection.opening) state_.onDisconnected(now, id, error, &more);
       } else if (connection.closing) {
         finished.push_back(id);  // after one attempt to send its last words, never waiting on a stalled peer
       }
@@ -312,6 +387,7 @@ class CoordinatorImpl final : public Coordinator {
   TakeOverListener take_over_listener_;
   std::map<SessionId, Connection> connections_;
   SessionId next_session_ = 1;
+  uint64_t refusals_ = 0;
   std::mutex goodbye_mutex_;  // guards the four below
   bool goodbye_requested_ = false;
   bool goodbye_queued_ = false;

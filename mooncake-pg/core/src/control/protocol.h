@@ -20,6 +20,8 @@
 namespace mooncake::pg::control {
 
 constexpr uint32_t kFrameMagic = 0x4350434d;  // "MCPC" in memory order
+// The connection kind an authenticated opening (te/auth_opening.h) names.
+constexpr uint32_t kControlPlaneKind = kFrameMagic;
 constexpr uint16_t kProtocolVersion = 4;
 constexpr size_t kFrameHeaderBytes = 12;
 constexpr uint32_t kMaxPayloadBytes = 16u << 20;

@@ -129,6 +129,9 @@ struct ControlOptions {
   // for the processes of the last membership to rejoin it, and, plus
   // heartbeat_timeout, how long an Agent waits for one candidate's answer.
   std::chrono::milliseconds failover_timeout{1000};
+  // Every connection between an Agent and a Coordinator opens with the
+  // mutual challenge of te/auth_opening.h over this secret ("" = open).
+  std::string secret;
 };
 
 class Coordinator {
