@@ -14,6 +14,9 @@ option(MOONCAKE_BUILD_PYTHON "Build the Python extension modules" ON)
 option(MOONCAKE_BUILD_TESTS "Build the GoogleTest suites" ON)
 option(MOONCAKE_BUILD_BENCHMARKS "Build the C++ benchmarks" ON)
 option(MOONCAKE_WERROR "Treat compiler warnings as errors" OFF)
+# libFuzzer targets (tests/fuzz): clang only, in a build tree of their own,
+# where every library is built with the fuzzer's coverage and ASan/UBSan.
+option(MOONCAKE_BUILD_FUZZERS "Build the libFuzzer targets (clang)" OFF)
 
 # mooncake_resolve_feature(<var> <found>): turn AUTO/ON/OFF plus a detection
 # result into a boolean <var>_ENABLED, failing loudly when ON cannot be met.

@@ -12,3 +12,12 @@ ctest --test-dir build --output-on-failure -j2 --timeout 300
 
 echo "== Python tests (pytest)"
 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -q -ra tests/python
+
+# The wire-facing decoders under libFuzzer with ASan/UBSan, from their seed
+# corpora, bounded (docs/security.md). Skipped, saying so, without clang.
+if command -v clang++ >/dev/null; then
+  echo "== fuzz targets (${FUZZ_SECONDS:-30} s each)"
+  FUZZ_SECONDS=${FUZZ_SECONDS:-30} scripts/fuzz.sh
+else
+  echo "== fuzz targets skipped: clang++ not found (Debian: clang)"
+fi

@@ -32,6 +32,9 @@ class Writer {
 class Reader {
  public:
   explicit Reader(const std::string& in) : data_(in.data()), left_(in.size()) {}
+  // A Reader points into its input: a temporary would be gone before the
+  // first read (the fuzz harness found it that way).
+  explicit Reader(std::string&&) = delete;
 
   bool u8(uint8_t& v) { return fixed(v); }
   bool u32(uint32_t& v) { return fixed(v); }

@@ -803,8 +803,7 @@ bool P2pChannel::Impl::matchEager(int p, bool& intact) {
   bool progressed = false;
   for (auto it = lane.arrivals.begin(); it != lane.arrivals.end();) {
     const EagerHeader& head = it->head;
-    if (head.length > eager_bytes_ || (head.kind == EagerKind::kData && head.length != head.total) ||
-        (head.kind != EagerKind::kData && head.kind != EagerKind::kAnnounce)) {
+    if (!wellFormed(head, eager_bytes_)) {
       intact = false;  // not a head this protocol writes
       return progressed;
     }

@@ -71,6 +71,15 @@ inline size_t eagerSlotStride(size_t eager_bytes) {
   return kEagerPayloadOffset + ((eager_bytes + sizeof(uint64_t) + 63) & ~size_t{63});
 }
 
+// Whether a head (whole, as tryLoad saw it) is one this protocol writes, for
+// rings of `eager_bytes` per slot: then its payload and the token after it
+// lie inside the slot. Anything else in a ring is never acted on.
+inline bool wellFormed(const EagerHeader& head, uint64_t eager_bytes) {
+  if (head.kind != EagerKind::kData && head.kind != EagerKind::kAnnounce) return false;
+  if (head.length > eager_bytes) return false;
+  return head.kind != EagerKind::kData || head.length == head.total;
+}
+
 // Receiver -> sender: "I took your eager messages below `count`, and those
 // of `taken_ahead` (bit seq % 64) above it"; bit seq % 64 of `mismatch`:
 // message seq did not match its receive's size. Sealed with token(epoch,
