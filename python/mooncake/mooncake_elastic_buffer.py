@@ -67,12 +67,14 @@ def _host_number() -> int:
 
 
 class ElasticBuffer:
-    def __init__(self, group: dist.ProcessGroup, num_bytes: int | None = None, num_max_tokens_per_rank: int = 0,
+    def __init__(self, group: dist.ProcessGroup | None, num_bytes: int | None = None, num_max_tokens_per_rank: int = 0,
                  hidden: int = 0, num_topk: int = 0, use_fp8_dispatch: bool = False, deterministic: bool = False,
                  allow_hybrid_mode: bool = True, allow_multiple_reduction: bool = True,
                  prefer_overlap_with_compute: bool = True, sl_idx: int = 3, num_allocated_qps: int = 0,
                  num_cpu_timeout_secs: int = 300, num_gpu_timeout_secs: int = 100, explicitly_destroy: bool = False,
                  transport: str = "auto"):
+        if group is None:  # the default group, as torch.distributed's calls take it
+            group = dist.distributed_c10d._get_default_group()
         if not isinstance(group, dist.ProcessGroup):
             raise TypeError(f"group: must be a torch.distributed ProcessGroup, got {type(group).__name__}")
         if not allow_multiple_reduction:
@@ -229,7 +231,9 @@ class ElasticBuffer:
     def dispatch(self, x, topk_idx: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
                  num_experts: int | None = None, num_max_tokens_per_rank: int | None = None,
                  expert_alignment: int | None = None, handle: EPHandle | None = None, do_expand: bool = False,
-                 do_cpu_sync: bool | None = None, num_sms: int | None = None, async_with_compute_stream: bool = False):
+                 do_cpu_sync: bool | None = None, num_sms: int | None = None, async_with_compute_stream: bool = False
+                 ) -> tuple[torch.Tensor | tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor | None, EPHandle,
+                            EventOverlap]:
         """Sends every token once to each rank owning one of its experts.
 
         Returns ``(recv_x, recv_topk_idx, recv_topk_weights, handle, event)``;
@@ -274,7 +278,8 @@ class ElasticBuffer:
 
     # ------------------------------------------------------------- combine
     def combine(self, x: torch.Tensor, handle: EPHandle, topk_weights: torch.Tensor | None = None,
-                num_sms: int | None = None, async_with_compute_stream: bool = False):
+                num_sms: int | None = None, async_with_compute_stream: bool = False
+                ) -> tuple[torch.Tensor, None, EventOverlap]:
         """Returns ``(combined_x, None, event)``: per token of the handle's
         dispatch, the float32 sum of the rows its destination ranks return
         (unweighted; ``topk_weights`` is carried as metadata only, as in the

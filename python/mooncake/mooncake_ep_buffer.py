@@ -32,6 +32,7 @@ import atexit
 import logging
 import secrets
 import weakref
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -110,7 +111,9 @@ class Buffer:
     """Dispatch/combine over ``group`` (a Mooncake process group, or any group
     whose backend has all_to_all_single and point-to-point)."""
 
-    def __init__(self, group, num_ep_buffer_bytes: int = 0, disable_p2p: bool = False):
+    def __init__(self, group: dist.ProcessGroup | None, num_ep_buffer_bytes: int = 0, disable_p2p: bool = False):
+        if group is None:  # the default group, as torch.distributed's calls take it
+            group = dist.distributed_c10d._get_default_group()
         if not isinstance(group, dist.ProcessGroup):
             raise TypeError(f"group: must be a torch.distributed ProcessGroup, got {type(group).__name__}")
         self.group = group
@@ -230,7 +233,9 @@ class Buffer:
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, active_ranks: torch.Tensor | None,
                  num_max_dispatch_tokens_per_rank: int, num_experts: int, timeout_us: int = -1,
                  use_fp8: bool | None = None, async_finish: bool = False, return_recv_hook: bool = False,
-                 topk_weights: torch.Tensor | None = None):
+                 topk_weights: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor | tuple[torch.Tensor, torch.Tensor], torch.Tensor, DispatchHandle, EventOverlap,
+                            Callable[[], None] | None]:
         """Sends every token to the ranks owning its top-k experts.
 
         Returns ``(recv_x, recv_count, handle, event, hook)``: ``recv_x`` is
@@ -366,8 +371,9 @@ class Buffer:
 
     # ------------------------------------------------------------- combine
     def combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
-                active_ranks: torch.Tensor | None, timeout_us: int, handle, zero_copy: bool = False,
-                async_finish: bool = False, return_recv_hook: bool = False, out: torch.Tensor | None = None):
+                active_ranks: torch.Tensor | None, timeout_us: int, handle: DispatchHandle, zero_copy: bool = False,
+                async_finish: bool = False, return_recv_hook: bool = False, out: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, EventOverlap, Callable[[], None] | None]:
         """Sends each expert output row back to its token's rank and reduces there:
         ``out[t] = sum over picks k of topk_weights[t, k] * y[t, k]`` in float32,
         rounded to bf16 once, over picks that are not -1 and whose expert's rank is

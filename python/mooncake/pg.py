@@ -17,12 +17,32 @@ if __name__ == "__main__":  # python -m mooncake.pg --report: works also where l
 
     _sys.exit(_report_main())
 
+import functools as _functools
+
 import torch.distributed as _dist
 
 from mooncake._torch_ext import load_torch_extension as _load
 
 _module = _load("pg")
 globals().update({name: getattr(_module, name) for name in dir(_module) if not name.startswith("__")})
+
+# The helpers that take a group also take None, for the default group, as
+# torch.distributed's own calls do (dist.group.WORLD is typed Optional).
+_GROUP_FIRST = ("activate_ranks", "deactivate_ranks", "extend_group_size_to", "get_active_ranks", "get_current_epoch",
+                "get_num_synced_ranks", "get_peer_state", "join_group", "recover_ranks", "sync_after_failure")
+
+
+def _default_group_for_none(fn):
+    @_functools.wraps(fn)
+    def call(backend, *args, **kwargs):
+        if backend is None:
+            backend = _dist.distributed_c10d._get_default_group()
+        return fn(backend, *args, **kwargs)
+
+    return call
+
+
+globals().update({name: _default_group_for_none(getattr(_module, name)) for name in _GROUP_FIRST})
 
 
 def _register(name: str, creator, devices: list[str]) -> None:
