@@ -12,6 +12,7 @@ One file per job:
 - ``exchange``: moving rows among the ranks that take part.
 - ``routing``: where each (token, expert) pick goes and where it lands.
 - ``handle``: the dispatch handle (the reference's 5-tuple plus what combine needs).
+- ``path``: dispatch and combine themselves (``CollectivePath``, the same interface as the fast path's).
 - ``events``: ``EventOverlap`` / ``EventHandle`` for the stream-ordering API.
 - ``group``: what the buffers need to know of their process group (control device, active ranks).
 

@@ -33,6 +33,8 @@ class DispatchState:
 class DispatchHandle(tuple):
     """A 5-tuple with the combine state in ``.state``."""
 
+    state: DispatchState  # or the fast path's IpcDispatchState
+
     def __new__(cls, src_info, layout_range, tokens_per_rank, hidden, num_experts, state: DispatchState):
         self = super().__new__(cls, (src_info, layout_range, tokens_per_rank, hidden, num_experts))
         self.state = state
