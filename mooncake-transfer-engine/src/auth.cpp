@@ -16,18 +16,18 @@ bool available() { return true; }
 
 bool randomNonce(Nonce& out) { return RAND_bytes(out.data(), static_cast<int>(out.size())) == 1; }
 
-Proof prove(std::string_view secret, Role role, uint32_t kind, const Nonce& client, const Nonce& server) {
+bool prove(std::string_view secret, Role role, uint32_t kind, const Nonce& client, const Nonce& server, Proof& out) {
   static constexpr std::string_view kLabel = "mooncake-auth-v1";
   std::string message(kLabel);
   message.push_back(static_cast<char>(role));
   for (int shift = 0; shift < 32; shift += 8) message.push_back(static_cast<char>((kind >> shift) & 0xff));
   message.append(reinterpret_cast<const char*>(client.data()), client.size());
   message.append(reinterpret_cast<const char*>(server.data()), server.size());
-  Proof proof{};
   unsigned int length = 0;
-  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-       reinterpret_cast<const unsigned char*>(message.data()), message.size(), proof.data(), &length);
-  return proof;
+  const unsigned char* done = HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+                                   reinterpret_cast<const unsigned char*>(message.data()), message.size(), out.data(),
+                                   &length);
+  return done != nullptr && length == out.size();
 }
 
 bool same(const Proof& a, const Proof& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
@@ -35,8 +35,14 @@ bool same(const Proof& a, const Proof& b) { return CRYPTO_memcmp(a.data(), b.dat
 // No crypto library in this build: no proof can be made, so none verifies.
 bool available() { return false; }
 bool randomNonce(Nonce&) { return false; }
-Proof prove(std::string_view, Role, uint32_t, const Nonce&, const Nonce&) { return Proof{}; }
+bool prove(std::string_view, Role, uint32_t, const Nonce&, const Nonce&, Proof&) { return false; }
 bool same(const Proof&, const Proof&) { return false; }
 #endif
+
+bool verify(const Proof& theirs, std::string_view secret, Role role, uint32_t kind, const Nonce& client,
+            const Nonce& server) {
+  Proof ours{};
+  return prove(secret, role, kind, client, server, ours) && same(theirs, ours);
+}
 
 }  // namespace mooncake::te::auth

@@ -31,8 +31,11 @@ bool ClientOpening::answer(const uint8_t* reply, std::vector<uint8_t>& proof) co
   Proof theirs{};
   std::memcpy(server.data(), reply, kNonceBytes);
   std::memcpy(theirs.data(), reply + kNonceBytes, kProofBytes);
-  if (!same(theirs, prove(secret_, Role::kServer, kind_, client_, server))) return false;
-  const Proof mine = prove(secret_, Role::kClient, kind_, client_, server);
+  Proof mine{};
+  if (!verify(theirs, secret_, Role::kServer, kind_, client_, server) ||
+      !prove(secret_, Role::kClient, kind_, client_, server, mine)) {
+    return false;
+  }
   proof.assign(mine.begin(), mine.end());
   return true;
 }
@@ -52,7 +55,11 @@ ServerOpening::Step ServerOpening::feed(const uint8_t* data, size_t length, std:
       return Step::kRefused;
     }
     buffer_.erase(buffer_.begin(), buffer_.begin() + kHelloBytes);
-    const Proof mine = prove(secret_, Role::kServer, kind_, client_, server_);
+    Proof mine{};
+    if (!prove(secret_, Role::kServer, kind_, client_, server_, mine)) {
+      why_ = "the crypto library could not compute a proof";
+      return Step::kRefused;
+    }
     out.assign(server_.begin(), server_.end());
     out.insert(out.end(), mine.begin(), mine.end());
     replied_ = true;
@@ -61,7 +68,7 @@ ServerOpening::Step ServerOpening::feed(const uint8_t* data, size_t length, std:
   if (buffer_.size() < kProofBytes) return Step::kNeedMore;
   Proof theirs{};
   std::memcpy(theirs.data(), buffer_.data(), kProofBytes);
-  if (!same(theirs, prove(secret_, Role::kClient, kind_, client_, server_))) {
+  if (!verify(theirs, secret_, Role::kClient, kind_, client_, server_)) {
     why_ = "the peer's proof of the secret is wrong";
     return Step::kRefused;
   }

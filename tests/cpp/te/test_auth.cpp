@@ -30,12 +30,14 @@ Nonce filled(uint8_t v) {
 TEST(Auth, ProofDependsOnEverythingItCovers) {
   if (!auth::available()) GTEST_SKIP() << "built without OpenSSL's libcrypto";
   const Nonce c = filled(1), s = filled(2);
-  const auto base = auth::prove("secret", Role::kClient, 7, c, s);
-  EXPECT_TRUE(auth::same(base, auth::prove("secret", Role::kClient, 7, c, s)));
-  EXPECT_FALSE(auth::same(base, auth::prove("secreT", Role::kClient, 7, c, s)));
-  EXPECT_FALSE(auth::same(base, auth::prove("secret", Role::kServer, 7, c, s)));  // no reflection
-  EXPECT_FALSE(auth::same(base, auth::prove("secret", Role::kClient, 8, c, s)));
-  EXPECT_FALSE(auth::same(base, auth::prove("secret", Role::kClient, 7, s, c)));
+  auth::Proof base{};
+  ASSERT_TRUE(auth::prove("secret", Role::kClient, 7, c, s, base));
+  EXPECT_TRUE(auth::verify(base, "secret", Role::kClient, 7, c, s));
+  EXPECT_FALSE(auth::verify(base, "secreT", Role::kClient, 7, c, s));
+  EXPECT_FALSE(auth::verify(base, "secret", Role::kServer, 7, c, s));  // no reflection
+  EXPECT_FALSE(auth::verify(base, "secret", Role::kClient, 8, c, s));
+  EXPECT_FALSE(auth::verify(base, "secret", Role::kClient, 7, s, c));
+  EXPECT_FALSE(auth::verify(auth::Proof{}, "secret", Role::kClient, 7, c, s));  // an unset proof is no proof
   Nonce a, b;
   ASSERT_TRUE(auth::randomNonce(a));
   ASSERT_TRUE(auth::randomNonce(b));
@@ -47,7 +49,8 @@ TEST(Auth, ProofDependsOnEverythingItCovers) {
 //             + b"\x01" * 32 + b"\x02" * 32).
 TEST(Auth, ProofIsHmacSha256OfTheDocumentedMessage) {
   if (!auth::available()) GTEST_SKIP() << "built without OpenSSL's libcrypto";
-  const auto p = auth::prove("key", Role::kClient, 7, filled(1), filled(2));
+  auth::Proof p{};
+  ASSERT_TRUE(auth::prove("key", Role::kClient, 7, filled(1), filled(2), p));
   std::string hex;
   for (uint8_t b : p) {
     char two[3];

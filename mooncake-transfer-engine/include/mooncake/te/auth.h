@@ -31,9 +31,17 @@ bool available();
 bool randomNonce(Nonce& out);
 
 // HMAC-SHA256(secret, "mooncake-auth-v1" | role | kind | client nonce | server nonce).
-Proof prove(std::string_view secret, Role role, uint32_t kind, const Nonce& client, const Nonce& server);
+// False when the crypto library could not compute it (a FIPS provider that
+// refuses the key, no SHA-256, no memory): the caller must refuse the peer,
+// never compare against an unset proof.
+bool prove(std::string_view secret, Role role, uint32_t kind, const Nonce& client, const Nonce& server, Proof& out);
 
 // Constant-time comparison.
 bool same(const Proof& a, const Proof& b);
+
+// Whether `theirs` is the proof of `role` for this exchange (false also when
+// ours cannot be computed).
+bool verify(const Proof& theirs, std::string_view secret, Role role, uint32_t kind, const Nonce& client,
+            const Nonce& server);
 
 }  // namespace mooncake::te::auth
