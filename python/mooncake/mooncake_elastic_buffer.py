@@ -42,7 +42,8 @@ import torch.distributed as dist
 import mooncake.ep as _ep
 from mooncake._ep_collective.checks import int_arg
 from mooncake._ep_collective.events import EventHandle, EventOverlap, call_event
-from mooncake._ep_collective.group import control_device, group_mask_reader
+from mooncake._ep_collective.exchange import wait
+from mooncake._ep_collective.group import control_device, group_mask_reader, work_failure_reader
 from mooncake._ep_elastic import checks, sizes
 from mooncake._ep_elastic import transport as transports
 from mooncake._ep_elastic.collective import CollectivePath
@@ -117,16 +118,32 @@ class ElasticBuffer:
     def _connect(self) -> None:
         """Collective: agrees on the transport, the topology and a fresh generation."""
         request = self._transport_request
+        missing = self._inactive_ranks()
+        if missing:
+            raise RuntimeError(f"ElasticBuffer: ranks {missing} are not active in the process group; every rank of "
+                               "the group takes part in an ElasticBuffer")
         mine = torch.tensor([transports.code_of(request), int(_ep.has_nccl_device_support()), _host_number(),
-                             secrets.randbits(62)], dtype=torch.int64, device=control_device(self.group))
-        table = mine.new_empty(self.num_ranks * mine.numel())
-        dist.all_gather_into_tensor(table, mine, group=self.group)
+                             secrets.randbits(62), local_ranks_setting()], dtype=torch.int64,
+                            device=control_device(self.group))
+        table = torch.zeros(self.num_ranks * mine.numel(), dtype=torch.int64, device=mine.device)
+        work = dist.all_gather_into_tensor(table, mine, group=self.group, async_op=True)
+        wait(work, timedelta(seconds=self.num_cpu_timeout_secs) if mine.device.type == "cpu" else None)
+        failed = work_failure_reader(self.group)(work)
+        if failed:
+            raise RuntimeError(f"ElasticBuffer: ranks {failed} failed while the buffer was set up; once the process "
+                               "group has recovered every seat, construct it again")
         rows = table.view(self.num_ranks, mine.numel()).tolist()
+        if any(not 0 <= r[0] < len(transports.TRANSPORTS) for r in rows):
+            raise RuntimeError(f"ElasticBuffer: a rank sent no transport request ({[r[0] for r in rows]})")
+        settings = [r[4] for r in rows]
+        if len(set(settings)) > 1:
+            raise ValueError(f"MOONCAKE_EP_NUM_LOCAL_RANKS / LOCAL_WORLD_SIZE: every rank must see the same ranks per "
+                             f"host (0: unset); rank by rank: {settings}")
         chosen = transports.agree([transports.TRANSPORTS[r[0]] for r in rows], [bool(r[1]) for r in rows])
         if chosen == "nccl":  # unreachable in this build (nothing is ready for it); kept for the rule's sake
             raise RuntimeError("transport='nccl': this build has no NCCL device API path")
         self.transport = chosen
-        local = local_ranks_setting() or ranks_per_host([r[2] for r in rows])
+        local = settings[0] or ranks_per_host([r[2] for r in rows])
         topo = topology(self.num_ranks, local, self.allow_hybrid_mode)
         self._topology = topo
         self.num_rdma_ranks, self.num_nvlink_ranks = topo.num_rdma_ranks, topo.num_nvlink_ranks
@@ -239,36 +256,53 @@ class ElasticBuffer:
         Returns ``(recv_x, recv_topk_idx, recv_topk_weights, handle, event)``;
         ``recv_x`` is a ``(data, scales)`` tuple for FP8 input. See docs/ep.md.
         """
-        data, sf = checks.split_x(x)
-        num_tokens, hidden = data.shape
-        checks.check_hidden(hidden)
-        checks.check_num_sms(num_sms)
         if handle is not None:
+            data, sf = checks.split_x(x)
+            num_tokens, hidden = data.shape
+            checks.check_hidden(hidden)
+            checks.check_num_sms(num_sms)
             routing = self._routing_of(handle)
             checks.check_cached_call(topk_idx, topk_weights, do_expand, handle.do_expand)
             if (num_tokens, hidden) != (routing.num_tokens, routing.hidden):
                 raise ValueError(f"x: a cached dispatch needs x shaped like the handle's dispatch "
                                  f"[{routing.num_tokens}, {routing.hidden}], got {list(data.shape)}")
+            if data.device != handle.topk_idx.device:
+                raise ValueError(f"x: must be on the device of the handle's dispatch ({handle.topk_idx.device}), "
+                                 f"got {data.device}")
             self._check_usable("dispatch")
             out = self._guarded("dispatch", lambda: self.runtime.dispatch_cached(data, sf, handle))
         else:
-            if topk_idx is None:
-                raise ValueError("topk_idx: required without a handle")
-            checks.check_topk_idx(topk_idx, num_tokens, data.device)
-            checks.check_topk_weights(topk_weights, topk_idx)
-            if num_experts is None:  # the reference's rule (a CPU synchronisation)
-                num_experts = int(topk_idx.max()) + 1 if topk_idx.numel() else self.num_ranks
-            checks.check_num_experts(num_experts, self.num_ranks)
-            checks.check_topk_values(topk_idx, num_experts)
-            if num_max_tokens_per_rank is None:
-                num_max_tokens_per_rank = self.num_max_tokens_per_rank or num_tokens
-            checks.check_tokens_per_rank(num_max_tokens_per_rank, num_tokens)
-            alignment = checks.check_alignment(1 if expert_alignment is None else expert_alignment)
-            self._check_fits(num_max_tokens_per_rank, hidden, topk_idx.size(1), sf is not None)
+            self._check_usable("dispatch")
+            try:
+                data, sf = checks.split_x(x)
+                num_tokens, hidden = data.shape
+                checks.check_hidden(hidden)
+                checks.check_num_sms(num_sms)
+                if topk_idx is None:
+                    raise ValueError("topk_idx: required without a handle")
+                checks.check_topk_idx(topk_idx, num_tokens, data.device)
+                checks.check_topk_weights(topk_weights, topk_idx)
+                if num_experts is None:  # the reference's rule (a CPU synchronisation)
+                    num_experts = int(topk_idx.max()) + 1 if topk_idx.numel() else self.num_ranks
+                checks.check_num_experts(num_experts, self.num_ranks)
+                checks.check_topk_values(topk_idx, num_experts)
+                if num_max_tokens_per_rank is None:
+                    num_max_tokens_per_rank = self.num_max_tokens_per_rank or num_tokens
+                checks.check_tokens_per_rank(num_max_tokens_per_rank, num_tokens)
+                alignment = checks.check_alignment(1 if expert_alignment is None else expert_alignment)
+                self._check_fits(num_max_tokens_per_rank, hidden, topk_idx.size(1), sf is not None)
+            except (ValueError, TypeError):
+                # The others are in the count exchange already: meet them, saying so, then raise here.
+                device = x[0].device if isinstance(x, tuple) and isinstance(x[0], torch.Tensor) else \
+                    x.device if isinstance(x, torch.Tensor) else control_device(self.group)
+                try:
+                    self._guarded("dispatch", lambda: self.runtime.join_refused(device))
+                except ValueError:
+                    pass  # the others' refusal message; this rank raises its own
+                raise
             if num_sms is None:
                 num_sms = self.get_theoretical_num_sms(num_experts, topk_idx.size(1))
             cpu_sync = True if do_cpu_sync is None else bool(do_cpu_sync)
-            self._check_usable("dispatch")
             out = self._guarded("dispatch", lambda: self.runtime.dispatch(
                 data, sf, topk_idx, topk_weights, num_experts, num_max_tokens_per_rank, alignment, bool(do_expand),
                 cpu_sync, num_sms))
@@ -287,7 +321,7 @@ class ElasticBuffer:
         routing = self._routing_of(handle)
         checks.check_combine_x(x, routing.hidden, routing.rows_for_combine, handle.topk_idx.device)
         if topk_weights is not None:
-            checks.check_topk_weights(topk_weights, handle.topk_idx)
+            checks.check_combine_weights(topk_weights, routing, handle.topk_idx.size(1))
         checks.check_num_sms(num_sms)
         self._check_usable("combine")
         combined = self._guarded("combine", lambda: self.runtime.combine(x, handle))

@@ -91,6 +91,19 @@ def check_cached_call(topk_idx, topk_weights, do_expand: bool, handle_expands: b
                          "handle's layout")
 
 
+def check_combine_weights(topk_weights, routing, num_topk: int) -> None:
+    """combine's optional weights are the received rows' (dispatch's
+    ``recv_topk_weights``): ``[rows, k]``, or one per expanded row."""
+    rows = routing.rows_for_combine
+    expanded = routing.expansion is not None
+    if not isinstance(topk_weights, torch.Tensor) or topk_weights.dtype != torch.float32 \
+            or (topk_weights.dim() != (1 if expanded else 2)) or topk_weights.size(0) < rows \
+            or (not expanded and topk_weights.size(1) != num_topk):
+        want = f"[>= {rows}]" if expanded else f"[>= {rows}, {num_topk}]"
+        raise TypeError(f"topk_weights: must be None or float32 weights of the received rows {want} (dispatch's "
+                        f"recv_topk_weights), got {describe(topk_weights)}")
+
+
 def check_combine_x(x, hidden: int, rows_needed: int, device: torch.device) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.bfloat16 or not x.is_contiguous():
         raise TypeError(f"x: must be a 2-D contiguous bfloat16 tensor (one row per received row of the dispatch), "

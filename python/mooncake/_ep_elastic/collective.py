@@ -141,22 +141,34 @@ class CollectivePath:
             recv_src_metadata=meta, dst_buffer_slot_idx=slots, native_handle=routing)
         return Outputs(recv_x, recv_topk_idx, recv_w, handle)
 
-    def _gather_counts(self, per_rank: torch.Tensor, facts: list[int]) -> torch.Tensor:
-        """``counts[s, d]``: rows from s to d. Ranks whose call differs in shape
-        get the same error on every rank, before any row moves."""
+    def _gather_counts(self, per_rank: torch.Tensor, facts: list[int], refused: bool = False) -> torch.Tensor:
+        """``counts[s, d]``: rows from s to d. Ranks whose call differs in shape,
+        or that refused their own arguments, get an error on every rank before
+        any row moves (a rank that raised alone would leave the others paired
+        with its next call)."""
         num_ranks = self.topo.num_ranks
-        mine = torch.cat([per_rank, torch.tensor(facts, dtype=torch.int64, device=per_rank.device)])
-        table = mine.new_empty(num_ranks * mine.numel())
+        mine = torch.cat([per_rank, torch.tensor(facts + [int(refused)], dtype=torch.int64, device=per_rank.device)])
+        table = torch.zeros(num_ranks * mine.numel(), dtype=torch.int64, device=mine.device)
         work = dist.all_gather_into_tensor(table, mine, group=self.group, async_op=True)
         wait(work, self._timeout_for(mine))
         self._check_work(work)
         table = table.view(num_ranks, mine.numel())
         seen = table[:, num_ranks:].tolist()
+        refusing = [r for r, row in enumerate(seen) if row[-1]]
+        if refusing:
+            raise ValueError(f"dispatch: ranks {refusing} refused their arguments (their own error says why); no row "
+                             "moved, and the buffer takes the next call")
         for i, name in enumerate(_FACTS):
             values = [row[i] for row in seen]
             if len(set(values)) > 1:
                 raise ValueError(f"{name}: every rank must dispatch with the same value; rank by rank: {values}")
         return table[:, :num_ranks]
+
+    def join_refused(self, device: torch.device) -> None:
+        """This rank refused its dispatch's arguments: it still meets the
+        others' count exchange, saying so, and everyone raises."""
+        num_ranks = self.topo.num_ranks
+        self._gather_counts(torch.zeros(num_ranks, dtype=torch.int64, device=device), [0] * len(_FACTS), refused=True)
 
     def dispatch_cached(self, data, sf, handle: EPHandle) -> Outputs:
         routing: Routing = handle.native_handle
@@ -176,7 +188,7 @@ class CollectivePath:
             capacity = capacity_rows * routing.num_topk + (handle.num_experts // num_ranks) * (
                 handle.expert_alignment - 1)
             out_rows = expansion.total if routing.trimmed else capacity
-        return Outputs(fields.place(rows, out_rows, expansion), routing.recv_topk_idx, None, handle)
+        return Outputs(fields.place(rows, out_rows, expansion), routing.recv_topk_idx.clone(), None, handle)
 
     # ------------------------------------------------------------- combine
     def combine(self, x: torch.Tensor, handle: EPHandle) -> torch.Tensor:
@@ -214,8 +226,10 @@ class _Fields:
             at += width
 
     def take(self, rows: torch.Tensor, name: str) -> torch.Tensor:
+        """The field's bytes, in storage of their own (a slice of 0 or 1 rows
+        stays a view at the field's offset, which a wider dtype cannot view)."""
         begin, end = self.span[name]
-        return rows[:, begin:end].contiguous()
+        return rows[:, begin:end].clone()
 
     def place(self, rows: torch.Tensor, out_rows: int, expansion: layout.Expansion | None):
         """The received payload (and scales) in the output layout: rows as

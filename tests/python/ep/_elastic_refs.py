@@ -40,6 +40,9 @@ GRID = [
     ElasticCase(Case(hidden=384, experts_per_rank=9, num_topk=9, tokens=6, masked=0.3), fp8=True),
     ElasticCase(Case(hidden=7168, experts_per_rank=3, num_topk=3, tokens=3), alignment=3, fp8=True),
     ElasticCase(Case(hidden=128, experts_per_rank=5, num_topk=4, tokens=4, masked=1.0)),  # every pick -1
+    # Odd byte widths with 0 or 1 rows received: fields at offsets no wider dtype can view in place.
+    ElasticCase(Case(hidden=101, experts_per_rank=2, num_topk=1, tokens=1), weights=False),
+    ElasticCase(Case(hidden=130, experts_per_rank=2, num_topk=2, tokens=2), fp8=True),
 ]
 
 

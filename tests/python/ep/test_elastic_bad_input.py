@@ -141,7 +141,7 @@ def test_handles_shapes_constructor_and_transport_rules():
         "x hidden": ("ValueError", f"x: hidden must be the dispatch's ({H})"),
         "x too few rows": ("ValueError", "rows the dispatch delivered"),
         "x float32": ("TypeError", "x: must be a 2-D contiguous bfloat16"),
-        "weights shape": ("TypeError", "topk_weights: must be None or a float32 tensor shaped like topk_idx"),
+        "weights shape": ("TypeError", "topk_weights: must be None or float32 weights of the received rows"),
         "tokens per rank differ": ("ValueError", f"num_max_tokens_per_rank: every rank must dispatch with the same "
                                                  f"value; rank by rank: [{T}, {T + 1}]"),
         "small num_bytes": ("ValueError", "num_bytes: the buffer has 1000 bytes"),
@@ -154,3 +154,29 @@ def test_handles_shapes_constructor_and_transport_rules():
     }
     assert [(chosen, path) for _, chosen, path in seen] == [("ibgda", "collective")] * 2
     assert_errors([errors for errors, _, _ in seen], want)
+
+
+def _one_rank_refuses(ctx):
+    """Rank 1 alone passes more tokens than num_max_tokens_per_rank: it gets its
+    own error, rank 0 (already in the count exchange) an error naming rank 1,
+    nobody's rows move, and the next call pairs correctly on both."""
+    buf = elastic_buffer_of(ctx)
+    tokens = 5 if ctx.rank == 1 else 3
+    x = torch.randn(tokens, H).to(torch.bfloat16)
+    topk = torch.zeros(tokens, 1, dtype=torch.int64)
+    out = errors_of({"dispatch": lambda: buf.dispatch(x, topk_idx=topk, num_experts=E, num_max_tokens_per_rank=4)})
+    run_elastic_round(ctx, GOOD)
+    # The received weights go back to combine, as DeepEP V2's callers pass them.
+    x = torch.randn(3, H).to(torch.bfloat16)
+    recv_x, _, recv_w, handle, _ = buf.dispatch(x, topk_idx=torch.zeros(3, 1, dtype=torch.int64),
+                                                topk_weights=torch.ones(3, 1), num_experts=E, num_max_tokens_per_rank=4)
+    combined, _, _ = buf.combine(recv_x, handle, topk_weights=recv_w)
+    return out, combined.shape[0]
+
+
+def test_a_mistake_on_one_rank_fails_every_rank_and_moves_nothing():
+    with World(2, gloo=False, env=RANK_ENV) as world:
+        (mine, rows0), (theirs, rows1) = world.run(_one_rank_refuses, timeout=60)
+    assert mine["dispatch"][0] == "ValueError" and "ranks [1] refused their arguments" in mine["dispatch"][1], mine
+    assert theirs["dispatch"][0] == "ValueError" and "num_max_tokens_per_rank=4" in theirs["dispatch"][1], theirs
+    assert rows0 == rows1 == 3
