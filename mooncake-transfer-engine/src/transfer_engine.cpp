@@ -102,9 +102,11 @@ void logExposure(const net::ListenChoice& listen, bool authenticated) {
     MC_LOG(Info) << "transfer engine: listening on every interface: " << listen.reason;
   }
   if (authenticated) return;
-  static std::once_flag once;
-  std::call_once(once, [&] {
-    const bool loopback = listen.address.rfind("127.", 0) == 0 || listen.address == "::1";
+  // Once per process and kind: an engine on loopback (INFO) must not hide a
+  // later one open beyond it (WARNING).
+  const bool loopback = listen.address.rfind("127.", 0) == 0 || listen.address == "::1";
+  static std::once_flag loopback_once, open_once;
+  std::call_once(loopback ? loopback_once : open_once, [&] {
     const log::Level level = loopback ? log::Level::kInfo : log::Level::kWarning;
     MC_LOG_AT(level) << "transfer engine: no MC_TE_AUTH_SECRET: its registered memory is open to anyone who can "
                      << "reach " << (loopback ? "this host's loopback" : listen.address)

@@ -650,7 +650,9 @@ PYBIND11_MODULE(engine, m) {
         },
         py::arg("endpoint"), py::arg("local_base_addresses"), py::arg("local_capacities"),
         py::arg("remote_base_addresses"), py::arg("remote_capacities"), py::arg("local_offsets"),
-        py::arg("remote_offsets"), py::arg("lengths"));
+        py::arg("remote_offsets"), py::arg("lengths"),
+        // The engine (and its managed buffers) outlives every ticket: requests may still be in flight.
+        py::keep_alive<0, 1>());
     cls.def(
         ("scatter_transfer_sync_" + s + "_with_ticket").c_str(),
         [op](TransferEnginePy& self, const std::string& endpoint, const std::vector<uint64_t>& local_bases,
@@ -666,7 +668,9 @@ PYBIND11_MODULE(engine, m) {
         },
         py::arg("endpoint"), py::arg("local_base_addresses"), py::arg("local_capacities"),
         py::arg("remote_base_addresses"), py::arg("remote_capacities"), py::arg("local_offsets"),
-        py::arg("remote_offsets"), py::arg("lengths"));
+        py::arg("remote_offsets"), py::arg("lengths"),
+        // The engine (and its managed buffers) outlives every ticket: requests may still be in flight.
+        py::keep_alive<0, 1>());
   }
   cls.attr("TransferOpcode") = opcode;
 

@@ -6,6 +6,7 @@
 // so no transport ever writes into memory its caller believes released.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -40,23 +41,34 @@ class ScatterTicket {
   // Waits up to `timeout` (negative: the engine's budget for the batch) and
   // returns the status then. Call without the GIL.
   ScatterStatus drain(std::chrono::milliseconds timeout) {
-    std::lock_guard lock(mutex_);
-    if (drained_) return status_;
-    const auto deadline = timeout.count() < 0 ? budget_end_ : std::chrono::steady_clock::now() + timeout;
+    {
+      std::lock_guard lock(mutex_);
+      if (drained_) return status_;
+    }
+    // Wait without the lock, so that a short drain() (or status) next to a
+    // long one returns in its own time.
+    const auto now = std::chrono::steady_clock::now();
+    const auto deadline = timeout.count() < 0 ? budget_end_ : now + std::min(timeout, kLongest);
     te::TransferStatus status;
-    engine_->waitBatch(batch_, status, timeout);
+    engine_->waitBatch(batch_, status, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
     if (engine_->getBatchTransferStatus(batch_, status) != te::kOk) status.state = te::TransferState::kFailed;
     if (status.state == te::TransferState::kPending) return ScatterStatus::kCompletionUnknown;
     const ScatterStatus outcome =
         status.state == te::TransferState::kCompleted ? ScatterStatus::kCompleted : ScatterStatus::kFailedDrained;
     // A failed batch may still have requests in flight: drained only once it can be freed.
-    while (engine_->freeBatchID(batch_) == te::kBatchBusy) {
+    for (;;) {
+      {
+        std::lock_guard lock(mutex_);
+        if (drained_) return status_;
+        if (engine_->freeBatchID(batch_) != te::kBatchBusy) {
+          status_ = outcome;
+          drained_ = true;
+          return status_;
+        }
+      }
       if (std::chrono::steady_clock::now() >= deadline) return ScatterStatus::kCompletionUnknown;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    status_ = outcome;
-    drained_ = true;
-    return status_;
   }
 
   ScatterStatus status() { return drain(std::chrono::milliseconds(0)); }
@@ -67,7 +79,10 @@ class ScatterTicket {
   }
 
  private:
-  std::mutex mutex_;
+  // A bound on one wait, so that a huge timeout cannot overflow the clock.
+  static constexpr std::chrono::milliseconds kLongest{std::chrono::hours(24 * 365)};
+
+  std::mutex mutex_;  // guards status_ and drained_, and the freeing of the batch
   std::shared_ptr<te::TransferEngine> engine_;
   te::BatchId batch_ = 0;
   std::chrono::steady_clock::time_point budget_end_;

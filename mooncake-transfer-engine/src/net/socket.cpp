@@ -212,16 +212,23 @@ int Listener::open(uint16_t min_port, uint16_t max_port, const std::string& addr
   return kSocketFailed;
 }
 
-bool Listener::accept(Socket& out) {
+int Listener::accept(Socket& out) {
   for (;;) {
     int fd = ::accept4(socket_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
     if (fd >= 0) {
       setNoDelay(fd);
       out = Socket(fd);
-      return true;
+      return kOk;
     }
-    if (errno == EINTR || errno == ECONNABORTED) continue;
-    return false;  // EINVAL after stop(), or a fatal error
+    // A connection that went away before it was taken, or a network error
+    // Linux reports on the new socket: take the next one.
+    if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO || errno == ENETDOWN || errno == ENOPROTOOPT ||
+        errno == EHOSTDOWN || errno == ENONET || errno == EHOSTUNREACH || errno == ENETUNREACH) {
+      continue;
+    }
+    // Out of descriptors or memory: the caller waits a little and tries again.
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) return kTooManyRequests;
+    return kSocketFailed;  // EINVAL after stop(), or a fatal error
   }
 }
 

@@ -63,8 +63,10 @@ class Listener {
   // kSocketFailed (logged) when the address is not this host's.
   int open(uint16_t min_port, uint16_t max_port, const std::string& address);
   uint16_t port() const { return port_; }
-  // Blocks until a connection arrives; false once stop() was called.
-  bool accept(Socket& out);
+  // Blocks until a connection arrives: kOk; kTooManyRequests when the
+  // process is out of descriptors or memory for now (try again later);
+  // kSocketFailed once stop() was called (or on a fatal error).
+  int accept(Socket& out);
   void stop();
 
  private:

@@ -23,16 +23,35 @@ int ConnectionServer::start(uint16_t min_port, uint16_t max_port, const std::str
 void ConnectionServer::acceptLoop() {
   for (;;) {
     net::Socket socket;
-    if (!listener_.accept(socket)) return;
+    const int rc = listener_.accept(socket);
+    if (rc == kTooManyRequests) {  // out of descriptors or memory: let connections end, then go on
+      logRefusal(socket, "the process is out of descriptors or memory; accepting again in 50 ms");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
     std::list<std::unique_ptr<Connection>> finished;
     std::lock_guard lock(mutex_);
     reapFinishedLocked(finished);
     if (stopping_) return;
+    if (rc != kOk) {
+      MC_LOG(Error) << "transfer engine: the listener failed (" << errorName(rc) << "); no longer accepting";
+      return;
+    }
+    if (connections_.size() >= kMaxConnections) {
+      // Each connection holds a thread until it ends: a flood must not exhaust them.
+      logRefusal(socket, "over " + std::to_string(kMaxConnections) + " connections at once");
+      continue;  // closed as it goes out of scope
+    }
     auto connection = std::make_unique<Connection>();
     connection->socket = std::move(socket);
     Connection* raw = connection.get();
     connections_.push_back(std::move(connection));
-    raw->thread = std::thread([this, raw] { serve(raw); });
+    try {
+      raw->thread = std::thread([this, raw] { serve(raw); });
+    } catch (const std::system_error& e) {  // no thread to be had: drop this one, serve the others
+      connections_.pop_back();
+      MC_LOG(Warning) << "transfer engine: dropped a connection: cannot start its thread (" << e.what() << ")";
+    }
     // `finished` joins the reaped threads as it goes out of scope, after the
     // lock is released (declared before the lock).
   }

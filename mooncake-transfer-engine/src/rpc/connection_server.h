@@ -54,6 +54,9 @@ class ConnectionServer {
 
   void logRefusal(const net::Socket& socket, const std::string& why);
 
+  // Connections served at once (each on its own thread); more are closed at once.
+  static constexpr size_t kMaxConnections = 1024;
+
   std::map<uint32_t, Handler> handlers_;
   net::Listener listener_;
   std::string secret_;

@@ -33,6 +33,10 @@ namespace {
 constexpr size_t kMaxQueuedBytes = 64u << 20;
 // A connection that has not proved the job's secret within this is closed.
 constexpr std::chrono::seconds kOpeningTimeout{10};
+// Unproven connections held at once; more are closed at accept.
+constexpr size_t kMaxPendingOpenings = 256;
+// After the process ran out of descriptors, how long the listener is left alone.
+constexpr std::chrono::milliseconds kAcceptPause{100};
 
 std::string randomIncarnation() {
   std::random_device device;
@@ -157,7 +161,8 @@ class CoordinatorImpl final : public Coordinator {
   }
 
   void step() {
-    std::vector<pollfd> polled = {{wake_.get(), POLLIN, 0}, {listener_.get(), POLLIN, 0}};
+    const bool accepting = Clock::now() >= accept_paused_until_;
+    std::vector<pollfd> polled = {{wake_.get(), POLLIN, 0}, {accepting ? listener_.get() : -1, POLLIN, 0}};
     std::vector<SessionId> polled_sessions;
     for (const auto& [id, connection] : connections_) {
       short events = connection.output.size() > connection.output_sent ? POLLIN | POLLOUT : POLLIN;
@@ -165,6 +170,10 @@ class CoordinatorImpl final : public Coordinator {
       polled_sessions.push_back(id);
     }
     TimePoint wake_at = std::min(state_.nextDeadline(), next_heartbeat_);
+    if (!accepting) wake_at = std::min(wake_at, accept_paused_until_);
+    for (const auto& entry : connections_) {
+      if (entry.second.opening) wake_at = std::min(wake_at, entry.second.opening_deadline);
+    }
     if (::poll(polled.data(), polled.size(), pollTimeoutMs(wake_at)) < 0 && errno != EINTR) {
       MC_LOG(Warning) << "control plane coordinator: poll: " << std::strerror(errno);
     }
@@ -210,7 +219,19 @@ class CoordinatorImpl final : public Coordinator {
       int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          // Out of descriptors or memory: the listener stays readable, so
+          // polling it again at once would spin; leave it alone for a while.
+          accept_paused_until_ = now + kAcceptPause;
+          MC_LOG(Warning) << "control plane coordinator: cannot accept (" << std::strerror(errno)
+                          << "); accepting again in " << kAcceptPause.count() << " ms";
+        }
         return;  // EAGAIN: all taken; anything else: retried at the next wake-up
+      }
+      if (pendingOpenings() >= kMaxPendingOpenings) {  // a flood of unproven connections: the newest goes
+        ::close(fd);
+        ++refusals_;
+        continue;
       }
       setNoDelay(fd);
       SessionId id = next_session_++;
@@ -306,6 +327,12 @@ class CoordinatorImpl final : public Coordinator {
     connections_.erase(id);
   }
 
+  size_t pendingOpenings() const {
+    size_t n = 0;
+    for (const auto& entry : connections_) n += entry.second.opening ? 1 : 0;
+    return n;
+  }
+
   // Connections that have not proved the secret in time.
   void expireOpenings(TimePoint now) {
     std::vector<SessionId> late;
@@ -388,6 +415,7 @@ class CoordinatorImpl final : public Coordinator {
   std::map<SessionId, Connection> connections_;
   SessionId next_session_ = 1;
   uint64_t refusals_ = 0;
+  TimePoint accept_paused_until_{};
   std::mutex goodbye_mutex_;  // guards the four below
   bool goodbye_requested_ = false;
   bool goodbye_queued_ = false;
