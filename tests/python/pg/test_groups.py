@@ -284,8 +284,9 @@ def _helpers(ctx):
         "get_active_ranks": lambda: pg.get_active_ranks(ctx.gloo),
         "get_num_synced_ranks": lambda: pg.get_num_synced_ranks(ctx.gloo),
         "get_current_epoch": lambda: pg.get_current_epoch(ctx.gloo),
-        "get_active_ranks(None)": lambda: pg.get_active_ranks(None),
     })
+    # None is the default group, as in torch.distributed's calls.
+    out["none_is_default"] = pg.get_active_ranks(None).tolist() == pg.get_active_ranks(dist.group.WORLD).tolist()
     gw = dist.all_reduce(torch.ones(3), group=ctx.gloo, async_op=True)
     gw.wait()
     out["gloo_hint"] = pg.get_failed_ranks_hint(gw)
@@ -308,6 +309,7 @@ def test_module_helpers(world4):
             assert "mooncake" in message, (name, message)
         assert out["errors"]["get_active_ranks"][1].count("gloo") >= 1
         assert out["gloo_hint"] is None
+        assert out["none_is_default"]
         assert out["gloo_local_success"] is False
 
 
