@@ -80,11 +80,7 @@ def scaleup_psum(recv_counts: list[int], topo: Topology) -> list[int]:
     per_index = [0] * topo.num_scaleup_ranks
     for s, c in enumerate(recv_counts):
         per_index[topo.scaleup_index(s)] += c
-    out, run = [], 0
-    for c in per_index:
-        run += c
-        out.append(run)
-    return out
+    return inclusive_psum(per_index)
 
 
 def local_picks(global_ids: torch.Tensor, rank: int, num_local: int) -> torch.Tensor:
