@@ -12,6 +12,12 @@ rank (the critical path).
     PYTHONPATH=python python3 benchmarks/ep_bench.py --worlds 1 2 4 --csv docs/benchmarks/ep_cpu.csv
 
 On CUDA (one or more GPUs, ranks round-robin): add ``--device cuda`` (backend "mooncake").
+There the Buffer takes its CUDA IPC fast path when every rank is on one host
+(rank 0 prints the path on stderr), and ElasticBuffer its collective path.
+Several ranks on one GPU time-share it unless MPS runs: name the run with
+``--label`` (the "mode" column) and add runs to one file with ``--append``:
+
+    PYTHONPATH=python python3 benchmarks/ep_bench.py --device cuda --worlds 1 2 4 --label time-sliced --csv docs/benchmarks/ep_cuda.csv
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import argparse
 import datetime
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -107,6 +114,9 @@ def _rank_main(rank, world, port, args, queue):
     group = dist.group.WORLD
     buffer = Buffer(group)
     elastic = ElasticBuffer(group)
+    if rank == 0:
+        print(f"[ep_bench] world {world}: Buffer path {buffer.path} ({buffer.path_reason}); ElasticBuffer path "
+              f"{elastic.path}", file=sys.stderr, flush=True)
     rows = []
     for T, H, E, K in SHAPES:
         if E % world:
@@ -210,7 +220,7 @@ def _run_world(world, args):
         slowest.sort()
         out.append(dict(world=world, tokens=T, hidden=H, experts=E, topk=K, dtype=dtype, impl=impl, phase=phase,
                         median_ms=round(statistics.median(slowest) * 1e3, 3),
-                        p90_ms=round(slowest[int(0.9 * (len(slowest) - 1))] * 1e3, 3)))
+                        p90_ms=round(slowest[int(0.9 * (len(slowest) - 1))] * 1e3, 3), mode=args.label))
     return out
 
 
@@ -221,12 +231,17 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--label", default="-", help="the run's mode column (e.g. time-sliced, mps)")
     ap.add_argument("--csv")
+    ap.add_argument("--append", action="store_true", help="add to --csv instead of overwriting it")
     args = ap.parse_args()
     results = []
     for world in args.worlds:
+        start = time.perf_counter()
         results += _run_world(world, args)
-    write_csv(results, args.csv)
+        print(f"[ep_bench] world {world} ({args.device}, {args.label}): {time.perf_counter() - start:.1f} s",
+              file=sys.stderr, flush=True)
+    write_csv(results, args.csv, append=args.append)
 
 
 if __name__ == "__main__":

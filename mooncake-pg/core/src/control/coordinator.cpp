@@ -268,7 +268,9 @@ class CoordinatorImpl final : public Coordinator {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
       std::string why = n == 0 ? "connection closed" : std::string("connection error: ") + std::strerror(errno);
       if (connection.opening) {  // never known to the state
-        refuse(id, connection, "closed before proving the secret");
+        // A peer that left before proving anything (a process exiting while
+        // it connects, a port probe) is no attack: not a warning.
+        refuse(id, connection, "closed before proving the secret", log::Level::kInfo);
         return;
       }
       drop(now, id, why, effects);
@@ -317,11 +319,12 @@ class CoordinatorImpl final : public Coordinator {
 
   // Closes a connection the state never heard of (it did not prove the
   // secret), logged: the first ten, then one in a thousand.
-  void refuse(SessionId id, Connection& connection, const std::string& why) {
+  void refuse(SessionId id, Connection& connection, const std::string& why,
+              log::Level level = log::Level::kWarning) {
     ++refusals_;
     if (refusals_ <= 10 || refusals_ % 1000 == 0) {
-      MC_LOG(Warning) << "control plane coordinator: closed a connection: " << why << " (refusal " << refusals_
-                      << ")";
+      MC_LOG_AT(level) << "control plane coordinator: closed a connection: " << why << " (refusal " << refusals_
+                       << ")";
     }
     ::shutdown(connection.fd.get(), SHUT_RDWR);
     connections_.erase(id);
