@@ -1,5 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+
 #include "mooncake/te/memory_region.h"
 #include "mooncake/te/status.h"
 
@@ -63,6 +68,60 @@ TEST(RegionTable, RemoveNeedsTheExactBase) {
   EXPECT_EQ(removed.length, 100u);
   EXPECT_EQ(t.remove(1000), kAddressNotRegistered);
   EXPECT_EQ(t.add(region(1000, 100)), kOk);  // free again
+}
+
+// A transfer into one region (withRegion's fn, here blocked on a promise)
+// holds up only that region's unregistration: registering, looking up and
+// unregistering other regions go on meanwhile.
+TEST(RegionTable, AnAccessInFlightHoldsUpOnlyItsOwnRegion) {
+  using namespace std::chrono_literals;
+  RegionTable t;
+  ASSERT_EQ(t.addAll({region(1000, 100), region(2000, 100)}), kOk);
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<void> entered;
+  std::atomic<bool> fn_done{false};
+  std::thread transfer([&] {
+    EXPECT_TRUE(t.withRegion(1010, 10, [&](const MemoryRegion& r) {
+      EXPECT_EQ(r.addr, 1000u);
+      entered.set_value();
+      released.wait();
+      fn_done = true;
+    }));
+  });
+  entered.get_future().wait();
+  // Each of these returned at once before; with a table-wide lock held by
+  // the transfer they would wait for it (the test would hang: ctest's
+  // timeout fails it).
+  EXPECT_EQ(t.add(region(3000, 100)), kOk);
+  EXPECT_EQ(t.remove(2000), kOk);
+  EXPECT_TRUE(t.find(1000, 100).has_value());
+  EXPECT_EQ(t.size(), 2u);
+  auto removing = std::async(std::launch::async, [&] { return t.remove(1000); });
+  // It is unlinked at once (nothing new starts on it) ...
+  for (auto until = std::chrono::steady_clock::now() + 10s;
+       t.find(1000, 1).has_value() && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_FALSE(t.find(1000, 1).has_value());
+  // ... and returns only once the transfer is out.
+  EXPECT_EQ(removing.wait_for(50ms), std::future_status::timeout);
+  EXPECT_FALSE(fn_done);
+  EXPECT_FALSE(t.withRegion(1000, 1, [](const MemoryRegion&) { ADD_FAILURE() << "ran on a removed region"; }));
+  release.set_value();
+  EXPECT_EQ(removing.get(), kOk);
+  EXPECT_TRUE(fn_done);  // remove returned only after fn had finished
+  transfer.join();
+}
+
+TEST(RegionTable, RegionsPeersMayNotReachAreNotServed) {
+  RegionTable t;
+  MemoryRegion own = region(1000, 100);
+  own.remote_accessible = false;
+  ASSERT_EQ(t.add(own), kOk);
+  EXPECT_TRUE(t.find(1000, 10).has_value());  // a local source
+  EXPECT_FALSE(t.withRegion(1000, 10, [](const MemoryRegion&) { ADD_FAILURE() << "served a private region"; }));
+  EXPECT_EQ(t.remove(1000), kOk);
 }
 
 }  // namespace

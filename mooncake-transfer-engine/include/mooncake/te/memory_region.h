@@ -1,9 +1,12 @@
 // The table of memory a segment has registered: what peers may read and write.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <string>
@@ -32,7 +35,9 @@ int cudaDeviceOfLocation(const std::string& location);
 // Registered regions, disjoint by construction: a registration that overlaps
 // an existing one is refused (kAddressOverlapped). Thread-safe. Readers that
 // touch the memory itself (the TCP server copying into a region) do so under
-// withRegion(), so that unregistration waits for them to finish.
+// withRegion(), which pins that one region: its unregistration waits for
+// them to finish, while registering or unregistering any other region (or
+// a lookup) does not wait for transfers in flight.
 class RegionTable {
  public:
   int add(const MemoryRegion& region);
@@ -43,19 +48,29 @@ class RegionTable {
 
   std::optional<MemoryRegion> find(uint64_t addr, uint64_t length) const;
   // For a peer's request: runs `fn` with the covering region while holding
-  // it registered. Returns false (without calling fn) when no region that
-  // peers may access covers the range.
+  // it registered (pinned; the table itself is not locked while fn runs).
+  // Returns false (without calling fn) when no region that peers may access
+  // covers the range.
   bool withRegion(uint64_t addr, uint64_t length, const std::function<void(const MemoryRegion&)>& fn) const;
 
   std::vector<MemoryRegion> snapshot() const;
   size_t size() const;
 
  private:
-  static bool overlapsLocked(const std::map<uint64_t, MemoryRegion>& regions, uint64_t addr, uint64_t length);
-  const MemoryRegion* findLocked(uint64_t addr, uint64_t length) const;
+  // A region and the withRegion() calls running on it.
+  struct Entry {
+    explicit Entry(const MemoryRegion& r) : region(r) {}
+    const MemoryRegion region;
+    std::mutex mutex;
+    std::condition_variable unpinned;
+    int pins = 0;
+  };
+  using Map = std::map<uint64_t, std::shared_ptr<Entry>>;
+  static bool overlapsLocked(const Map& regions, uint64_t addr, uint64_t length);
+  const std::shared_ptr<Entry>* findLocked(uint64_t addr, uint64_t length) const;
 
-  mutable std::shared_mutex mutex_;
-  std::map<uint64_t, MemoryRegion> regions_;  // keyed by base address
+  mutable std::shared_mutex mutex_;  // guards the map only, never held while memory is touched
+  Map regions_;  // keyed by base address
 };
 
 }  // namespace mooncake::te
