@@ -5,16 +5,18 @@
 # benchmarks/ep_bench.py and benchmarks/moe_ep_bench.py at worlds 1, 2, 4
 # with the ranks time-sharing the GPU, and again at worlds 2 and 4 under MPS.
 #
-#   benchmarks/ep_cuda_runs.sh [output folder]     (default: docs/benchmarks)
+#   bash benchmarks/ep_cuda_runs.sh [output folder]     (default: docs/benchmarks)
 #
 # Writes ep_cuda.csv, moe_ep_cuda.csv and runs.log there. Each step has its
 # own time limit (STEP_LIMIT seconds, default 150), so that one hung world
-# does not take the others with it; ITERS (default 20) timed calls per row.
+# does not take the others with it; ITERS (default 20) timed calls per row;
+# STEPS="ep" or "moe" runs one of the two benchmarks (default both).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEST=${1:-docs/benchmarks}
 LIMIT=${STEP_LIMIT:-150}
 ITERS=${ITERS:-20}  # timed calls per row (after 5 warm-ups)
+STEPS=${STEPS:-"ep moe"}  # which benchmarks run
 mkdir -p "$DEST"
 export CC=${CC_GPU:-/usr/bin/gcc} CXX=${CXX_GPU:-/usr/bin/g++} CUDAHOSTCXX=${CXX_GPU:-/usr/bin/g++}
 start=$(date +%s)
@@ -35,14 +37,15 @@ step() {  # name, command...
   timeout -k 5 "$LIMIT" "$@" >> "$LOG" 2>&1 || { echo "step failed: rc $?" | tee -a "$LOG"; status=1; }
   echo "=== $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
 }
-step "ep, time-sliced" python3 benchmarks/ep_bench.py --device cuda --worlds 1 2 4 --label time-sliced \
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+has ep && step "ep, time-sliced" python3 benchmarks/ep_bench.py --device cuda --worlds 1 2 4 --label time-sliced \
   --iters "$ITERS" --csv "$DEST/ep_cuda.csv"
-step "moe_ep, time-sliced" python3 benchmarks/moe_ep_bench.py --worlds 1 2 4 --label time-sliced \
+has moe && step "moe_ep, time-sliced" python3 benchmarks/moe_ep_bench.py --worlds 1 2 4 --label time-sliced \
   --iters "$ITERS" --csv "$DEST/moe_ep_cuda.csv"
 if nvidia-cuda-mps-control -d; then
-  step "ep, mps" python3 benchmarks/ep_bench.py --device cuda --worlds 2 4 --label mps \
+  has ep && step "ep, mps" python3 benchmarks/ep_bench.py --device cuda --worlds 2 4 --label mps \
     --iters "$ITERS" --csv "$DEST/ep_cuda.csv" --append
-  step "moe_ep, mps" python3 benchmarks/moe_ep_bench.py --worlds 2 4 --label mps --no-dense \
+  has moe && step "moe_ep, mps" python3 benchmarks/moe_ep_bench.py --worlds 2 4 --label mps --no-dense \
     --iters "$ITERS" --csv "$DEST/moe_ep_cuda.csv" --append
   echo quit | nvidia-cuda-mps-control
 else

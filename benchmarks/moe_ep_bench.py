@@ -16,9 +16,9 @@ MoE of that rank's tokens (bf16, the peer) and against a float32 reference;
 the worst rank's max abs error is in the CSV.
 
 The peer ("dense" rows, one process alone on the GPU after the worlds ran)
-is timed, like the layer, with a synchronisation after each call, twice: on
-the tokens of one rank (T) and on the tokens of the whole world (R * T, the
-work of every rank together).
+is timed like the layer, up to a synchronisation after each call, on the
+tokens of all R ranks together (R * T: the work of the whole world) for R = 1
+and each world size; its "world" column is that R.
 
     PYTHONPATH=python python3 benchmarks/moe_ep_bench.py --worlds 1 2 4 --label time-sliced --csv docs/benchmarks/moe_ep_cuda.csv
 
@@ -44,6 +44,14 @@ import torch.distributed as dist
 from bench_support import run_ranks, write_csv
 
 LAYOUTS = (("LOW_LATENCY", "EXPERT_MAJOR"), ("LOW_LATENCY", "RANK_MAJOR"), ("HIGH_THROUGHPUT", "FLAT"))
+
+# Every layer's transport, kept until the process exits. MoEEp.destroy() does
+# not close a Buffer (it has no destroy()), and a Buffer is freed only by the
+# cyclic garbage collector, at a different moment on each rank; freeing its
+# CUDA IPC group is collective, so the first rank to collect it waited for the
+# others up to the attach timeout (60 s) in the middle of the next layout's
+# forwards. Kept here, the groups close together at exit (Buffer's atexit hook).
+_KEEP: list = []
 
 
 def _log(msg: str) -> None:
@@ -151,6 +159,7 @@ def _rank_main(rank, world, port, args, queue):
     want_dense = dense_moe(x, ids, weights, w13, w2)
     want_fp32 = reference_fp32(x, ids, weights, w13, w2)
     rows = []
+    begun = time.perf_counter()
     for algorithm, layout in LAYOUTS:
         fleet = FleetConfig(num_experts=args.experts, max_tokens_per_rank=args.tokens, hidden=args.hidden,
                             intermediate=args.intermediate, num_topk=args.topk, algorithm=Algorithm[algorithm],
@@ -172,6 +181,11 @@ def _rank_main(rank, world, port, args, queue):
                     samples[phase].append(ms / 1e3)
                 samples["forward"].append(t1 - t0)
         errors = (_max_err(out, want_dense), _max_err(out, want_fp32))
+        if rank == 0:
+            _log(f"world {world}, {layout}: {args.warmup + args.iters} forwards done at "
+                 f"{time.perf_counter() - begun:.1f} s")
+        if not args.no_keep:
+            _KEEP.append(layer.transport)
         layer.destroy()
         rows.append((layout, samples, errors))
     queue.put((rank, rows))
@@ -254,6 +268,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     ap.add_argument("--no-dense", action="store_true", help="skip the dense peer (e.g. in an --append run)")
+    ap.add_argument("--no-keep", action="store_true",
+                    help="let each layer's transport go after destroy() (reproduces the stall described at _KEEP)")
     ap.add_argument("--label", default="-", help="the run's mode column (e.g. time-sliced, mps)")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--csv")
