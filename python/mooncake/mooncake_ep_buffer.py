@@ -131,6 +131,7 @@ class Buffer:
         self._ipc: IpcPath | None = None
         self._choice = PathChoice(False, "not connected")
         self._forced_fallback = False
+        self._destroyed = False
         self.connect()
 
     # ------------------------------------------------------------------ setup
@@ -231,7 +232,26 @@ class Buffer:
     def update_ep_member(self) -> None:
         """Call on every member after the group's membership changed (a rank
         replaced or rejoined); handles of earlier dispatches become invalid."""
+        self._check_not_destroyed("update_ep_member")
         self.connect(True)
+
+    def destroy(self) -> None:
+        """Releases the Buffer (DeepEP's ``destroy``). Collective, like the
+        constructor: every rank calls it, since closing the fast path is a
+        handshake with the peers (bounded by its attach timeout). Without it
+        the fast path closes when the garbage collector frees the Buffer, at a
+        different moment on each rank, so the first rank there waits for the
+        others. Calls after it raise; a second destroy() does nothing."""
+        if self._ipc is not None:
+            _OPEN_FAST_PATHS.discard(self._ipc)
+            self._ipc.close()
+            self._ipc = None
+        self._connection = None  # also breaks its cycle back to this Buffer
+        self._destroyed = True
+
+    def _check_not_destroyed(self, call: str) -> None:
+        if self._destroyed:
+            raise RuntimeError(f"Buffer.{call}: this Buffer was destroyed (destroy()); create a new one")
 
     # ------------------------------------------------------------ dispatch
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, active_ranks: torch.Tensor | None,
@@ -250,6 +270,7 @@ class Buffer:
         ``topk_weights`` is accepted as in the reference (which reads it on
         XPU only): checked, not used; combine takes the weights.
         """
+        self._check_not_destroyed("dispatch")
         num_ranks = self.group_size
         checks.check_tokens(x)
         num_tokens, hidden = x.shape
@@ -285,6 +306,7 @@ class Buffer:
         ``out[t] = sum over picks k of topk_weights[t, k] * y[t, k]`` in float32,
         rounded to bf16 once, over picks that are not -1 and whose expert's rank is
         active. Returns ``(combined_x, event, hook)``."""
+        self._check_not_destroyed("combine")
         state = self._state_of(handle)
         _, _, tokens_per_rank, hidden, num_experts = handle
         num_ranks = self.group_size

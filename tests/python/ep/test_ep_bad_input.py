@@ -222,6 +222,39 @@ def test_the_reference_buffers_static_helpers():
     event.current_stream_wait()  # a no-op without CUDA, a stream wait with it
 
 
+def _destroyed(ctx):
+    from mooncake.mooncake_ep_buffer import Buffer
+
+    buf = Buffer(dist.group.WORLD)
+    x = torch.randn(2, H).to(torch.bfloat16)
+    topk = torch.tensor([[0, 1], [2, 3]])
+    ones = torch.ones(ctx.size, dtype=torch.int32)
+    recv_x, count, handle, _, _ = buf.dispatch(x, topk, ones, T, E, -1, use_fp8=False)
+    buf.destroy()
+    buf.destroy()  # a second one does nothing
+    weights = torch.ones(2, 2)
+    out = errors_of({
+        "dispatch": lambda: buf.dispatch(x, topk, ones, T, E, -1, use_fp8=False),
+        "combine": lambda: buf.combine(recv_x, topk, weights, ones, -1, handle),
+        "update_ep_member": buf.update_ep_member,
+    })
+    # A new Buffer works on the same group.
+    _, count, _, _, _ = Buffer(dist.group.WORLD).dispatch(x, topk, ones, T, E, -1, use_fp8=False)
+    out["new buffer"] = int(count.sum())
+    return out
+
+
+def test_a_destroyed_buffer_refuses_calls_and_a_new_one_works():
+    with World(2, gloo=False, env=RANK_ENV) as world:
+        seen = world.run(_destroyed, timeout=60)
+    for rank, out in enumerate(seen):
+        for call in ("dispatch", "combine", "update_ep_member"):
+            kind, message = out[call]
+            assert kind == "RuntimeError" and f"Buffer.{call}: this Buffer was destroyed" in message, (rank, call,
+                                                                                                    message)
+        assert out["new buffer"] == 4, (rank, out["new buffer"])
+
+
 def _runtime_of(ctx):
     buf = buffer_of(ctx)
     return type(buf.runtime).__name__, buf.path

@@ -128,6 +128,37 @@ def test_fast_path_gives_the_collective_paths_bits(world_size):
         assert world.run(_both_paths_agree, SHAPES, timeout=240) == [len(SHAPES)] * world_size
 
 
+def _destroyed_at_different_times(ctx, shape):
+    """destroy() closes the fast path at once on every rank, though the ranks
+    come to it at different times; without it the garbage collector closed it
+    on one rank while the others went on, and that rank waited the attach
+    timeout (60 s) for them."""
+    from mooncake.mooncake_ep_buffer import Buffer  # noqa: PLC0415
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    x, topk, weights = _inputs(shape, ctx.rank, ctx.size, 0, device)
+    buffer = Buffer(dist.group.WORLD)
+    assert buffer.path == "ipc", buffer.path_reason
+    before = _run(buffer, shape, x, topk, weights, device)
+    time.sleep(0.3 * ctx.rank)
+    start = time.monotonic()
+    buffer.destroy()
+    closed_in = time.monotonic() - start
+    del buffer
+    again = Buffer(dist.group.WORLD)
+    assert again.path == "ipc", again.path_reason
+    after = _run(again, shape, x, topk, weights, device)
+    again.destroy()
+    assert torch.equal(before["out"], after["out"]), f"rank {ctx.rank}: a new Buffer combines differently"
+    return closed_in
+
+
+def test_destroy_closes_the_fast_path_on_every_rank_without_waiting_for_a_timeout():
+    with _world(2) as world:
+        closed_in = world.run(_destroyed_at_different_times, SHAPES[2], timeout=120)
+    assert max(closed_in) < 10, f"destroy() took {closed_in} s (the attach timeout is 60 s)"
+
+
 # ---------------------------------------------------------------------------
 # Ranks that do not take part
 
