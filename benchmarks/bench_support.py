@@ -4,6 +4,7 @@ Starting a benchmark's ranks: one spawned process per rank on this host,
 rendezvous on a free local port, each rank's result back through a queue.
 
     per_rank = run_ranks(rank_main, world, args, timeout)   # {rank: what rank_main put}
+    rows = sweep_worlds("name", run_world, args)             # run_world(world, args) per args.worlds
     write_csv(rows, args.csv, append=False)                  # stdout, and the file if given
 
 ``rank_main(rank, world, port, args, queue)`` must put ``(rank, result)`` on
@@ -17,6 +18,7 @@ import csv
 import os
 import socket
 import sys
+import time
 
 import torch.multiprocessing as mp
 
@@ -55,6 +57,18 @@ def run_ranks(target, world: int, args, timeout: float) -> dict:
     for p in procs:
         p.join(timeout)
     return per_rank
+
+
+def sweep_worlds(name: str, run_world, args) -> list[dict]:
+    """The rows of ``run_world(world, args)`` for each of ``args.worlds``, with
+    each world's wall time on stderr (``args.device`` and ``args.label`` name the run)."""
+    rows = []
+    for world in args.worlds:
+        start = time.perf_counter()
+        rows += run_world(world, args)
+        print(f"[{name}] world {world} ({args.device}, {args.label}): {time.perf_counter() - start:.1f} s",
+              file=sys.stderr, flush=True)
+    return rows
 
 
 def write_csv(rows: list[dict], path: str | None = None, append: bool = False) -> None:

@@ -32,7 +32,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from bench_support import run_ranks, write_csv
+from bench_support import run_ranks, sweep_worlds, write_csv
 
 SHAPES = [  # (tokens per rank T, hidden H, experts E, top-k)
     (16, 1024, 32, 4),
@@ -235,13 +235,7 @@ def main():
     ap.add_argument("--csv")
     ap.add_argument("--append", action="store_true", help="add to --csv instead of overwriting it")
     args = ap.parse_args()
-    results = []
-    for world in args.worlds:
-        start = time.perf_counter()
-        results += _run_world(world, args)
-        print(f"[ep_bench] world {world} ({args.device}, {args.label}): {time.perf_counter() - start:.1f} s",
-              file=sys.stderr, flush=True)
-    write_csv(results, args.csv, append=args.append)
+    write_csv(sweep_worlds("ep_bench", _run_world, args), args.csv, append=args.append)
 
 
 if __name__ == "__main__":

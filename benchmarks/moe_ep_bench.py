@@ -41,17 +41,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from bench_support import run_ranks, write_csv
+from bench_support import run_ranks, sweep_worlds, write_csv
 
 LAYOUTS = (("LOW_LATENCY", "EXPERT_MAJOR"), ("LOW_LATENCY", "RANK_MAJOR"), ("HIGH_THROUGHPUT", "FLAT"))
-
-# Every layer's transport, kept until the process exits. MoEEp.destroy() does
-# not close a Buffer (it has no destroy()), and a Buffer is freed only by the
-# cyclic garbage collector, at a different moment on each rank; freeing its
-# CUDA IPC group is collective, so the first rank to collect it waited for the
-# others up to the attach timeout (60 s) in the middle of the next layout's
-# forwards. Kept here, the groups close together at exit (Buffer's atexit hook).
-_KEEP: list = []
 
 
 def _log(msg: str) -> None:
@@ -184,9 +176,7 @@ def _rank_main(rank, world, port, args, queue):
         if rank == 0:
             _log(f"world {world}, {layout}: {args.warmup + args.iters} forwards done at "
                  f"{time.perf_counter() - begun:.1f} s")
-        if not args.no_keep:
-            _KEEP.append(layer.transport)
-        layer.destroy()
+        layer.destroy()  # collective: its Buffer's fast path closes on every rank together
         rows.append((layout, samples, errors))
     queue.put((rank, rows))
     dist.barrier()
@@ -268,18 +258,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     ap.add_argument("--no-dense", action="store_true", help="skip the dense peer (e.g. in an --append run)")
-    ap.add_argument("--no-keep", action="store_true",
-                    help="let each layer's transport go after destroy() (reproduces the stall described at _KEEP)")
     ap.add_argument("--label", default="-", help="the run's mode column (e.g. time-sliced, mps)")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--csv")
     ap.add_argument("--append", action="store_true", help="add to --csv instead of overwriting it")
     args = ap.parse_args()
-    results = []
-    for world in args.worlds:
-        start = time.perf_counter()
-        results += _run_world(world, args)
-        _log(f"world {world} ({args.device}, {args.label}): {time.perf_counter() - start:.1f} s")
+    results = sweep_worlds("moe_ep_bench", _run_world, args)
     if not args.no_dense:
         results += _run_dense(args)
     write_csv(results, args.csv, append=args.append)

@@ -177,9 +177,7 @@ class Buffer:
         agreement and restarts call numbering, so nothing of an earlier
         connection (or of a process this one replaced) is ever read."""
         del is_update  # same steps either way
-        if self._ipc is not None:
-            self._ipc.close()  # collective: the peers close theirs in their connect()
-            self._ipc = None
+        self._close_fast_path()  # collective: the peers close theirs in their connect()
         control = control_device(self.group)
         # One collective agrees on the connection id (the largest draw) and on
         # the ranks every member sees active (the smallest of the bits), so
@@ -242,12 +240,16 @@ class Buffer:
         the fast path closes when the garbage collector frees the Buffer, at a
         different moment on each rank, so the first rank there waits for the
         others. Calls after it raise; a second destroy() does nothing."""
+        self._close_fast_path()
+        self._connection = None  # also breaks its cycle back to this Buffer
+        self._destroyed = True
+
+    def _close_fast_path(self) -> None:
+        """Collective with the peers (IpcPath.close); nothing without a fast path."""
         if self._ipc is not None:
             _OPEN_FAST_PATHS.discard(self._ipc)
             self._ipc.close()
             self._ipc = None
-        self._connection = None  # also breaks its cycle back to this Buffer
-        self._destroyed = True
 
     def _check_not_destroyed(self, call: str) -> None:
         if self._destroyed:
