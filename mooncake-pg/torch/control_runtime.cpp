@@ -53,6 +53,8 @@ struct ControlRuntime {
   std::unique_ptr<Coordinator> coordinator;
   std::unique_ptr<Agent> agent;
   int global_rank = -1;
+  // The job's root store, where later processes look for the coordinator.
+  c10::intrusive_ptr<c10d::Store> root;
 };
 
 ControlRuntime& runtime() {
@@ -60,18 +62,6 @@ ControlRuntime& runtime() {
   // destructors would have run.
   static auto* r = new ControlRuntime();
   return *r;
-}
-
-// At a normal exit (not os._exit, not a signal) this process leaves the
-// control plane: its Agent says Goodbye, and a serving coordinator tells
-// every Agent, so that the others log a leave and take over quietly instead
-// of failing over with warnings.
-void leaveAtExit() {
-  ControlRuntime& r = runtime();
-  std::unique_lock lock(r.mutex, std::try_to_lock);  // never wait at exit for a call in flight
-  if (!lock.owns_lock()) return;
-  if (r.agent) r.agent->leave();
-  if (r.coordinator) r.coordinator->leave();
 }
 
 // Whether a TCP store's server still accepts connections (within 300 ms),
@@ -102,6 +92,39 @@ bool storeAnswers(const c10::intrusive_ptr<c10d::Store>& store) {
   return answers;
 }
 
+void publishCoordinator(const c10::intrusive_ptr<c10d::Store>& root, const std::string& address, int global_rank) {
+  root->set(kCoordinatorKey, bytes(address));
+  root->set(kCoordinatorRankKey, bytes(std::to_string(global_rank)));
+}
+
+// A serving coordinator that leaves names its successor in the store first:
+// the store is often in this very process, so the successor could not
+// (its attempt would race this process's exit).
+void publishSuccessor(const ControlRuntime& r) {
+  if (!r.coordinator || !r.coordinator->serving() || !r.agent || !r.root) return;
+  int rank = -1;
+  std::string address;
+  if (!r.agent->firstSuccessor(&rank, &address) || !storeAnswers(r.root)) return;
+  try {
+    publishCoordinator(r.root, address, rank);
+  } catch (const std::exception& e) {
+    LOG(INFO) << "mooncake: leaving, could not name the successor coordinator in the store: " << e.what();
+  }
+}
+
+// At a normal exit (not os._exit, not a signal) this process leaves the
+// control plane: its Agent says Goodbye, and a serving coordinator tells
+// every Agent, so that the others log a leave and take over quietly instead
+// of failing over with warnings.
+void leaveAtExit() {
+  ControlRuntime& r = runtime();
+  std::unique_lock lock(r.mutex, std::try_to_lock);  // never wait at exit for a call in flight
+  if (!lock.owns_lock()) return;
+  publishSuccessor(r);
+  if (r.agent) r.agent->leave();
+  if (r.coordinator) r.coordinator->leave();
+}
+
 }  // namespace
 
 ControlOptions controlOptions() {
@@ -120,6 +143,7 @@ Agent& controlAgent(const c10::intrusive_ptr<c10d::Store>& store, int global_ran
   ControlRuntime& r = runtime();
   std::lock_guard lock(r.mutex);
   c10::intrusive_ptr<c10d::Store> root = rootStore(store);
+  r.root = root;  // the newest job's: torn down and initialised again, a job has a new store
   ControlOptions options = controlOptions();
   options.secret = jobSecret(store);
   const bool failover = failoverEnabled();
@@ -129,10 +153,13 @@ Agent& controlAgent(const c10::intrusive_ptr<c10d::Store>& store, int global_ran
   if (!r.coordinator && (global_rank == 0 || failover)) {
     r.coordinator = Coordinator::standby(hostIp(), options, global_rank, &error);
     TORCH_CHECK(r.coordinator != nullptr, "mooncake: cannot start the membership coordinator: ", error);
-    // A take-over tells later processes (joiners, a replacement of global
-    // rank 0) where the coordinator is now, if the store survived; off the
-    // Agent's thread, since a store in the lost process may not answer.
-    r.coordinator->onTakeOver([root, global_rank](const std::string& address) {
+    // A take-over after a failure tells later processes (joiners, a
+    // replacement of global rank 0) where the coordinator is now, if the
+    // store survived; off the Agent's thread, since a store in the lost
+    // process may not answer. After a planned leave the leaver named this
+    // successor already (publishSuccessor), while its store still answered.
+    r.coordinator->onTakeOver([root, global_rank](const std::string& address, bool planned) {
+      if (planned) return;
       std::thread([root, global_rank, address] {
         if (!storeAnswers(root)) {
           LOG(INFO) << "mooncake: the store is gone (with the old coordinator's process): the new coordinator's "
@@ -140,8 +167,7 @@ Agent& controlAgent(const c10::intrusive_ptr<c10d::Store>& store, int global_ran
           return;
         }
         try {
-          root->set(kCoordinatorKey, bytes(address));
-          root->set(kCoordinatorRankKey, bytes(std::to_string(global_rank)));
+          publishCoordinator(root, address, global_rank);
         } catch (const c10::Error& e) {
           LOG(WARNING) << "mooncake: could not publish the new coordinator's address in the store (it may have "
                        << "died with the old coordinator): " << e.what_without_backtrace();
@@ -163,8 +189,7 @@ Agent& controlAgent(const c10::intrusive_ptr<c10d::Store>& store, int global_ran
     }
     if (!taken_over) {
       r.coordinator->activate();
-      root->set(kCoordinatorKey, bytes(r.coordinator->address()));
-      root->set(kCoordinatorRankKey, bytes("0"));
+      publishCoordinator(root, r.coordinator->address(), 0);
     }
   }
   if (r.agent && r.global_rank == global_rank) return *r.agent;

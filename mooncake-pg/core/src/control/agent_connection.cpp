@@ -143,6 +143,14 @@ void AgentImpl::leave() {
   send(Goodbye{}, &ignored);
 }
 
+bool AgentImpl::firstSuccessor(int* global_rank, std::string* address) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (standbys_.ranks.empty()) return false;
+  *global_rank = standbys_.ranks.front();
+  *address = standbys_.addresses.front();
+  return true;
+}
+
 void AgentImpl::loseConnection(const std::string& why) {
   bool quiet, planned;
   {

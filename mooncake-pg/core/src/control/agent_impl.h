@@ -52,6 +52,7 @@ class AgentImpl final : public Agent {
 
   bool start(std::string* error);
   void leave() override;
+  bool firstSuccessor(int* global_rank, std::string* address) const override;
 
   bool registerGroup(const GroupRegistration& registration, ViewListener on_view, GroupView* view,
                      std::string* error) override;

@@ -101,7 +101,7 @@ class CoordinatorImpl final : public Coordinator {
     }
     if (listener) {
       try {
-        listener(address_);
+        listener(address_, planned);
       } catch (const std::exception& e) {
         MC_LOG(Warning) << "control plane coordinator: take-over listener threw: " << e.what();
       } catch (...) {

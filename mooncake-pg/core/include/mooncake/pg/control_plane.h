@@ -164,8 +164,9 @@ class Coordinator {
   // of its process as a failure. Bounded (a few hundred ms); any thread.
   virtual void leave() = 0;
   virtual bool serving() const = 0;  // activated or taken over
-  // Called once, on the caller's thread of takeOver, with this coordinator's address.
-  using TakeOverListener = std::function<void(const std::string& address)>;
+  // Called once, on the caller's thread of takeOver, with this coordinator's
+  // address and takeOver's `planned`.
+  using TakeOverListener = std::function<void(const std::string& address, bool planned)>;
   virtual void onTakeOver(TakeOverListener listener) = 0;
 };
 
@@ -198,6 +199,12 @@ class Agent {
   // this Agent's own losses are no alarm from now on. Its seats are lost as
   // on any disconnection. Bounded by the send timeout; any thread.
   virtual void leave() = 0;
+  // The candidate successor that takes over first if the coordinator's
+  // process ends now (the head of the last announced list): false when none
+  // was announced. A coordinator that leaves names it where later processes
+  // look for the coordinator, while the place (a store in its own process,
+  // often) still answers.
+  virtual bool firstSuccessor(int* global_rank, std::string* address) const = 0;
 
   using ViewListener = std::function<void(const GroupView&)>;
 
