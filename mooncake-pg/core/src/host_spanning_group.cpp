@@ -179,16 +179,21 @@ OpResult HostSpanningGroup::allgather(const void* input, void* output, size_t by
   }
   // The leader collects its host's blocks, trades them for every other
   // host's, and hands the whole result to its local ranks.
-  Scratch packed(bytes * mine.size());
-  if (!(r = fromLocal(local_->gather(input, packed.data(), bytes, 0))).ok) return settle(r);
-  scatterBlocks(packed.data(), mine, bytes, out);
+  // A leader alone on its host sends its input as it is.
+  const bool alone = mine.size() == 1;
+  Scratch packed(alone ? 0 : bytes * mine.size());
+  const char* own = alone ? static_cast<const char*>(input) : packed.data();
+  if (!(r = fromLocal(local_->gather(input, alone ? out + rank_ * bytes : packed.data(), bytes, 0))).ok) {
+    return settle(r);
+  }
+  if (!alone) scatterBlocks(packed.data(), mine, bytes, out);
   if (layout_.hosts() > 1) {
     P2pExchange x(*channel_, tagOf(OpCode::kAllgather), channel_rank_of_);
     std::vector<Scratch> theirs(layout_.hosts());
     for (int h = 0; h < layout_.hosts(); ++h) {
       if (h == host_) continue;
       const std::vector<int>& ranks = layout_.ranksOn(h);
-      x.send(layout_.leaderOf(h), packed.data(), packed.size());
+      x.send(layout_.leaderOf(h), own, bytes * mine.size());
       if (isConsecutive(ranks)) {
         x.recv(layout_.leaderOf(h), out + ranks[0] * bytes, ranks.size() * bytes);
       } else {

@@ -39,7 +39,18 @@ OpResult ShmGroup::barrier() {
   return r.ok ? a.step() : r;
 }
 
+OpResult ShmGroup::alone(uint64_t signature, const void* input, void* output, size_t bytes) {
+  ShmArena& a = *arena_;
+  OpResult r = a.begin(signature);
+  if (r.ok) r = a.step();
+  if (!r.ok) return r;
+  if (input != output && bytes > 0) std::memmove(output, input, bytes);
+  a.finish();
+  return r;
+}
+
 OpResult ShmGroup::broadcast(void* data, size_t bytes, int root) {
+  if (size_ == 1) return alone(opSignature(OpCode::kBroadcast), data, data, bytes);
   ShmArena& a = *arena_;
   OpResult r;
   const size_t chunk = a.slotBytes();
@@ -63,6 +74,7 @@ OpResult ShmGroup::broadcast(void* data, size_t bytes, int root) {
 }
 
 OpResult ShmGroup::allgather(const void* input, void* output, size_t bytes) {
+  if (size_ == 1) return alone(opSignature(OpCode::kAllgather), input, output, bytes);
   ShmArena& a = *arena_;
   OpResult r;
   const size_t chunk = a.slotBytes();
@@ -79,6 +91,7 @@ OpResult ShmGroup::allgather(const void* input, void* output, size_t bytes) {
 }
 
 OpResult ShmGroup::gather(const void* input, void* output, size_t bytes, int root) {
+  if (size_ == 1) return alone(opSignature(OpCode::kGather), input, output, bytes);
   ShmArena& a = *arena_;
   OpResult r;
   const size_t chunk = a.slotBytes();
@@ -97,6 +110,7 @@ OpResult ShmGroup::gather(const void* input, void* output, size_t bytes, int roo
 }
 
 OpResult ShmGroup::scatter(const void* input, void* output, size_t bytes, int root) {
+  if (size_ == 1) return alone(opSignature(OpCode::kScatter), input, output, bytes);
   ShmArena& a = *arena_;
   OpResult r;
   // The root stages one piece for every rank in its slot per round.
@@ -120,6 +134,10 @@ OpResult ShmGroup::scatter(const void* input, void* output, size_t bytes, int ro
 OpResult ShmGroup::alltoall(const void* input, const std::vector<size_t>& send_offsets,
                             const std::vector<size_t>& send_bytes, void* output,
                             const std::vector<size_t>& recv_offsets, const std::vector<size_t>& recv_bytes) {
+  if (size_ == 1 && send_bytes[0] == recv_bytes[0]) {
+    return alone(opSignature(OpCode::kAlltoall), static_cast<const char*>(input) + send_offsets[0],
+                 static_cast<char*>(output) + recv_offsets[0], send_bytes[0]);
+  }
   ShmArena& a = *arena_;
   // First step: every rank stages what it will send to each peer. Each rank
   // checks that it expects exactly that from everyone (a mismatch is an

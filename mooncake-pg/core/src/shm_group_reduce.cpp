@@ -83,15 +83,19 @@ static OpResult reduceCommon(ShmArena& a, OpCode code, const void* input, void* 
   return r;
 }
 
+// Alone, every reduction of one value is that value (AVG divides by one).
 OpResult ShmGroup::allreduce(const void* input, void* output, size_t count, DataType type, ReduceOp op) {
+  if (size_ == 1) return alone(opSignature(OpCode::kAllreduce), input, output, count * elementSize(type));
   return reduceCommon(*arena_, OpCode::kAllreduce, input, output, count, type, op, -1);
 }
 
 OpResult ShmGroup::reduce(const void* input, void* output, size_t count, DataType type, ReduceOp op, int root) {
+  if (size_ == 1) return alone(opSignature(OpCode::kReduce), input, output, count * elementSize(type));
   return reduceCommon(*arena_, OpCode::kReduce, input, output, count, type, op, root);
 }
 
 OpResult ShmGroup::reduceScatter(const void* input, void* output, size_t count, DataType type, ReduceOp op) {
+  if (size_ == 1) return alone(opSignature(OpCode::kReduceScatter), input, output, count * elementSize(type));
   ShmArena& a = *arena_;
   const int size = size_;
   const size_t esize = elementSize(type);

@@ -137,5 +137,23 @@ TEST(ShmGroupFailure, RanksDisagreeingOnTheOperationGetAnErrorNotCorruption) {
   EXPECT_EQ(status, (std::vector<int>{0, 0}));
 }
 
+// A group of one moves its bytes without the slot (ShmGroup::alone), but a
+// broken arena still fails every call, and the output is left alone.
+TEST(ShmGroupFailure, AGroupOfOneThatWasAbortedFailsItsCalls) {
+  std::string error;
+  auto g = ShmGroup::open(uniqueName(), 0, 1, ShmGroupOptions{}, &error);
+  ASSERT_NE(g, nullptr) << error;
+  std::vector<float> in(1000, 2.5f), out(1000, -1.0f);
+  ASSERT_TRUE(g->allgather(in.data(), out.data(), in.size() * sizeof(float)).ok);
+  EXPECT_EQ(out, in);
+  g->abort("the layer above failed", {0});
+  std::fill(out.begin(), out.end(), -1.0f);
+  OpResult r = g->allreduce(in.data(), out.data(), in.size(), DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("the layer above failed"), std::string::npos) << r.error;
+  EXPECT_FALSE(g->broadcast(in.data(), in.size() * sizeof(float), 0).ok);
+  EXPECT_EQ(out, std::vector<float>(1000, -1.0f));
+}
+
 }  // namespace
 }  // namespace mooncake::pg
