@@ -301,7 +301,8 @@ class P2pChannel::Impl {
   const int rank_, size_;
   const P2pOptions options_;
 
-  // Registered shared memory: [credits | acks | closes | outbox | staging | recv pool].
+  // Registered shared memory: [credits | acks | notices | outbox | staging | recv pool |
+  // releases | release outbox | eager heads | credit outbox | eager rings].
   char* memory_ = nullptr;
   size_t memory_bytes_ = 0;
   CreditSlot* credits_ = nullptr;  // [size][kSlotsPerLane], written by receivers
@@ -324,6 +325,10 @@ class P2pChannel::Impl {
   ReleaseSlot* releases_ = nullptr;
   ReleaseSlot* release_outbox_ = nullptr;
   EagerHeader* eager_heads_ = nullptr;
+  // The sources of credit writes in flight ([size][kSlotsPerLane], by the
+  // credit's slot): a credit is not awaited, so its bytes must stay put
+  // until the sender acknowledges it, which frees its slot.
+  CreditSlot* credit_outbox_ = nullptr;
   std::atomic<uint64_t> eager_sent_{0};
   std::atomic<uint64_t> spilled_{0};
 
@@ -371,7 +376,7 @@ P2pChannel::Impl::Impl(te::TransferEngine& engine, int rank, int size, const P2p
   const size_t eager_ring_bytes = static_cast<size_t>(size) * eager_slots_ * eagerSlotStride(eager_bytes_);
   memory_bytes_ = slots * sizeof(CreditSlot) + slots * sizeof(AckSlot) + size * sizeof(PeerNotices) + sizeof(CloseSlot) +
                   chunk * staging_slots_ + chunk * options_.pool_chunks + 2 * size * sizeof(ReleaseSlot) +
-                  size * kMaxEagerSlots * sizeof(EagerHeader) + eager_ring_bytes;
+                  size * kMaxEagerSlots * sizeof(EagerHeader) + slots * sizeof(CreditSlot) + eager_ring_bytes;
   // Shared memory: same-host peers write it through a mapping (a memcpy).
   memory_ = static_cast<char*>(te::allocateSharedMemory(memory_bytes_));
   if (memory_ == nullptr) throw std::runtime_error("P2P: cannot allocate " + std::to_string(memory_bytes_) + " bytes");
@@ -384,7 +389,8 @@ P2pChannel::Impl::Impl(te::TransferEngine& engine, int rank, int size, const P2p
   releases_ = reinterpret_cast<ReleaseSlot*>(recv_pool_ + chunk * options_.pool_chunks);
   release_outbox_ = releases_ + size;
   eager_heads_ = reinterpret_cast<EagerHeader*>(release_outbox_ + size);
-  eager_ring_ = reinterpret_cast<char*>(eager_heads_ + static_cast<size_t>(size) * kMaxEagerSlots);
+  credit_outbox_ = reinterpret_cast<CreditSlot*>(eager_heads_ + static_cast<size_t>(size) * kMaxEagerSlots);
+  eager_ring_ = reinterpret_cast<char*>(credit_outbox_ + slots);
   for (int p = 0; p < size; ++p) {
     reset(&releases_[p]);
     recv_lanes_[p].eager = EagerWindow(static_cast<uint32_t>(eager_slots_));
@@ -1077,10 +1083,13 @@ bool P2pChannel::Impl::stepRecv(int peer) {
         op.credited += length;
         op.credits_done = op.credited == op.total;
       }
-      if (int rc = writeSlot(peer, &credit, remote); rc != te::kOk) {
-        failPeer(peer, "rank " + std::to_string(peer) + " is unreachable (" + te::errorName(rc) + ")");
-        return true;
-      }
+      // Not awaited: across hosts a credit's round trip would hold up this
+      // thread (and every other lane) for each chunk. A failed credit fails
+      // the peer when reapWrites finds it, as a failed data write does.
+      CreditSlot* source = &credit_outbox_[static_cast<size_t>(peer) * kSlotsPerLane + seq % kSlotsPerLane];
+      *source = credit;
+      submitWrite(peer, te::TransferRequest{te::Opcode::kWrite, source, peers_[peer].handle, remote, sizeof(CreditSlot)},
+                  -1, nullptr);
       progressed = true;
     }
   }

@@ -161,5 +161,59 @@ TEST(MultiProcessStall, StoppedPeerTimesOutOverTcp) {
   EXPECT_LT(elapsed, config.budgetFor(kBytes) + 1500ms);
 }
 
+// Small writes submitted without waiting (credits, acks) have their answers
+// awaited together on the control lane, not by the workers: while a stopped
+// peer holds its answers back (and ties up workers trying to connect),
+// another peer's small write still completes at once.
+TEST(MultiProcessStall, AStoppedPeerHoldsUpOnlyItsOwnSmallWrites) {
+  constexpr size_t kBytes = 1u << 20, kWarm = 64u << 10;
+  PeerProcess stopped(kBytes, 5), healthy(kBytes, 6);
+  EngineConfig config = testing::fastFailConfig();
+  config.transfer_timeout = 3000ms;
+  TransferEngine engine;
+  AlignedBuffer buf(kBytes);
+  ASSERT_EQ(engine.init("P2PHANDSHAKE", "127.0.0.1", "tcp", "", config), kOk);
+  ASSERT_EQ(engine.registerLocalMemory(buf.data, kBytes), kOk);
+  const SegmentHandle to_stopped = engine.openSegment(stopped.segment), to_healthy = engine.openSegment(healthy.segment);
+  ASSERT_NE(to_stopped, kInvalidSegment);
+  ASSERT_NE(to_healthy, kInvalidSegment);
+  // Writes above the control size go to the workers, several at once: both
+  // peers then have idle pooled connections.
+  for (auto [handle, addr] : {std::pair{to_stopped, stopped.buffer_addr}, std::pair{to_healthy, healthy.buffer_addr}}) {
+    std::vector<TransferRequest> warm;
+    for (size_t i = 0; i < 8; ++i) warm.push_back({Opcode::kWrite, buf.data + i * kWarm, handle, addr + i * kWarm, kWarm});
+    ASSERT_EQ(submitAndWait(engine, warm).state, TransferState::kCompleted);
+  }
+  stopped.signal(SIGSTOP);
+  std::vector<BatchId> held;
+  for (size_t i = 0; i < 8; ++i) {
+    const BatchId id = engine.allocateBatchID(1);
+    ASSERT_EQ(engine.submitTransfer(id, {{Opcode::kWrite, buf.data + i * 64, to_stopped, stopped.buffer_addr + i * 64, 64}}),
+              kOk);
+    held.push_back(id);
+  }
+  std::this_thread::sleep_for(50ms);
+  fillPattern(buf.data + 4096, 64, 11);
+  const auto t0 = std::chrono::steady_clock::now();
+  const TransferStatus to_the_healthy =
+      submitAndWait(engine, {{Opcode::kWrite, buf.data + 4096, to_healthy, healthy.buffer_addr + 4096, 64}});
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(to_the_healthy.state, TransferState::kCompleted);
+  EXPECT_LT(took, 500ms);
+  EXPECT_EQ(healthy.digestOf(4096, 64), digest(buf.data + 4096, 64));
+  // The stopped peer's writes end, timed out, within their deadline.
+  const auto limit = std::chrono::steady_clock::now() + config.budgetFor(64) + 2s;
+  for (BatchId id : held) {
+    TransferStatus status;
+    while (engine.getBatchTransferStatus(id, status) == kOk && status.state == TransferState::kPending &&
+           std::chrono::steady_clock::now() < limit) {
+      std::this_thread::sleep_for(1ms);
+    }
+    EXPECT_EQ(status.state, TransferState::kTimeout);  // never answered
+    engine.freeBatchID(id);
+  }
+  stopped.signal(SIGCONT);
+}
+
 }  // namespace
 }  // namespace mooncake::te

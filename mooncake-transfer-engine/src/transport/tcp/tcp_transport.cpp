@@ -1,5 +1,9 @@
 #include "transport/tcp/tcp_transport.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -121,6 +125,9 @@ int TcpTransport::install(const TransportContext& context) {
   server_.addHandler(rpc::kTcpDataMagic, [this](net::Socket& socket) { serveConnection(socket); });
   int workers = std::max(1, context_.config->tcp_workers);
   for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { workerLoop(); });
+  control_wake_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (control_wake_ < 0) return kEndpointError;
+  control_worker_ = std::thread([this] { controlLoop(); });
   return kOk;
 }
 
@@ -131,10 +138,22 @@ void TcpTransport::shutdown() {
     if (stopping_) return;
     stopping_ = true;
     abandoned.swap(queue_);
+    abandoned.insert(abandoned.end(), control_queue_.begin(), control_queue_.end());
+    control_queue_.clear();
   }
   queue_cv_.notify_all();
+  control_cv_.notify_all();
+  if (control_wake_ >= 0) {
+    const uint64_t one = 1;
+    if (::write(control_wake_, &one, sizeof(one)) < 0) {
+      // It wakes within a second anyway.
+    }
+  }
   for (auto& w : workers_) w.join();
   workers_.clear();
+  if (control_worker_.joinable()) control_worker_.join();
+  if (control_wake_ >= 0) ::close(control_wake_);
+  control_wake_ = -1;
   for (const Slice& s : abandoned) s.task->completeSlice(0, kEndpointError);
   std::lock_guard lock(pools_mutex_);
   for (auto& [handle, pool] : pools_) pool->close();
@@ -188,14 +207,22 @@ void TcpTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& t
     run(slices.front());
     return;
   }
-  if (!caller_waits && slices.size() == 1) sendInline(slices.front());
+  const bool control = !caller_waits && slices.size() == 1 && isControl(slices.front());
+  if (control) sendInline(slices.front());
   size_t queued = 0;
   {
     std::lock_guard lock(queue_mutex_);
     if (!stopping_) {
-      for (auto& s : slices) queue_.push_back(std::move(s));
-      queued = slices.size();
+      for (auto& s : slices) (control ? control_queue_ : queue_).push_back(std::move(s));
+      queued = control ? 0 : slices.size();
       slices.clear();
+    }
+  }
+  if (control) {
+    control_cv_.notify_one();
+    const uint64_t one = 1;
+    if (::write(control_wake_, &one, sizeof(one)) < 0) {
+      // The control thread also wakes at its next deadline (at most 1 s).
     }
   }
   // One worker per slice: waking them all for one slice (a P2P chunk) sends
@@ -218,13 +245,79 @@ void TcpTransport::workerLoop() {
   }
 }
 
-bool TcpTransport::sendInline(Slice& slice) const {
+// One thread for the answers of every control write: each is sent inline
+// (by its submitter, or here once a connection is idle) and then waits in a
+// poll set, so a peer that does not answer holds up only its own writes.
+void TcpTransport::controlLoop() {
+  std::vector<Slice> waiting;  // sent, their answers not read yet
+  std::vector<pollfd> fds;
+  for (;;) {
+    std::deque<Slice> fresh;
+    {
+      std::unique_lock lock(queue_mutex_);
+      if (waiting.empty()) control_cv_.wait(lock, [this] { return stopping_ || !control_queue_.empty(); });
+      if (stopping_) break;
+      fresh.swap(control_queue_);
+    }
+    for (Slice& slice : fresh) {
+      // Found no idle connection when submitted: one may be idle now. Else
+      // a worker connects (this thread never waits on a connection's
+      // opening: the peer may be the one that does not answer).
+      if (!slice.sent_on && !sendInline(slice)) {
+        {
+          std::lock_guard lock(queue_mutex_);
+          if (!stopping_) {
+            queue_.push_back(std::move(slice));
+            queue_cv_.notify_one();
+            continue;
+          }
+        }
+        slice.task->completeSlice(0, kEndpointError);  // engine shutting down
+        continue;
+      }
+      waiting.push_back(std::move(slice));
+    }
+    if (waiting.empty()) continue;
+    // The earliest deadline bounds the wait, and the wake-up fd ends it when
+    // more control writes come.
+    fds.assign(1, pollfd{control_wake_, POLLIN, 0});
+    net::Deadline first = net::never();
+    for (const Slice& slice : waiting) {
+      fds.push_back(pollfd{slice.sent_on->fd(), POLLIN, 0});
+      first = std::min(first, slice.deadline);
+    }
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(first - net::Clock::now()).count();
+    ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<int64_t>(wait + 1, 0, 1000)));
+    if (fds[0].revents != 0) {
+      uint64_t count;
+      if (::read(control_wake_, &count, sizeof(count)) < 0) {
+        // Nothing to drain: another wake-up read it.
+      }
+    }
+    const net::Deadline now = net::Clock::now();
+    std::vector<Slice> still;
+    for (size_t i = 0; i < waiting.size(); ++i) {
+      if (fds[i + 1].revents == 0 && now < waiting[i].deadline) {
+        still.push_back(std::move(waiting[i]));
+        continue;
+      }
+      run(waiting[i]);  // its answer is in (or its deadline passed): read it, or report the loss
+    }
+    waiting.swap(still);
+  }
+  for (const Slice& slice : waiting) slice.task->completeSlice(0, kEndpointError);
+}
+
+bool TcpTransport::isControl(const Slice& slice) {
   // Small enough for the empty send buffer of an idle connection (its peer
-  // answered everything sent before: at least 16 KiB are free), so the
-  // caller (a progress thread) is not held up; and bounded anyway.
-  constexpr uint64_t kInlineBytes = 8 * 1024;
-  constexpr auto kInlineSendLimit = std::chrono::milliseconds(2);
-  if (slice.opcode != Opcode::kWrite || slice.local_device >= 0 || slice.length > kInlineBytes) return false;
+  // answered everything sent before: at least 16 KiB are free), so an inline
+  // send does not hold up the caller (a progress thread).
+  constexpr uint64_t kControlBytes = 8 * 1024;
+  return slice.opcode == Opcode::kWrite && slice.local_device < 0 && slice.length <= kControlBytes;
+}
+
+bool TcpTransport::sendInline(Slice& slice) const {
+  constexpr auto kInlineSendLimit = std::chrono::milliseconds(2);  // bounded anyway
   auto socket = std::make_shared<net::Socket>();
   if (!slice.pool->takeIdle(*socket)) return false;
   Slice bounded = slice;

@@ -1,8 +1,10 @@
 // TCP transport: works between any two hosts. Serves data connections on the
 // engine's listening port; as a client it keeps a pool of connections per
 // peer and splits large requests into slices that worker threads move over
-// several connections at once. Every socket wait is bounded by the request's
-// deadline (MC_TRANSFER_TIMEOUT + 1 ns/byte).
+// several connections at once. Small asynchronous writes (control words: a
+// credit, an ack) go on a lane of their own, so that they never wait behind
+// the data slices that keep the workers busy. Every socket wait is bounded
+// by the request's deadline (MC_TRANSFER_TIMEOUT + 1 ns/byte).
 //
 // GPU memory (a region whose location is "cuda:N"), on either side, is staged
 // through a pinned host buffer a chunk at a time (cuda/host_staging.h): this
@@ -68,11 +70,15 @@ class TcpTransport : public Transport {
   // without waiting for a worker to wake; the worker only reads the answer.
   // False (nothing sent) when no connection is idle or the send failed.
   bool sendInline(Slice& slice) const;
+  // Whether a slice is a control write (host memory, at most 8 KiB): it is
+  // sent inline if it can be and goes to the control lane, not a worker.
+  static bool isControl(const Slice& slice);
   // Server side, after a write's payload: reads its trailer, answers the
   // write with `status` (the payload's verdict, or the trailer's), then
   // writes the trailer if all went well. Returns the socket's result.
   int finishWithTrailer(int fd, net::Deadline deadline, tcp::DataStatus status) const;
   void workerLoop();
+  void controlLoop();
   void serveConnection(net::Socket& socket) const;
 
   rpc::ConnectionServer& server_;
@@ -84,8 +90,12 @@ class TcpTransport : public Transport {
   std::mutex queue_mutex_;
   std::condition_variable queue_cv_;
   std::deque<Slice> queue_;
+  std::condition_variable control_cv_;
+  std::deque<Slice> control_queue_;  // sent inline, or to send once a connection is idle
   bool stopping_ = false;
   std::vector<std::thread> workers_;
+  std::thread control_worker_;
+  int control_wake_ = -1;  // an eventfd: more control writes are queued
 };
 
 }  // namespace mooncake::te
