@@ -74,6 +74,13 @@ class PeerProcess {
   }
 
   void signal(int sig) { kill(pid_, sig); }
+  // SIGSTOP, returning once the peer has stopped (a signal is delivered
+  // asynchronously: the peer could still answer a request sent right after).
+  void stopNow() {
+    kill(pid_, SIGSTOP);
+    int status = 0;
+    waitpid(pid_, &status, WUNTRACED);
+  }
   void killNow() {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);

@@ -184,7 +184,7 @@ TEST(MultiProcessStall, AStoppedPeerHoldsUpOnlyItsOwnSmallWrites) {
     for (size_t i = 0; i < 8; ++i) warm.push_back({Opcode::kWrite, buf.data + i * kWarm, handle, addr + i * kWarm, kWarm});
     ASSERT_EQ(submitAndWait(engine, warm).state, TransferState::kCompleted);
   }
-  stopped.signal(SIGSTOP);
+  stopped.stopNow();
   std::vector<BatchId> held;
   for (size_t i = 0; i < 8; ++i) {
     const BatchId id = engine.allocateBatchID(1);
