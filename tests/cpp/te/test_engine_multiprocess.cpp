@@ -151,7 +151,7 @@ TEST(MultiProcessStall, StoppedPeerTimesOutOverTcp) {
   ASSERT_EQ(engine.registerLocalMemory(buf.data, kBytes), kOk);
   SegmentHandle h = engine.openSegment(peer.segment);
   ASSERT_NE(h, kInvalidSegment);
-  peer.signal(SIGSTOP);
+  peer.stopNow();
   auto start_time = std::chrono::steady_clock::now();
   int rc = engine.transferSync({TransferRequest{Opcode::kWrite, buf.data, h, peer.buffer_addr, kBytes}});
   auto elapsed = std::chrono::steady_clock::now() - start_time;

@@ -142,13 +142,7 @@ void TcpTransport::shutdown() {
     control_queue_.clear();
   }
   queue_cv_.notify_all();
-  control_cv_.notify_all();
-  if (control_wake_ >= 0) {
-    const uint64_t one = 1;
-    if (::write(control_wake_, &one, sizeof(one)) < 0) {
-      // It wakes within a second anyway.
-    }
-  }
+  wakeControl();
   for (auto& w : workers_) w.join();
   workers_.clear();
   if (control_worker_.joinable()) control_worker_.join();
@@ -218,13 +212,7 @@ void TcpTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& t
       slices.clear();
     }
   }
-  if (control) {
-    control_cv_.notify_one();
-    const uint64_t one = 1;
-    if (::write(control_wake_, &one, sizeof(one)) < 0) {
-      // The control thread also wakes at its next deadline (at most 1 s).
-    }
-  }
+  if (control) wakeControl();
   // One worker per slice: waking them all for one slice (a P2P chunk) sends
   // the others back to sleep at the cost of a context switch each.
   for (size_t i = 0; i < std::min<size_t>(queued, workers_.size()); ++i) queue_cv_.notify_one();
@@ -248,14 +236,20 @@ void TcpTransport::workerLoop() {
 // One thread for the answers of every control write: each is sent inline
 // (by its submitter, or here once a connection is idle) and then waits in a
 // poll set, so a peer that does not answer holds up only its own writes.
+void TcpTransport::wakeControl() {
+  const uint64_t one = 1;
+  if (control_wake_ >= 0 && ::write(control_wake_, &one, sizeof(one)) < 0) {
+    // The counter is full: a wake-up is pending anyway.
+  }
+}
+
 void TcpTransport::controlLoop() {
   std::vector<Slice> waiting;  // sent, their answers not read yet
   std::vector<pollfd> fds;
   for (;;) {
     std::deque<Slice> fresh;
     {
-      std::unique_lock lock(queue_mutex_);
-      if (waiting.empty()) control_cv_.wait(lock, [this] { return stopping_ || !control_queue_.empty(); });
+      std::lock_guard lock(queue_mutex_);
       if (stopping_) break;
       fresh.swap(control_queue_);
     }
@@ -277,17 +271,20 @@ void TcpTransport::controlLoop() {
       }
       waiting.push_back(std::move(slice));
     }
-    if (waiting.empty()) continue;
-    // The earliest deadline bounds the wait, and the wake-up fd ends it when
-    // more control writes come.
+    // The wake-up fd ends the wait when more control writes come (or at
+    // shutdown); the earliest deadline bounds it.
     fds.assign(1, pollfd{control_wake_, POLLIN, 0});
     net::Deadline first = net::never();
     for (const Slice& slice : waiting) {
       fds.push_back(pollfd{slice.sent_on->fd(), POLLIN, 0});
       first = std::min(first, slice.deadline);
     }
-    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(first - net::Clock::now()).count();
-    ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<int64_t>(wait + 1, 0, 1000)));
+    int timeout_ms = -1;  // nothing in flight: until woken
+    if (!waiting.empty()) {
+      const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(first - net::Clock::now()).count();
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(wait + 1, 0, 1000));
+    }
+    ::poll(fds.data(), fds.size(), timeout_ms);
     if (fds[0].revents != 0) {
       uint64_t count;
       if (::read(control_wake_, &count, sizeof(count)) < 0) {

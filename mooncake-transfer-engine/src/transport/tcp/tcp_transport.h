@@ -65,10 +65,10 @@ class TcpTransport : public Transport {
   int exchange(net::Socket& socket, const Slice& slice) const;
   int sendRequest(int fd, const Slice& slice) const;
   int awaitAnswer(int fd, const Slice& slice) const;
-  // A small write for a caller that does not wait goes out from the
-  // caller's thread on an idle pooled connection, so that the bytes leave
-  // without waiting for a worker to wake; the worker only reads the answer.
-  // False (nothing sent) when no connection is idle or the send failed.
+  // A control write goes out from the calling thread on an idle pooled
+  // connection, so that the bytes leave without waiting for a thread to
+  // wake; the control lane only reads the answer. False (nothing sent) when
+  // no connection is idle or the send failed.
   bool sendInline(Slice& slice) const;
   // Whether a slice is a control write (host memory, at most 8 KiB): it is
   // sent inline if it can be and goes to the control lane, not a worker.
@@ -79,6 +79,7 @@ class TcpTransport : public Transport {
   int finishWithTrailer(int fd, net::Deadline deadline, tcp::DataStatus status) const;
   void workerLoop();
   void controlLoop();
+  void wakeControl();  // more control writes are queued, or the transport stops
   void serveConnection(net::Socket& socket) const;
 
   rpc::ConnectionServer& server_;
@@ -90,7 +91,6 @@ class TcpTransport : public Transport {
   std::mutex queue_mutex_;
   std::condition_variable queue_cv_;
   std::deque<Slice> queue_;
-  std::condition_variable control_cv_;
   std::deque<Slice> control_queue_;  // sent inline, or to send once a connection is idle
   bool stopping_ = false;
   std::vector<std::thread> workers_;
