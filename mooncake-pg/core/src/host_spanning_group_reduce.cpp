@@ -11,13 +11,10 @@
 namespace mooncake::pg {
 namespace {
 
-// Up to this size (or with two hosts) the leaders reduce in one exchange of
-// whole buffers: one network latency, instead of 2(H-1) ring steps.
+// Up to this size the leaders of more than two hosts reduce in one
+// exchange of whole buffers: one network latency, instead of 2(H-1) ring
+// steps.
 constexpr size_t kLeadersOneExchangeBytes = 256 * 1024;
-// The one exchange goes in segments of at least this size (and at most 16
-// of them), each folded as soon as it is in.
-constexpr size_t kFoldSegmentBytes = 512 * 1024;
-constexpr size_t kMaxFoldSegments = 16;
 
 ReduceOp partialOp(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
 
@@ -64,11 +61,12 @@ OpResult HostSpanningGroup::leadersExchangeAndFold(const void* mine, void* buf, 
 }
 
 OpResult HostSpanningGroup::leadersAllreduce(const void* mine, void* buf, size_t count, DataType type, ReduceOp op,
-                                             int tag) {
+                                             int tag, bool* wrote) {
   const int hosts = layout_.hosts();
   const size_t esize = elementSize(type);
   auto* data = static_cast<char*>(buf);
-  if (hosts == 2 || count * esize <= kLeadersOneExchangeBytes || count < static_cast<size_t>(hosts)) {
+  if (hosts == 2) return leadersAcrossTwoHosts(mine, buf, count, type, op, wrote);
+  if (count * esize <= kLeadersOneExchangeBytes || count < static_cast<size_t>(hosts)) {
     return leadersExchangeAndFold(mine, buf, count, type, op, tag);
   }
   if (mine != buf) std::memcpy(buf, mine, count * esize);
@@ -104,18 +102,26 @@ OpResult HostSpanningGroup::allreduce(const void* input, void* output, size_t co
   if (failedBefore(r)) return r;
   const ReduceOp part = partialOp(op);
   const size_t bytes = count * elementSize(type);
+  const bool alone = local_->size() == 1;
   // In place, the leader sums into a scratch buffer, so that its input is
   // intact until the result is complete: a failed all_reduce can then be
-  // run again over the survivors.
-  const bool via_scratch = isLeader() && input == output;
+  // run again over the survivors. A leader alone on its host reducing by
+  // halves across two hosts folds in its tensor instead (a copy of its size
+  // less, and a working set that stays in the cache); once it folded,
+  // a failure reports the output written, and the call raises.
+  const bool in_tensor = isLeader() && alone && byHalves(count, type);
+  const bool via_scratch = isLeader() && input == output && !in_tensor;
   void* sum = via_scratch ? atLeast(in_place_sum_, bytes) : output;
   // A rank alone on its host skips the local reduction (a copy): its
   // input is its host's part as it is.
-  const bool alone = local_->size() == 1;
   if (!alone && !(r = fromLocal(local_->reduce(input, sum, count, type, part, 0))).ok) return settle(r);
-  if (isLeader() && layout_.hosts() > 1 &&
-      !(r = leadersAllreduce(alone ? input : sum, sum, count, type, part, tagOf(OpCode::kAllreduce))).ok) {
-    return settle(r);
+  if (isLeader() && layout_.hosts() > 1) {
+    bool wrote = false;
+    r = leadersAllreduce(alone ? input : sum, sum, count, type, part, tagOf(OpCode::kAllreduce), &wrote);
+    if (!r.ok) {
+      r.output_written = wrote && sum == input;
+      return settle(r);
+    }
   }
   if (alone && layout_.hosts() == 1 && sum != input) std::memcpy(sum, input, bytes);
   if (!(r = fromLocal(local_->broadcast(sum, bytes, 0))).ok) return settle(r);  // says if it wrote part of it

@@ -10,6 +10,12 @@
 
 namespace mooncake::pg {
 
+// The leaders' one exchange of whole buffers goes in segments of at least
+// this size (and at most kMaxFoldSegments of them), each folded as soon as
+// it is in; the two-host halves go in pieces of the same sizes.
+constexpr size_t kFoldSegmentBytes = 512 * 1024;
+constexpr size_t kMaxFoldSegments = 16;
+
 // One P2P tag per collective kind: ranks that disagree on the operation do
 // not pair their messages.
 inline int tagOf(OpCode op) { return 0x4d430000 | static_cast<int>(op); }

@@ -50,8 +50,9 @@ class P2pChannel::Impl {
     return P2pEndpoint{engine_.segmentName(), addr(credits_), addr(acks_),      addr(notices_),
                        addr(eager_ring_),     addr(releases_), eager_bytes_, eager_slots_};
   }
+  size_t chunkBytes() const { return options_.chunk_bytes; }
   void connect(const std::vector<P2pEndpoint>& peers);
-  void post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done);
+  void post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done, Sink sink = {});
   void abort(const std::string& why, const std::vector<int>& failed_ranks, bool mismatch);
   void reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch);
   void close(int peer, const std::string& why);
@@ -70,6 +71,7 @@ class P2pChannel::Impl {
     char* data;
     size_t total;
     Done done;
+    Sink sink;  // set: the bytes go there, not to `data`
     uint32_t op_id = 0;
     uint32_t tag_seq = 0;  // which message of its tag: pairs with the send of the same number
     // Waits for an eager message (no credits) unless the sender announces
@@ -191,6 +193,7 @@ class P2pChannel::Impl {
     char* data;
     size_t bytes;
     Done done;
+    Sink sink;
   };
 
   static uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
@@ -231,6 +234,14 @@ class P2pChannel::Impl {
   }
   // Copies an arrival's payload to `to`; false if the slot no longer holds it.
   bool copyPayload(int peer, const Arrival& arrival, char* to) const;
+  // Hands a piece of a receive's bytes to its sink, or copies it into its buffer.
+  static void deliver(RecvOp& op, size_t offset, const char* bytes, size_t length) {
+    if (op.sink) {
+      op.sink(offset, bytes, length);
+    } else {
+      std::memcpy(op.data + offset, bytes, length);
+    }
+  }
   // A size mismatch found on this side (`sent`: the sender's size, when
   // known): the receive fails, takes no more credits, and the sender learns
   // by a credit of our size, unless credits already went out or it learns
@@ -602,10 +613,10 @@ bool P2pChannel::Impl::closedByPeer(int p) {
   return true;
 }
 
-void P2pChannel::Impl::post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done) {
+void P2pChannel::Impl::post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done, Sink sink) {
   {
     std::lock_guard lock(mutex_);
-    posted_.push_back(Posted{is_send, peer, tag, data, bytes, std::move(done)});
+    posted_.push_back(Posted{is_send, peer, tag, data, bytes, std::move(done), std::move(sink)});
   }
   cv_.notify_all();
 }
@@ -839,10 +850,13 @@ bool P2pChannel::Impl::matchEager(int p, bool& intact) {
       mismatch = true;  // the sender learns from the release
       refuse(p, *op, /*sender_told=*/true, head.length);
     } else {
-      if (!copyPayload(p, *it, op->data)) {
+      // A sink takes the bytes only once they are known intact.
+      std::vector<char> taken(op->sink ? op->total : 0);
+      if (!copyPayload(p, *it, op->sink ? taken.data() : op->data)) {
         intact = false;
         return progressed;
       }
+      if (op->sink && op->total > 0) op->sink(0, taken.data(), op->total);
       op->received = op->total;
       op->eager = false;
       op->credits_done = true;  // credits already out are answered "sent eagerly"
@@ -1010,7 +1024,7 @@ bool P2pChannel::Impl::harvestAcks(int peer) {
     } else if (ack.length == kAckSentEagerly) {
       // The bytes come (or came) through the eager ring; the chunk is unused.
     } else if (op.error.empty() && it->length > 0) {
-      std::memcpy(op.data + it->offset, recv_pool_ + it->chunk * chunk, it->length);
+      deliver(op, it->offset, recv_pool_ + it->chunk * chunk, it->length);
       op.received += it->length;
     }
     if (it->chunk >= 0) free_chunks_.push_back(it->chunk);
@@ -1276,7 +1290,7 @@ void P2pChannel::Impl::loop() {
         lane.ops.push_back(std::move(send));
       } else {
         RecvLane& lane = recv_lanes_[op.peer];
-        RecvOp recv{op.tag, op.data, op.bytes, std::move(op.done), {}, {}, {}, {}, {}, {}, {}, {}, {}};
+        RecvOp recv{op.tag, op.data, op.bytes, std::move(op.done), std::move(op.sink), {}, {}, {}, {}, {}, {}, {}, {}, {}};
         recv.op_id = lane.next_op_id++;
         recv.tag_seq = lane.next_tag_seq[op.tag]++;
         recv.eager = eager_slots_ > 0 && op.bytes <= eager_bytes_;
@@ -1338,12 +1352,16 @@ P2pChannel::P2pChannel(te::TransferEngine& engine, int rank, int size, const P2p
     : impl_(std::make_unique<Impl>(engine, rank, size, options)) {}
 P2pChannel::~P2pChannel() = default;
 P2pEndpoint P2pChannel::localEndpoint() const { return impl_->localEndpoint(); }
+size_t P2pChannel::chunkBytes() const { return impl_->chunkBytes(); }
 void P2pChannel::connect(const std::vector<P2pEndpoint>& peers) { impl_->connect(peers); }
 void P2pChannel::send(int peer, int tag, const void* data, size_t bytes, Done done) {
   impl_->post(true, peer, tag, const_cast<char*>(static_cast<const char*>(data)), bytes, std::move(done));
 }
 void P2pChannel::recv(int peer, int tag, void* data, size_t bytes, Done done) {
   impl_->post(false, peer, tag, static_cast<char*>(data), bytes, std::move(done));
+}
+void P2pChannel::recv(int peer, int tag, size_t bytes, Sink sink, Done done) {
+  impl_->post(false, peer, tag, nullptr, bytes, std::move(done), std::move(sink));
 }
 void P2pChannel::abort(const std::string& why, const std::vector<int>& failed_ranks, bool mismatch) {
   impl_->abort(why, failed_ranks, mismatch);

@@ -34,6 +34,10 @@ void P2pExchange::recv(int peer, void* data, size_t bytes) {
   channel_.recv(toChannel(peer), tag_, data, bytes, completion());
 }
 
+void P2pExchange::recv(int peer, size_t bytes, P2pChannel::Sink sink) {
+  channel_.recv(toChannel(peer), tag_, bytes, std::move(sink), completion());
+}
+
 OpResult P2pExchange::wait() {
   // No deadline here: the channel ends every message, at the latest when its
   // peer made no progress for the channel's timeout.

@@ -23,6 +23,7 @@ class P2pExchange {
 
   void send(int peer, const void* data, size_t bytes);
   void recv(int peer, void* data, size_t bytes);
+  void recv(int peer, size_t bytes, P2pChannel::Sink sink);
   // The first error among the messages, with every failed peer named.
   OpResult wait();
 

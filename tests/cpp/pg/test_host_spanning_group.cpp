@@ -165,6 +165,86 @@ TEST(HostSpanningGroup, FloatReductionsAgreeBitForBitOnEveryRank) {
   for (int r = 0; r < 3; ++r) EXPECT_EQ(status[r], 0) << "rank " << r;
 }
 
+TEST(HostSpanningGroup, TwoHostsReduceByHalvesToTheExactSumInPlaceAndNot) {
+  // One rank per host: every element's sum is one float addition, whoever
+  // makes it, so each rank checks against a + b computed here from both
+  // ranks' inputs. An odd count splits into unequal halves; the sizes are
+  // below and above the size from which the leaders go by halves (1 MiB).
+  auto status = runSpanning({"A", "B"}, SpanOptions{}, [](HostSpanningGroup& g) {
+    auto input_of = [](int rank, size_t count) {
+      std::vector<float> v(count);
+      std::mt19937 rng(rank + 11);
+      std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+      for (float& x : v) x = dist(rng) * 1e-3f;
+      return v;
+    };
+    for (size_t count : {size_t{100003}, size_t{300001}, size_t{1u << 20}}) {
+      const std::vector<float> a = input_of(0, count), b = input_of(1, count);
+      std::vector<float> expected(count);
+      for (size_t i = 0; i < count; ++i) expected[i] = a[i] + b[i];
+      std::vector<float> io = g.rank() == 0 ? a : b, out(count, -1.0f);
+      const std::vector<float> kept = io;
+      if (!g.allreduce(io.data(), out.data(), count, DataType::kFloat32, ReduceOp::kSum).ok) return 1;
+      if (std::memcmp(out.data(), expected.data(), count * sizeof(float)) != 0) return 2;
+      if (io != kept) return 3;  // out of place: the input is left alone
+      if (!g.allreduce(io.data(), io.data(), count, DataType::kFloat32, ReduceOp::kSum).ok) return 4;
+      if (std::memcmp(io.data(), expected.data(), count * sizeof(float)) != 0) return 5;
+    }
+    return 0;
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(status[r], 0) << "rank " << r;
+}
+
+TEST(HostSpanningGroup, TwoHostsOfTwoAgreeBitForBitOnLargeReductions) {
+  auto status = runSpanning({"A", "A", "B", "B"}, SpanOptions{}, [](HostSpanningGroup& g) {
+    const size_t count = 300001;
+    std::vector<float> v(count);
+    std::mt19937 rng(g.rank() + 1);
+    std::uniform_real_distribution<float> dist(-1e3f, 1e3f);
+    for (float& x : v) x = dist(rng) * 1e-3f;
+    if (!g.allreduce(v.data(), v.data(), count, DataType::kFloat32, ReduceOp::kSum).ok) return 1;
+    std::vector<float> all(count * g.size());
+    if (!g.allgather(v.data(), all.data(), count * sizeof(float)).ok) return 2;
+    for (int s = 1; s < g.size(); ++s) {
+      if (std::memcmp(all.data(), all.data() + s * count, count * sizeof(float)) != 0) return 3;
+    }
+    return 0;
+  });
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(status[r], 0) << "rank " << r;
+}
+
+TEST(HostSpanningGroupFailure, AnInPlaceReductionByHalvesSaysWhetherItWroteBeforeItsPeerDied) {
+  // Rank 1 dies while a large in-place all_reduce is under way. Rank 0's
+  // call fails; when it reports its output unwritten (so that it may be
+  // run again), its tensor must still hold its input, bit for bit.
+  SpanOptions options;
+  options.timeout = 3s;
+  auto status = runSpanning({"A", "B"}, options, [](HostSpanningGroup& g) {
+    const size_t count = 4u << 20;  // 16 MiB: many pieces, each of many chunks
+    std::vector<float> v(count);
+    for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>(i % 1000) * 0.25f;
+    const std::vector<float> kept = v;
+    if (g.rank() == 1) {
+      std::thread([] {
+        std::this_thread::sleep_for(30ms);
+        _exit(42);
+      }).detach();
+      for (;;) g.allreduce(v.data(), v.data(), count, DataType::kFloat32, ReduceOp::kSum);
+    }
+    OpResult r = g.allreduce(v.data(), v.data(), count, DataType::kFloat32, ReduceOp::kSum);
+    for (int more = 0; r.ok && more < 100; ++more) {
+      std::copy(kept.begin(), kept.end(), v.begin());
+      r = g.allreduce(v.data(), v.data(), count, DataType::kFloat32, ReduceOp::kSum);
+    }
+    if (r.ok) return 1;
+    std::fprintf(stderr, "rank 0: %s (output %s)\n", r.error.c_str(), r.output_written ? "written" : "intact");
+    if (!r.output_written && v != kept) return 2;
+    return 0;
+  });
+  EXPECT_EQ(status[1], 42);
+  EXPECT_EQ(status[0], 0);
+}
+
 TEST(HostSpanningGroupFailure, DeadRankFailsEveryHostAtOnceAndEveryHintNamesIt) {
   // Rank 3 (host B) dies. Its host mate sees it through the arena; host A
   // learns it from B's leader giving up, not from a timeout: every survivor

@@ -4,6 +4,8 @@
 // operations with errors, never hang them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <future>
 #include <numeric>
 #include <thread>
@@ -78,6 +80,42 @@ TEST_P(P2pPair, MessagesOfEverySizeIncludingLargerThanThePool) {
     ASSERT_TRUE(sr.ok) << sr.error;
     ASSERT_TRUE(rr.ok) << rr.error;
     ASSERT_EQ(got, data);
+  }
+}
+
+TEST_P(P2pPair, AReceiveIntoASinkGetsEveryByteOnceInPiecesAtChunkBoundaries) {
+  // Eager (the whole message at once), one credit, and many credits (pieces
+  // in any order); a spilled eager message too (its send waits in the ring,
+  // the receive is posted later).
+  for (size_t n : {size_t{1}, size_t{4096}, size_t{65537}, size_t{1000003}}) {
+    for (bool receive_first : {true, false}) {
+      SCOPED_TRACE(std::to_string(n) + (receive_first ? " receive first" : " send first"));
+      auto data = pattern(n, 3);
+      std::vector<uint8_t> got(n, 0), seen(n, 0);
+      bool aligned = true;
+      auto sink = [&](size_t offset, const char* bytes, size_t length) {
+        aligned &= offset % (64 * 1024) == 0 && offset + length <= n;
+        for (size_t i = 0; i < length && offset + i < n; ++i) seen[offset + i]++;
+        std::memcpy(got.data() + offset, bytes, std::min(length, n - std::min(offset, n)));
+      };
+      auto promise = std::make_shared<std::promise<OpResult>>();
+      auto post_receive = [&] {
+        ranks_[1]->channel->recv(0, 6, n, sink, [promise](const OpResult& r) { promise->set_value(r); });
+      };
+      if (receive_first) post_receive();
+      auto s = send(0, 1, 6, data);
+      if (!receive_first) {
+        std::this_thread::sleep_for(20ms);
+        post_receive();
+      }
+      auto r = promise->get_future();
+      OpResult sr = get(s), rr = get(r);
+      ASSERT_TRUE(sr.ok) << sr.error;
+      ASSERT_TRUE(rr.ok) << rr.error;
+      EXPECT_TRUE(aligned);
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<long>(n)) << "a byte missed or taken twice";
+      ASSERT_EQ(got, data);
+    }
   }
 }
 

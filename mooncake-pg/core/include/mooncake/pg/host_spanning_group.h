@@ -4,8 +4,10 @@
 // lowest rank), moves data, through a P2pChannel over the transfer engine.
 //
 //   all_reduce:     local reduce to the leader -> leaders' all-reduce -> local broadcast
-//   leaders' all-reduce: one exchange of whole buffers when there are two hosts
-//                   or the buffer is small (one network latency); a ring
+//   leaders' all-reduce: two hosts: by halves from 1 MiB (each leader folds
+//                   one half and sends it back), else one exchange, folded
+//                   where it lands; more hosts: one exchange of whole buffers
+//                   when the buffer is small (one network latency), a ring
 //                   (reduce-scatter + all-gather, 2(H-1)/H of the buffer per
 //                   leader) otherwise
 //   broadcast:      local broadcast on the root's host -> root's leader to the
@@ -104,12 +106,24 @@ class HostSpanningGroup : public Collectives {
   // other leader down a pipelined chain.
   OpResult leadersChainBroadcast(void* buf, size_t bytes, int root_host);
   // Among leaders only: every leader's `buf` becomes the reduction of all
-  // of them; `mine` is this leader's part (it may be `buf`).
-  OpResult leadersAllreduce(const void* mine, void* buf, size_t count, DataType type, ReduceOp op, int tag);
+  // of them; `mine` is this leader's part (it may be `buf`). `wrote`: set
+  // when `buf` was written before a failure.
+  OpResult leadersAllreduce(const void* mine, void* buf, size_t count, DataType type, ReduceOp op, int tag,
+                            bool* wrote = nullptr);
   // Its one-exchange form: every leader sends its buffer to every other, in
   // segments, folding each segment as soon as it is in while the next ones
   // are on the wire.
   OpResult leadersExchangeAndFold(const void* mine, void* buf, size_t count, DataType type, ReduceOp op, int tag);
+  // Its forms for two hosts (host_spanning_two_hosts.cpp): by halves from
+  // byHalves() on (each leader folds one half and sends it back), else one
+  // exchange folded where it lands (`mine` must not be `buf`).
+  OpResult leadersAcrossTwoHosts(const void* mine, void* buf, size_t count, DataType type, ReduceOp op,
+                                 bool* wrote);
+  OpResult leadersByHalves(const void* mine, void* buf, size_t count, DataType type, ReduceOp op, bool* wrote);
+  OpResult leadersFoldExchange(const void* mine, void* buf, size_t count, DataType type, ReduceOp op);
+  bool byHalves(size_t count, DataType type) const;
+  // Whether the channel can hand a received `type` buffer to a sink.
+  bool foldsWhereItLands(DataType type) const;
 
   const int rank_;
   const HostLayout layout_;

@@ -70,6 +70,12 @@ struct P2pCounters {
 class P2pChannel {
  public:
   using Done = std::function<void(const OpResult&)>;
+  // Takes the bytes [offset, offset + length) of a received message from
+  // where they landed, instead of a copy into a buffer: a collective folds
+  // them straight into its result. Runs on the progress thread, once per
+  // piece, pieces in any order, each starting at a multiple of the chunk
+  // size (chunkBytes()); it must not throw.
+  using Sink = std::function<void(size_t offset, const char* bytes, size_t length)>;
 
   // Registers this rank's slots and pools with `engine` (which must outlive
   // the channel). Throws std::runtime_error when registration fails.
@@ -77,6 +83,7 @@ class P2pChannel {
   ~P2pChannel();
 
   P2pEndpoint localEndpoint() const;
+  size_t chunkBytes() const;
   // The peers' endpoints, indexed by rank. Before the first send/recv.
   void connect(const std::vector<P2pEndpoint>& peers);
 
@@ -84,6 +91,8 @@ class P2pChannel {
   // buffer must stay valid until then.
   void send(int peer, int tag, const void* data, size_t bytes, Done done);
   void recv(int peer, int tag, void* data, size_t bytes, Done done);
+  // A receive whose bytes go to `sink` (which must stay valid until `done`).
+  void recv(int peer, int tag, size_t bytes, Sink sink, Done done);
 
   // Gives up for good: every pending and later message fails with `why`,
   // naming `failed_ranks` (the ranks at fault, which need not include this
