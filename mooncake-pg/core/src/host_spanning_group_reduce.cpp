@@ -113,11 +113,15 @@ OpResult HostSpanningGroup::allreduce(const void* input, void* output, size_t co
   const bool via_scratch = isLeader() && input == output && !in_tensor;
   void* sum = via_scratch ? atLeast(in_place_sum_, bytes) : output;
   // A rank alone on its host skips the local reduction (a copy): its
-  // input is its host's part as it is.
-  if (!alone && !(r = fromLocal(local_->reduce(input, sum, count, type, part, 0))).ok) return settle(r);
+  // input is its host's part as it is. Across two hosts a leader with host
+  // mates reduces its host's part apart from the sum, which the other
+  // host's part is then folded into where it lands.
+  const bool part_apart = isLeader() && !alone && layout_.hosts() == 2 && foldsWhereItLands(type);
+  void* host_part = alone ? const_cast<void*>(input) : part_apart ? atLeast(leaders_incoming_, bytes) : sum;
+  if (!alone && !(r = fromLocal(local_->reduce(input, host_part, count, type, part, 0))).ok) return settle(r);
   if (isLeader() && layout_.hosts() > 1) {
     bool wrote = false;
-    r = leadersAllreduce(alone ? input : sum, sum, count, type, part, tagOf(OpCode::kAllreduce), &wrote);
+    r = leadersAllreduce(host_part, sum, count, type, part, tagOf(OpCode::kAllreduce), &wrote);
     if (!r.ok) {
       r.output_written = wrote && sum == input;
       return settle(r);

@@ -30,7 +30,10 @@ bool HostSpanningGroup::foldsWhereItLands(DataType type) const {
 }
 
 bool HostSpanningGroup::byHalves(size_t count, DataType type) const {
-  return layout_.hosts() == 2 && foldsWhereItLands(type) && count * elementSize(type) >= kHalvesBytes;
+  // A leader with host mates folds in one exchange instead: with more
+  // ranks than cores, a second dependent step costs more than it saves.
+  return layout_.hosts() == 2 && local_->size() == 1 && foldsWhereItLands(type) &&
+         count * elementSize(type) >= kHalvesBytes;
 }
 
 OpResult HostSpanningGroup::leadersAcrossTwoHosts(const void* mine, void* buf, size_t count, DataType type,

@@ -4,9 +4,10 @@
 // lowest rank), moves data, through a P2pChannel over the transfer engine.
 //
 //   all_reduce:     local reduce to the leader -> leaders' all-reduce -> local broadcast
-//   leaders' all-reduce: two hosts: by halves from 1 MiB (each leader folds
-//                   one half and sends it back), else one exchange, folded
-//                   where it lands; more hosts: one exchange of whole buffers
+//   leaders' all-reduce: two hosts: by halves from 1 MiB for leaders alone
+//                   on their hosts (each folds one half and sends it back),
+//                   else one exchange, folded where it lands; more hosts: one
+//                   exchange of whole buffers
 //                   when the buffer is small (one network latency), a ring
 //                   (reduce-scatter + all-gather, 2(H-1)/H of the buffer per
 //                   leader) otherwise
@@ -114,9 +115,9 @@ class HostSpanningGroup : public Collectives {
   // segments, folding each segment as soon as it is in while the next ones
   // are on the wire.
   OpResult leadersExchangeAndFold(const void* mine, void* buf, size_t count, DataType type, ReduceOp op, int tag);
-  // Its forms for two hosts (host_spanning_two_hosts.cpp): by halves from
-  // byHalves() on (each leader folds one half and sends it back), else one
-  // exchange folded where it lands (`mine` must not be `buf`).
+  // Its forms for two hosts (host_spanning_two_hosts.cpp): by halves where
+  // byHalves() (each leader folds one half and sends it back), else one
+  // exchange folded where it lands (where `mine` is not `buf`).
   OpResult leadersAcrossTwoHosts(const void* mine, void* buf, size_t count, DataType type, ReduceOp op,
                                  bool* wrote);
   OpResult leadersByHalves(const void* mine, void* buf, size_t count, DataType type, ReduceOp op, bool* wrote);
@@ -134,7 +135,7 @@ class HostSpanningGroup : public Collectives {
   // Kept across calls (operations on a group run one at a time): large
   // reductions do not fault in fresh pages on every call.
   // (Grown, never shrunk: zero-filled once, when they grow.)
-  std::vector<char> leaders_incoming_;  // the other leaders' buffers
+  std::vector<char> leaders_incoming_;  // the other leaders' buffers (two hosts: this host's part)
   std::vector<char> in_place_sum_;      // an in-place all_reduce's partial result
   std::atomic<bool> failed_{false};
   std::string first_error_;  // written once, before failed_ is set
