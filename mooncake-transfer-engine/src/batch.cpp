@@ -1,5 +1,7 @@
 #include "batch.h"
 
+#include <sys/socket.h>
+
 namespace mooncake::te {
 
 // ---- TransferTask ----
@@ -22,11 +24,30 @@ void TransferTask::fail(int error) {
   settle();
 }
 
+void TransferTask::cancel() {
+  std::lock_guard lock(connection_mutex_);
+  canceled_.store(true, std::memory_order_release);
+  if (connection_fd_ >= 0) ::shutdown(connection_fd_, SHUT_RDWR);
+}
+
+bool TransferTask::onConnection(int fd) {
+  std::lock_guard lock(connection_mutex_);
+  if (canceled_.load(std::memory_order_relaxed)) return false;
+  connection_fd_ = fd;
+  return true;
+}
+
+void TransferTask::offConnection() {
+  std::lock_guard lock(connection_mutex_);
+  connection_fd_ = -1;
+}
+
 void TransferTask::settle() {
   int error = first_error_.load(std::memory_order_relaxed);
-  TransferState state = error == kOk        ? TransferState::kCompleted
-                        : error == kTimeout ? TransferState::kTimeout
-                                            : TransferState::kFailed;
+  TransferState state = error == kOk         ? TransferState::kCompleted
+                        : error == kTimeout  ? TransferState::kTimeout
+                        : error == kCanceled ? TransferState::kCanceled
+                                             : TransferState::kFailed;
   state_.store(state, std::memory_order_release);
   batch_->onTaskSettled();
 }
@@ -54,6 +75,11 @@ void PeerSegment::setDescriptor(SegmentDescriptor descriptor) {
 }
 
 // ---- Batch ----
+
+void Batch::cancelAll() {
+  std::lock_guard lock(mutex_);
+  for (TransferTask& t : tasks_) t.cancel();
+}
 
 int Batch::addTasks(const std::vector<TransferRequest>& requests, std::vector<TransferTask*>& out) {
   std::lock_guard lock(mutex_);
@@ -106,7 +132,7 @@ TransferStatus Batch::aggregate() const {
   for (const auto& t : tasks_) {
     TransferStatus s = t.status();
     out.transferred_bytes += s.transferred_bytes;
-    if (s.state == TransferState::kFailed || s.state == TransferState::kTimeout) {
+    if (s.state == TransferState::kFailed || s.state == TransferState::kTimeout || s.state == TransferState::kCanceled) {
       if (out.error == kOk) {
         out.error = s.error;
         out.state = s.state;

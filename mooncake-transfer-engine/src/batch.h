@@ -21,6 +21,7 @@ class Batch {
   int addTasks(const std::vector<TransferRequest>& requests, std::vector<TransferTask*>& out);
   size_t taskCount() const;
   TransferTask* task(size_t index);
+  void cancelAll();
 
   // Called by a task when it reaches a terminal state.
   void onTaskSettled();

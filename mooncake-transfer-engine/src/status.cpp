@@ -18,6 +18,7 @@ const char* errorName(int code) {
     case kHandshakeRejected: return "handshake rejected";
     case kTimeout: return "timed out";
     case kPeerUnreachable: return "peer unreachable";
+    case kCanceled: return "canceled";
     case kMetadataError: return "metadata error";
     case kEndpointError: return "endpoint error";
     case kNotImplemented: return "not implemented";

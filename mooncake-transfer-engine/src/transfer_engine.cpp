@@ -620,6 +620,9 @@ int EngineImpl::submit(BatchId id, const std::vector<TransferRequest>& requests,
   for (TransferTask* task : tasks) {
     const TransferRequest& r = task->request();
     std::optional<MemoryRegion> local = regions_.find(reinterpret_cast<uint64_t>(r.source), r.length);
+    if (!local && r.unregistered_source) {
+      local = MemoryRegion{reinterpret_cast<uint64_t>(r.source), r.length, kHostRegion.location, false};
+    }
     if (!local) {
       MC_LOG(Error) << "submit: local buffer [0x" << std::hex << reinterpret_cast<uint64_t>(r.source) << ", +0x"
                     << r.length << ") is not inside a registered region";
@@ -779,6 +782,13 @@ int TransferEngine::getBatchTransferStatus(BatchId batch, TransferStatus& status
   std::shared_ptr<Batch> b = impl_->batch(batch);
   if (!b) return kInvalidArgument;
   status = b->aggregate();
+  return kOk;
+}
+
+int TransferEngine::cancelBatch(BatchId batch) {
+  std::shared_ptr<Batch> b = impl_->batch(batch);
+  if (!b) return kInvalidArgument;
+  b->cancelAll();
   return kOk;
 }
 

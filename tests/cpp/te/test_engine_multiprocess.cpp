@@ -134,6 +134,20 @@ TEST_P(MultiProcess, WriteWithTrailerLandsBothAndRefusesBadTrailers) {
   EXPECT_EQ(engine_.transferSync({on_read}), kInvalidArgument);
 }
 
+TEST_P(MultiProcess, WritesStraightFromUnregisteredHostMemoryWhenTheRequestSaysSo) {
+  constexpr size_t kBytes = 4u << 20;
+  start(kBytes);
+  AlignedBuffer loose(kBytes);  // never registered
+  fillPattern(loose.data, kBytes, 4321);
+  TransferRequest r{Opcode::kWrite, loose.data, handle_, peer_->buffer_addr, kBytes};
+  TransferStatus refused = submitAndWait(engine_, {r});
+  EXPECT_EQ(refused.state, TransferState::kFailed);
+  EXPECT_EQ(refused.error, kAddressNotRegistered);
+  r.unregistered_source = true;
+  ASSERT_EQ(engine_.transferSync({r}), kOk);
+  EXPECT_EQ(peer_->digestOf(0, kBytes), digest(loose.data, kBytes));
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, MultiProcess, ::testing::Values("tcp", "shm"),
                          [](const auto& info) { return info.param; });
 
@@ -213,6 +227,57 @@ TEST(MultiProcessStall, AStoppedPeerHoldsUpOnlyItsOwnSmallWrites) {
     engine.freeBatchID(id);
   }
   stopped.signal(SIGCONT);
+}
+
+// A write blocked on a stopped peer (its socket buffers full, or its
+// answer never coming) ends at once when its batch is canceled, long before
+// its deadline; a write queued behind it (one worker) never starts; small
+// writes on the control lane end too.
+TEST(MultiProcessStall, CanceledWritesToAStoppedPeerEndAtOnce) {
+  constexpr size_t kBytes = 64u << 20;
+  PeerProcess peer(kBytes, 8);
+  EngineConfig config = testing::fastFailConfig();
+  config.transfer_timeout = 30000ms;
+  config.tcp_workers = 1;
+  TransferEngine engine;
+  AlignedBuffer buf(kBytes);
+  ASSERT_EQ(engine.init("P2PHANDSHAKE", "127.0.0.1", "tcp", "", config), kOk);
+  ASSERT_EQ(engine.registerLocalMemory(buf.data, kBytes), kOk);
+  const SegmentHandle h = engine.openSegment(peer.segment);
+  ASSERT_NE(h, kInvalidSegment);
+  ASSERT_EQ(engine.transferSync({{Opcode::kWrite, buf.data, h, peer.buffer_addr, 4096}}), kOk);  // a pooled connection
+  peer.stopNow();
+  std::vector<BatchId> batches;
+  for (auto [offset, length] : {std::pair<size_t, size_t>{0, kBytes / 2}, {kBytes / 2, kBytes / 2}, {0, 64}}) {
+    const BatchId id = engine.allocateBatchID(1);
+    ASSERT_EQ(engine.submitTransfer(id, {{Opcode::kWrite, buf.data + offset, h, peer.buffer_addr + offset, length}}),
+              kOk);
+    batches.push_back(id);
+  }
+  std::this_thread::sleep_for(300ms);
+  for (BatchId id : batches) {
+    TransferStatus status;
+    ASSERT_EQ(engine.getBatchTransferStatus(id, status), kOk);
+    EXPECT_EQ(status.state, TransferState::kPending);  // held up by the stopped peer
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (BatchId id : batches) ASSERT_EQ(engine.cancelBatch(id), kOk);
+  for (BatchId id : batches) {
+    TransferStatus status;
+    while (engine.getBatchTransferStatus(id, status) == kOk && status.state == TransferState::kPending &&
+           std::chrono::steady_clock::now() - t0 < 5s) {
+      std::this_thread::sleep_for(1ms);
+    }
+    EXPECT_EQ(status.state, TransferState::kCanceled);
+    EXPECT_EQ(status.error, kCanceled);
+    EXPECT_EQ(engine.freeBatchID(id), kOk);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  peer.signal(SIGCONT);
+  // The peer answers again: new writes go through.
+  fillPattern(buf.data, 4096, 9);
+  EXPECT_EQ(engine.transferSync({{Opcode::kWrite, buf.data, h, peer.buffer_addr, 4096}}), kOk);
+  EXPECT_EQ(peer.digestOf(0, 4096), digest(buf.data, 4096));
 }
 
 }  // namespace

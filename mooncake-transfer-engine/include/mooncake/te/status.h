@@ -25,6 +25,7 @@ enum ErrorCode : int {
   kHandshakeRejected = -103,
   kTimeout = -104,               // a bounded wait expired
   kPeerUnreachable = -105,       // connect refused / peer process gone
+  kCanceled = -106,              // ours: the submitter canceled the request (cancelBatch)
   kMetadataError = -200,
   kEndpointError = -201,
   kNotImplemented = -303,

@@ -85,9 +85,13 @@ class TransferEngine {
   int submitTransfer(BatchId batch, const std::vector<TransferRequest>& requests,
                      const std::string& transport_hint = "");
   int getTransferStatus(BatchId batch, size_t task_index, TransferStatus& status);
-  // Aggregate: kCompleted when all tasks completed, kFailed/kTimeout as soon as
-  // one did, kPending otherwise.
+  // Aggregate: kCompleted when all tasks completed, kFailed/kTimeout/kCanceled
+  // as soon as one did, kPending otherwise.
   int getBatchTransferStatus(BatchId batch, TransferStatus& status);
+  // Ours: ends the batch's requests still in flight at once, with kCanceled
+  // (a request blocked on a silent peer's connection too); requests that
+  // already ended keep their outcome. The batch must still be freed.
+  int cancelBatch(BatchId batch);
   // Blocks until the batch is terminal or `timeout` passes (then kTimeout is
   // reported in status and returned). Negative timeout: the engine's budget for
   // the batch's bytes (MC_TRANSFER_TIMEOUT + 1 ns/byte).

@@ -32,6 +32,11 @@ struct TransferRequest {
   const void* trailer = nullptr;
   uint32_t trailer_length = 0;
   uint64_t trailer_target = 0;
+  // Ours: the source is host memory outside any registered region, which
+  // the caller keeps valid until the request settles (a send straight from
+  // a caller's buffer, without a staging copy). Only transports that read
+  // host memory as it is carry it (tcp, shm); others refuse the request.
+  bool unregistered_source = false;
 };
 
 constexpr uint32_t kMaxTrailerBytes = 64;

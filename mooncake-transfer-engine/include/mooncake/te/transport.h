@@ -53,6 +53,17 @@ class TransferTask {
   // Fails the whole task before any slice was started.
   void fail(int error);
 
+  // Cancellation (TransferEngine::cancelBatch): a slice that is about to
+  // move bytes over a connection announces it with onConnection(fd) (false:
+  // canceled, do not start), and withdraws it with offConnection() before
+  // the connection is used for anything else. cancel() shuts the announced
+  // connection down, so a send or receive blocked on a silent peer returns
+  // at once, and later slices see canceled() and end with kCanceled.
+  void cancel();
+  bool canceled() const { return canceled_.load(std::memory_order_acquire); }
+  bool onConnection(int fd);
+  void offConnection();
+
   TransferStatus status() const;
 
  private:
@@ -65,6 +76,9 @@ class TransferTask {
   std::atomic<uint64_t> transferred_{0};
   std::atomic<int> first_error_{kOk};
   std::atomic<TransferState> state_{TransferState::kPending};
+  std::atomic<bool> canceled_{false};
+  std::mutex connection_mutex_;  // orders cancel() against the announced connection's release
+  int connection_fd_ = -1;
 };
 
 // A remote (or local) segment opened by name, with its cached descriptor.

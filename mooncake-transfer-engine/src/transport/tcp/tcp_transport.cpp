@@ -317,18 +317,26 @@ bool TcpTransport::sendInline(Slice& slice) const {
   constexpr auto kInlineSendLimit = std::chrono::milliseconds(2);  // bounded anyway
   auto socket = std::make_shared<net::Socket>();
   if (!slice.pool->takeIdle(*socket)) return false;
+  if (!slice.task->onConnection(socket->fd())) {  // canceled: a worker ends it
+    slice.pool->release(std::move(*socket));
+    return false;
+  }
   Slice bounded = slice;
   bounded.deadline = std::min(slice.deadline, net::after(kInlineSendLimit));
   // On failure the connection closes (it may hold part of the request) and
   // a worker sends the whole request again on another.
-  if (sendRequest(socket->fd(), bounded) != kOk) return false;
-  slice.sent_on = std::move(socket);
+  if (sendRequest(socket->fd(), bounded) != kOk) {
+    slice.task->offConnection();
+    return false;
+  }
+  slice.sent_on = std::move(socket);  // announced until its answer is read (run)
   return true;
 }
 
 void TcpTransport::run(const Slice& slice) const {
   if (slice.sent_on) {
     const int answer = awaitAnswer(slice.sent_on->fd(), slice);
+    slice.task->offConnection();
     if (answer == kOk) {
       slice.pool->release(std::move(*slice.sent_on));
       slice.task->completeSlice(slice.length, kOk);
@@ -353,13 +361,26 @@ void TcpTransport::run(const Slice& slice) const {
   for (int attempt = 0; attempt < 2; ++attempt) {
     net::Socket socket;
     bool reused = false;
-    rc = slice.pool->acquire(slice.deadline, socket, reused);
-    if (rc == kOk) rc = exchange(socket, slice);
+    rc = slice.task->canceled() ? kCanceled : slice.pool->acquire(slice.deadline, socket, reused);
+    if (rc == kOk && !slice.task->onConnection(socket.fd())) {
+      rc = kCanceled;
+      slice.pool->release(std::move(socket));  // unused: still between messages
+      break;
+    }
+    if (rc == kOk) {
+      rc = exchange(socket, slice);
+      slice.task->offConnection();
+      if (rc != kOk && slice.task->canceled()) rc = kCanceled;  // its connection was shut down under it
+    }
     if (rc == kOk) {
       slice.pool->release(std::move(socket));
       break;
     }
-    if (!reused || rc == kTimeout) break;
+    if (!reused || rc == kTimeout || rc == kCanceled) break;
+  }
+  if (rc == kCanceled) {
+    slice.task->completeSlice(0, rc);  // asked for: no warning
+    return;
   }
   if (rc != kOk) {
     MC_LOG(Warning) << "tcp " << (slice.opcode == Opcode::kWrite ? "write" : "read") << " of " << slice.length
