@@ -94,6 +94,8 @@ P2pOptions MooncakeCpuBackend::p2pOptionsFromEnv() {
   o.pool_chunks = pool / o.chunk_bytes;
   // 0 turns the eager path off; otherwise capped by the chunk (p2p_channel.h).
   o.eager_bytes = envBytes("MOONCAKE_P2P_EAGER_SIZE", o.eager_bytes, 0);
+  const char* in_place = std::getenv("MOONCAKE_P2P_SEND_IN_PLACE");
+  if (in_place != nullptr && std::string(in_place) == "0") o.send_in_place = false;
   return o;
 }
 

@@ -104,6 +104,11 @@ class P2pChannel::Impl {
     size_t sent = 0;    // bytes handed to writes
     size_t landed = 0;  // bytes whose writes completed
     int in_flight = 0;  // its writes not completed yet
+    bool in_place = false;  // some of its writes read `data` itself (no staging)
+    // Ended while writes still read `data`: it waits in `settling_` with its
+    // outcome until they settled.
+    bool settling = false;
+    OpResult outcome;
   };
   // A data write in flight: a chunk's bytes from a staging slot into the
   // receiver's pool, with its acknowledgement as the write's trailer (the
@@ -184,6 +189,7 @@ class P2pChannel::Impl {
     bool eager_open = true;
     int release_writes = 0;  // ReleaseSlot writes to it in flight
     bool open_owed = false;  // our OpenSlot of this epoch has not reached it yet
+    bool sends_in_place = false;  // its transport writes credited chunks from the sender's buffer as it is
     Clock::time_point open_since{}, open_tried{};
   };
   struct Posted {
@@ -232,6 +238,13 @@ class P2pChannel::Impl {
       if (w.op == op) w.op = nullptr;
     }
   }
+  // Ends the send at `it` with `outcome`: at once, or, while writes still
+  // read the caller's buffer, once they settled (`cancel`: canceled first,
+  // as for a failed peer, so that a silent peer holds nothing up).
+  void endSend(std::list<SendOp>& lane_ops, std::list<SendOp>::iterator it, OpResult outcome, bool cancel);
+  void finishSettling(SendOp* op);
+  // Whether `peer`'s transport carries credited chunks from the caller's buffer.
+  bool sendsInPlace(te::SegmentHandle handle) const;
   // Copies an arrival's payload to `to`; false if the slot no longer holds it.
   bool copyPayload(int peer, const Arrival& arrival, char* to) const;
   // Hands a piece of a receive's bytes to its sink, or copies it into its buffer.
@@ -324,6 +337,7 @@ class P2pChannel::Impl {
   size_t staging_slots_ = 0;
   std::vector<int> free_staging_;
   std::list<PendingWrite> writes_;
+  std::list<SendOp> settling_;  // sends that ended while in-place writes still read their buffers
   char* recv_pool_ = nullptr;      // pool_chunks chunks
   std::vector<int> free_chunks_;
   // The eager path: this rank's rings ([size][eager_slots_] slots of
@@ -444,6 +458,7 @@ void P2pChannel::Impl::connect(const std::vector<P2pEndpoint>& peers) {
     peers_[p].endpoint = peers[p];
     peers_[p].handle = engine_.openSegment(peers[p].segment);
     if (peers_[p].handle == te::kInvalidSegment) peers_[p].failure = "cannot reach rank " + std::to_string(p) + " at " + peers[p].segment;
+    peers_[p].sends_in_place = sendsInPlace(peers_[p].handle);
   }
 }
 
@@ -519,6 +534,7 @@ void P2pChannel::Impl::applyReopen(int p, const P2pEndpoint& endpoint, uint32_t 
       peer.quarantined.clear();
       if (peer.handle != te::kInvalidSegment) engine_.closeSegment(peer.handle);
       peer.handle = engine_.openSegment(endpoint.segment);
+      peer.sends_in_place = sendsInPlace(peer.handle);
     }
     peer.endpoint = endpoint;
     peer.epoch = epoch;
@@ -629,15 +645,52 @@ int P2pChannel::Impl::writeSlot(int peer, const void* slot, uint64_t remote) {
 
 void P2pChannel::Impl::startWrite(int peer, SendOp& op, const char* src, uint64_t remote, uint32_t length,
                                   const AckSlot& ack, uint64_t ack_remote) {
-  const int slot = free_staging_.back();
-  free_staging_.pop_back();
-  char* staging = staging_ + static_cast<size_t>(slot) * options_.chunk_bytes;
-  std::memcpy(staging, src, length);
-  te::TransferRequest request{te::Opcode::kWrite, staging, peers_[peer].handle, remote, length};
+  int slot = -1;
+  te::TransferRequest request{te::Opcode::kWrite, const_cast<char*>(src), peers_[peer].handle, remote, length};
+  if (peers_[peer].sends_in_place) {
+    request.unregistered_source = true;  // the caller's buffer, valid until the send ends
+    op.in_place = true;
+  } else {
+    slot = free_staging_.back();
+    free_staging_.pop_back();
+    request.source = staging_ + static_cast<size_t>(slot) * options_.chunk_bytes;
+    std::memcpy(request.source, src, length);
+  }
   request.trailer = &ack;
   request.trailer_length = sizeof(AckSlot);
   request.trailer_target = ack_remote;
   submitWrite(peer, request, slot, &op);
+}
+
+bool P2pChannel::Impl::sendsInPlace(te::SegmentHandle handle) const {
+  if (!options_.send_in_place || handle == te::kInvalidSegment) return false;
+  const std::string transport = engine_.transportFor(handle);
+  return transport == "tcp" || transport == "shm";
+}
+
+void P2pChannel::Impl::endSend(std::list<SendOp>& lane_ops, std::list<SendOp>::iterator it, OpResult outcome,
+                               bool cancel) {
+  if (it->in_place && it->in_flight > 0) {
+    for (const PendingWrite& w : writes_) {
+      if (cancel && w.op == &*it && w.batch != te::kInvalidBatch) engine_.cancelBatch(w.batch);
+    }
+    it->settling = true;
+    it->outcome = std::move(outcome);
+    settling_.splice(settling_.end(), lane_ops, it);  // its writes keep pointing at it
+    return;
+  }
+  forgetWritesOf(&*it);
+  Done done = std::move(it->done);
+  lane_ops.erase(it);
+  done(outcome);
+}
+
+void P2pChannel::Impl::finishSettling(SendOp* op) {
+  auto it = std::find_if(settling_.begin(), settling_.end(), [&](const SendOp& o) { return &o == op; });
+  Done done = std::move(it->done);
+  OpResult outcome = std::move(it->outcome);
+  settling_.erase(it);
+  done(outcome);
 }
 
 void P2pChannel::Impl::submitWrite(int peer, const te::TransferRequest& request, int staging, SendOp* op,
@@ -929,6 +982,11 @@ bool P2pChannel::Impl::reapWrites() {
     const int peer = write.peer;
     if (write.release) peers_[peer].release_writes--;
     if (write.op != nullptr) write.op->in_flight--;
+    // A send that already ended waited for its last in-place write: it
+    // completes now (and is gone after that).
+    const bool of_an_ended_send = write.op != nullptr && write.op->settling;
+    if (of_an_ended_send && write.op->in_flight == 0) finishSettling(write.op);
+    if (rc == te::kCanceled) continue;  // asked for by this side, once the message had ended
     if (rc != te::kOk) {
       // A write of lanes since reopened (or already failed) fails nothing.
       if (write.epoch == peers_[peer].epoch && peers_[peer].failure.empty()) {
@@ -936,7 +994,7 @@ bool P2pChannel::Impl::reapWrites() {
       }
       continue;
     }
-    if (write.op == nullptr) continue;  // not a send's bytes, or its message already ended
+    if (write.op == nullptr || of_an_ended_send) continue;  // not a send's bytes, or its message already ended
     SendOp& op = *write.op;
     if (op.path == SendPath::kEager) {  // it ends when the receiver takes it
       op.eager_landed = true;
@@ -990,13 +1048,13 @@ void P2pChannel::Impl::failPeer(int peer, const std::string& why, bool gone) {
   rl.outstanding.clear();
   for (RecvOp& op : rl.ops) op.done(failure(peer, p.failure));
   rl.ops.clear();
-  for (SendOp& op : send_lanes_[peer].ops) {
-    const bool delivered = gone && op.path == SendPath::kEager && op.eager_landed;
-    op.done(delivered ? OpResult{} : failure(peer, p.failure));
+  std::list<SendOp>& sends = send_lanes_[peer].ops;
+  while (!sends.empty()) {
+    const bool delivered = gone && sends.front().path == SendPath::kEager && sends.front().eager_landed;
+    endSend(sends, sends.begin(), delivered ? OpResult{} : failure(peer, p.failure), /*cancel=*/true);
   }
-  send_lanes_[peer].ops.clear();
   for (PendingWrite& w : writes_) {
-    if (w.peer == peer) w.op = nullptr;  // still settles, to free its staging slot
+    if (w.peer == peer && w.op != nullptr && !w.op->settling) w.op = nullptr;  // still settles, to free its staging slot
   }
 }
 
@@ -1171,17 +1229,26 @@ bool P2pChannel::Impl::stepSend(int peer) {
         lane.rejected_op_id = credit.op_id;
         lane.drain_until = Clock::now() + std::chrono::seconds(1);
         ack.length = kAckSizeMismatch;
-        finished = std::move(it->done);
-        finished_result = failure(peer, "message size mismatch with rank " + std::to_string(peer) +
-                                            ": this rank sends " + std::to_string(it->total) +
-                                            " bytes, the matching receive expects " + std::to_string(credit.total));
-        finished_result.mismatch = true;
-        forgetWritesOf(&*it);  // what it wrote before the refusal no longer counts
-        lane.ops.erase(it);
+        OpResult refused = failure(peer, "message size mismatch with rank " + std::to_string(peer) +
+                                             ": this rank sends " + std::to_string(it->total) +
+                                             " bytes, the matching receive expects " + std::to_string(credit.total));
+        refused.mismatch = true;
+        if (it->in_place && it->in_flight > 0) {
+          // Its writes still read the caller's buffer: it ends once they
+          // settled (the peer is alive: they are not canceled, so that
+          // their acks still reach it).
+          endSend(lane.ops, it, refused, /*cancel=*/false);
+        } else {
+          finished = std::move(it->done);
+          finished_result = refused;
+          forgetWritesOf(&*it);  // what it wrote before the refusal no longer counts
+          lane.ops.erase(it);
+        }
       } else if (credit.length > 0) {
         // Data: the write carries its ack as trailer and completes later
-        // (reapWrites). Without a free staging slot, the credit waits.
-        if (free_staging_.empty()) break;
+        // (reapWrites). Without a free staging slot, the credit waits
+        // (unless its bytes go in place).
+        if (!peers_[peer].sends_in_place && free_staging_.empty()) break;
         ack.length = credit.length;
         seal(ack, token(peers_[peer].epoch, seq));
         reset(slot);  // before the ack can land: the ack lets the receiver reuse the slot
@@ -1285,7 +1352,11 @@ void P2pChannel::Impl::loop() {
         op.done(failure(op.peer, peer.failure));
       } else if (op.is_send) {
         SendLane& lane = send_lanes_[op.peer];
-        SendOp send{op.tag, op.data, op.bytes, std::move(op.done), {}, {}, {}, {}, {}, {}, {}, {}, {}};
+        SendOp send{};
+        send.tag = op.tag;
+        send.data = op.data;
+        send.total = op.bytes;
+        send.done = std::move(op.done);
         send.tag_seq = lane.next_tag_seq[op.tag]++;
         lane.ops.push_back(std::move(send));
       } else {

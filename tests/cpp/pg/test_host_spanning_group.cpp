@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -289,6 +290,42 @@ TEST(HostSpanningGroupFailure, StalledLeaderTimesOutEverywhere) {
   });
   for (int r = 0; r < 3; ++r) EXPECT_EQ(status[r], 0) << "rank " << r;
   EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+}
+
+TEST(HostSpanningGroupFailure, ALeaderStoppedMidTransferFailsTheOtherAtTheDeadlineNotTheEngines) {
+  // Large messages go from the callers' buffers as they are (no staging),
+  // so a call may end only once no write reads them. Rank 1 stops (SIGSTOP)
+  // in the middle of 16 MiB all_reduces: rank 0's writes to it block, and
+  // must be canceled when the 1 s deadline passes, not end at the engine's
+  // 30 s transfer timeout.
+  SpanOptions options;
+  options.timeout = 1s;
+  auto start = std::chrono::steady_clock::now();
+  auto status = runSpanning(
+      {"A", "B"}, options,
+      [](HostSpanningGroup& g) {
+        const size_t count = 4u << 20;
+        std::vector<float> v(count, 1.0f);
+        if (g.rank() == 1) {
+          std::thread([] {
+            std::this_thread::sleep_for(50ms);
+            raise(SIGSTOP);
+          }).detach();
+        }
+        OpResult r;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < 1000 && r.ok; ++i) r = g.allreduce(v.data(), v.data(), count, DataType::kFloat32, ReduceOp::kSum);
+        if (r.ok) return 1;
+        const auto took = std::chrono::steady_clock::now() - t0;
+        std::fprintf(stderr, "rank %d failed after %lld ms: %s\n", g.rank(),
+                     static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()),
+                     r.error.c_str());
+        return took < 5s ? 0 : 2;
+      },
+      8s);
+  EXPECT_EQ(status[0], 0);
+  EXPECT_EQ(status[1], 200 + SIGKILL);  // stopped until the harness's limit
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 12s);
 }
 
 TEST(HostSpanningGroupFailure, RanksDisagreeingOnTheOperationGetErrorsNotMixedData) {

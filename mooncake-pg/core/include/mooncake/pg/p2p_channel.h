@@ -44,6 +44,11 @@ struct P2pOptions {
   // size × eager_slots × eager_bytes, so large groups get smaller slots.
   size_t eager_bytes = 64u << 10;
   size_t eager_slots = 8;
+  // Credited chunks go from the sender's buffer as it is, without a staging
+  // copy, to peers whose transport reads host memory in place (tcp, shm):
+  // MOONCAKE_P2P_SEND_IN_PLACE=0 stages them. A send then ends only once no
+  // write reads its buffer any more: writes to a failed peer are canceled.
+  bool send_in_place = true;
 };
 
 // What a rank publishes so peers can reach its slots (exchanged by the caller).
