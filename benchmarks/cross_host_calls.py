@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-OPS = ["all_reduce", "all_gather", "broadcast", "send_recv", "late_recv"]
+OPS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv", "late_recv"]
 
 # late_recv: rank 1 computes (a busy wait) before each receive, so every
 # message is sent before its receive is posted; rank 1's time per call less
@@ -41,10 +41,13 @@ def _rank(args) -> None:
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     n = args.bytes // 4
-    t, out = torch.ones(n), torch.empty(n * world)
+    t, out = torch.ones(n), torch.ones(n * world)
+    a2a = torch.ones(n * world)
     calls = {
         "all_reduce": lambda: dist.all_reduce(t),
         "all_gather": lambda: dist.all_gather_into_tensor(out, t),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(t, out),  # --bytes per rank's output block
+        "all_to_all": lambda: dist.all_to_all_single(out, a2a),  # --bytes per block (one per rank)
         "broadcast": lambda: dist.broadcast(t, 0),
         "send_recv": lambda: dist.send(t, 1) if rank == 0 else dist.recv(t, 0) if rank == 1 else None,
         "late_recv": lambda: dist.isend(t, 1) if rank == 0 else (_busy(LATE_RECV_BUSY_S), dist.recv(t, 0))
