@@ -19,8 +19,15 @@ namespace {
 // and the pools, as Gloo's ring of two has.
 constexpr size_t kHalvesBytes = 1u << 20;
 
-// [begin, end) of piece `j` of `pieces` over `length` elements.
-size_t pieceBegin(size_t length, size_t j, size_t pieces) { return length * j / pieces; }
+// Piece `j` of `pieces` of the half [begin, begin + length): its first
+// element and its element count.
+struct Piece {
+  size_t at, count;
+};
+Piece pieceOf(size_t begin, size_t length, size_t j, size_t pieces) {
+  const size_t from = length * j / pieces, to = length * (j + 1) / pieces;
+  return Piece{begin + from, to - from};
+}
 
 }  // namespace
 
@@ -78,14 +85,11 @@ OpResult HostSpanningGroup::leadersByHalves(const void* mine, void* buf, size_t 
   //    and is folded with our own bytes into `buf` (in place: the same bytes).
   for (size_t j = 0; j < pieces; ++j) {
     auto x = std::make_unique<P2pExchange>(*channel_, tagOf(OpCode::kAllreduce), channel_rank_of_);
-    const size_t send_from = their_begin + pieceBegin(their_length, j, pieces);
-    const size_t send_count = their_begin + pieceBegin(their_length, j + 1, pieces) - send_from;
-    const size_t fold_at = own_begin + pieceBegin(own_length, j, pieces);
-    const size_t fold_count = own_begin + pieceBegin(own_length, j + 1, pieces) - fold_at;
-    x->send(other, in + send_from * esize, send_count * esize);
-    const char* own = in + fold_at * esize;
-    char* into = out + fold_at * esize;
-    x->recv(other, fold_count * esize, [own, into, esize, type, op, folded](size_t at, const char* theirs, size_t n) {
+    const Piece theirs = pieceOf(their_begin, their_length, j, pieces), ours = pieceOf(own_begin, own_length, j, pieces);
+    x->send(other, in + theirs.at * esize, theirs.count * esize);
+    const char* own = in + ours.at * esize;
+    char* into = out + ours.at * esize;
+    x->recv(other, ours.count * esize, [own, into, esize, type, op, folded](size_t at, const char* theirs, size_t n) {
       const void* sources[] = {own + at, theirs};
       reduceInto(into + at, sources, 2, n / esize, type, op);
       folded->store(true, std::memory_order_relaxed);
@@ -101,12 +105,9 @@ OpResult HostSpanningGroup::leadersByHalves(const void* mine, void* buf, size_t 
     if (!r.ok && result.ok) result = r;
     if (!result.ok) continue;
     auto x = std::make_unique<P2pExchange>(*channel_, tagOf(OpCode::kAllreduce), channel_rank_of_);
-    const size_t fold_at = own_begin + pieceBegin(own_length, j, pieces);
-    const size_t fold_count = own_begin + pieceBegin(own_length, j + 1, pieces) - fold_at;
-    const size_t land_at = their_begin + pieceBegin(their_length, j, pieces);
-    const size_t land_count = their_begin + pieceBegin(their_length, j + 1, pieces) - land_at;
-    x->send(other, out + fold_at * esize, fold_count * esize);
-    x->recv(other, out + land_at * esize, land_count * esize);
+    const Piece ours = pieceOf(own_begin, own_length, j, pieces), theirs = pieceOf(their_begin, their_length, j, pieces);
+    x->send(other, out + ours.at * esize, ours.count * esize);
+    x->recv(other, out + theirs.at * esize, theirs.count * esize);
     returns.push_back(std::move(x));
   }
   for (auto& x : returns) {

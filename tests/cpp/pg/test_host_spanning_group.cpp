@@ -146,23 +146,27 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{"TwoHostsOneRankEach", {"A", "B"}}),
     [](const ::testing::TestParamInfo<Shape>& info) { return std::string(info.param.name); });
 
+// Sums `count` random floats over the group in place and checks that every
+// rank ended with the same bits (0), else which step failed.
+int sumsAgreeBitForBit(HostSpanningGroup& g, size_t count) {
+  std::vector<float> v(count);
+  std::mt19937 rng(g.rank() + 1);
+  std::uniform_real_distribution<float> dist(-1e3f, 1e3f);
+  for (float& x : v) x = dist(rng) * 1e-3f;
+  if (!g.allreduce(v.data(), v.data(), count, DataType::kFloat32, ReduceOp::kSum).ok) return 1;
+  std::vector<float> all(count * g.size());
+  if (!g.allgather(v.data(), all.data(), count * sizeof(float)).ok) return 2;
+  for (int s = 1; s < g.size(); ++s) {
+    if (std::memcmp(all.data(), all.data() + s * count, count * sizeof(float)) != 0) return 3;
+  }
+  return 0;
+}
+
 TEST(HostSpanningGroup, FloatReductionsAgreeBitForBitOnEveryRank) {
   // Sums of values that round differently in different orders: every rank
   // must still end with the same bits (one owner per segment, fixed order).
-  auto status = runSpanning({"A", "B", "C"}, SpanOptions{}, [](HostSpanningGroup& g) {
-    const size_t count = 200000;
-    std::vector<float> v(count);
-    std::mt19937 rng(g.rank() + 1);
-    std::uniform_real_distribution<float> dist(-1e3f, 1e3f);
-    for (float& x : v) x = dist(rng) * 1e-3f;
-    if (!g.allreduce(v.data(), v.data(), count, DataType::kFloat32, ReduceOp::kSum).ok) return 1;
-    std::vector<float> all(count * g.size());
-    if (!g.allgather(v.data(), all.data(), count * sizeof(float)).ok) return 2;
-    for (int s = 1; s < g.size(); ++s) {
-      if (std::memcmp(all.data(), all.data() + s * count, count * sizeof(float)) != 0) return 3;
-    }
-    return 0;
-  });
+  auto status = runSpanning({"A", "B", "C"}, SpanOptions{},
+                            [](HostSpanningGroup& g) { return sumsAgreeBitForBit(g, 200000); });
   for (int r = 0; r < 3; ++r) EXPECT_EQ(status[r], 0) << "rank " << r;
 }
 
@@ -197,20 +201,8 @@ TEST(HostSpanningGroup, TwoHostsReduceByHalvesToTheExactSumInPlaceAndNot) {
 }
 
 TEST(HostSpanningGroup, TwoHostsOfTwoAgreeBitForBitOnLargeReductions) {
-  auto status = runSpanning({"A", "A", "B", "B"}, SpanOptions{}, [](HostSpanningGroup& g) {
-    const size_t count = 300001;
-    std::vector<float> v(count);
-    std::mt19937 rng(g.rank() + 1);
-    std::uniform_real_distribution<float> dist(-1e3f, 1e3f);
-    for (float& x : v) x = dist(rng) * 1e-3f;
-    if (!g.allreduce(v.data(), v.data(), count, DataType::kFloat32, ReduceOp::kSum).ok) return 1;
-    std::vector<float> all(count * g.size());
-    if (!g.allgather(v.data(), all.data(), count * sizeof(float)).ok) return 2;
-    for (int s = 1; s < g.size(); ++s) {
-      if (std::memcmp(all.data(), all.data() + s * count, count * sizeof(float)) != 0) return 3;
-    }
-    return 0;
-  });
+  auto status = runSpanning({"A", "A", "B", "B"}, SpanOptions{},
+                            [](HostSpanningGroup& g) { return sumsAgreeBitForBit(g, 300001); });
   for (int r = 0; r < 4; ++r) EXPECT_EQ(status[r], 0) << "rank " << r;
 }
 
