@@ -105,11 +105,14 @@ OpResult HostSpanningGroup::allreduce(const void* input, void* output, size_t co
   const bool alone = local_->size() == 1;
   // In place, the leader sums into a scratch buffer, so that its input is
   // intact until the result is complete: a failed all_reduce can then be
-  // run again over the survivors. A leader alone on its host reducing by
-  // halves across two hosts folds in its tensor instead (a copy of its size
-  // less, and a working set that stays in the cache); once it folded,
-  // a failure reports the output written, and the call raises.
-  const bool in_tensor = isLeader() && alone && byHalves(count, type);
+  // run again over the survivors. In a world of two ranks on two hosts,
+  // reducing by halves, each folds in its tensor instead (a copy of its
+  // size less, and a working set that stays in the cache); once it folded,
+  // a failure reports the output written, and the call raises. Only there:
+  // the survivor is alone, while with more survivors some could run the
+  // call again and others not, and the ones running it again would pair it
+  // with the others' next call.
+  const bool in_tensor = layout_.ranks() == 2 && byHalves(count, type);
   const bool via_scratch = isLeader() && input == output && !in_tensor;
   void* sum = via_scratch ? atLeast(in_place_sum_, bytes) : output;
   // A rank alone on its host skips the local reduction (a copy): its

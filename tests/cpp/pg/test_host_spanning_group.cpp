@@ -284,6 +284,40 @@ TEST(HostSpanningGroupFailure, StalledLeaderTimesOutEverywhere) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
 }
 
+TEST(HostSpanningGroupFailure, WithSeveralSurvivorsTheLeadersKeepTheirInputsForTheRunAgain) {
+  // Hosts A (rank 0 alone) and B (ranks 1, 2); rank 2 dies during large
+  // in-place all_reduces. Both survivors must be able to run the call
+  // again: each leader reports its output unwritten and holds its input,
+  // bit for bit (were one to raise while the other runs it again, the
+  // latter would pair the old call with the former's next one).
+  SpanOptions options;
+  options.timeout = 3s;
+  auto status = runSpanning({"A", "B", "B"}, options, [](HostSpanningGroup& g) {
+    const size_t count = 4u << 20;
+    std::vector<float> v(count);
+    for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>(i % 1000) * 0.5f + g.rank();
+    const std::vector<float> kept = v;
+    if (g.rank() == 2) {
+      std::thread([] {
+        std::this_thread::sleep_for(30ms);
+        _exit(42);
+      }).detach();
+    }
+    OpResult r;
+    for (int i = 0; i < 1000 && r.ok; ++i) {
+      std::copy(kept.begin(), kept.end(), v.begin());
+      r = g.allreduce(v.data(), v.data(), count, DataType::kFloat32, ReduceOp::kSum);
+    }
+    if (r.ok) return 1;
+    std::fprintf(stderr, "rank %d: %s (output %s)\n", g.rank(), r.error.c_str(), r.output_written ? "written" : "intact");
+    if (r.output_written) return 2;
+    return v == kept ? 0 : 3;
+  });
+  EXPECT_EQ(status[2], 42);
+  EXPECT_EQ(status[0], 0);
+  EXPECT_EQ(status[1], 0);
+}
+
 TEST(HostSpanningGroupFailure, ALeaderStoppedMidTransferFailsTheOtherAtTheDeadlineNotTheEngines) {
   // Large messages go from the callers' buffers as they are (no staging),
   // so a call may end only once no write reads them. Rank 1 stops (SIGSTOP)
