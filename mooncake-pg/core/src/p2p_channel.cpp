@@ -671,8 +671,10 @@ bool P2pChannel::Impl::sendsInPlace(te::SegmentHandle handle) const {
 void P2pChannel::Impl::endSend(std::list<SendOp>& lane_ops, std::list<SendOp>::iterator it, OpResult outcome,
                                bool cancel) {
   if (it->in_place && it->in_flight > 0) {
-    for (const PendingWrite& w : writes_) {
-      if (cancel && w.op == &*it && w.batch != te::kInvalidBatch) engine_.cancelBatch(w.batch);
+    if (cancel) {
+      for (const PendingWrite& w : writes_) {
+        if (w.op == &*it && w.batch != te::kInvalidBatch) engine_.cancelBatch(w.batch);
+      }
     }
     it->settling = true;
     it->outcome = std::move(outcome);
@@ -1051,10 +1053,8 @@ void P2pChannel::Impl::failPeer(int peer, const std::string& why, bool gone) {
   std::list<SendOp>& sends = send_lanes_[peer].ops;
   while (!sends.empty()) {
     const bool delivered = gone && sends.front().path == SendPath::kEager && sends.front().eager_landed;
+    // A staged send's writes still settle without it, to free their staging slots.
     endSend(sends, sends.begin(), delivered ? OpResult{} : failure(peer, p.failure), /*cancel=*/true);
-  }
-  for (PendingWrite& w : writes_) {
-    if (w.peer == peer && w.op != nullptr && !w.op->settling) w.op = nullptr;  // still settles, to free its staging slot
   }
 }
 
