@@ -13,6 +13,13 @@ ctest --test-dir build --output-on-failure -j2 --timeout 300
 echo "== Python tests (pytest)"
 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -q -ra tests/python
 
+# The install users type: an isolated `pip wheel .`, installed into a fresh
+# virtual environment, runs the quick start (WHEEL_SMOKE=0 skips it).
+if [ "${WHEEL_SMOKE:-1}" != 0 ]; then
+  echo "== pip wheel . into a fresh environment"
+  scripts/wheel_smoke.sh
+fi
+
 # The wire-facing decoders under libFuzzer with ASan/UBSan, from their seed
 # corpora, bounded (docs/security.md). Skipped, saying so, without clang.
 if command -v clang++ >/dev/null; then

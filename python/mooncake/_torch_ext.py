@@ -15,7 +15,7 @@ from types import ModuleType
 
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
 
-REBUILD_COMMAND = "pip install --no-build-isolation . (or: scripts/build.sh)"
+REBUILD_COMMAND = "pip install . (builds against the installed torch; or: scripts/build.sh)"
 
 
 def torch_version_suffix(version: str) -> str:
