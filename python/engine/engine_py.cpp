@@ -23,6 +23,7 @@
 #include "managed_buffers.h"
 #include "scatter_ticket.h"
 #include "mooncake/te/log.h"
+#include "mooncake/te/stream_transfers.h"
 #include "mooncake/te/transfer_engine.h"
 
 namespace py = pybind11;
@@ -91,7 +92,8 @@ class InnerTransferEngine {
 
 class TransferEnginePy {
  public:
-  TransferEnginePy() : engine_(std::make_shared<te::TransferEngine>()), managed_(*engine_) {}
+  TransferEnginePy()
+      : engine_(std::make_shared<te::TransferEngine>()), managed_(*engine_), stream_transfers_(engine_) {}
   ~TransferEnginePy() {
     py::gil_scoped_release release;
     managed_.releaseAll();
@@ -366,6 +368,38 @@ class TransferEnginePy {
     return makeTicket(engine_, id, budget(sizes));
   }
 
+  // The *_on_cuda forms: queued on `stream_ptr` (0: the legacy default
+  // stream), they start when the stream's earlier work has finished and hold
+  // its later work until they end (te/stream_transfers.h). Raises when nothing
+  // could be queued (the segment does not open, the launch fails), and for an
+  // earlier stream-ordered transfer of this engine that failed (logged when it
+  // did); the reference's engine exits the process there instead.
+  void transferOnStream(const char* what, const std::string& target, const std::vector<uint64_t>& buffers,
+                        const std::vector<uint64_t>& peer_addrs, const std::vector<size_t>& lengths,
+                        te::Opcode opcode, uint64_t stream_ptr, const std::string& hint) {
+    checkHint(hint);
+    std::string earlier = stream_transfers_.takeFailure();
+    if (!earlier.empty()) throw std::runtime_error(std::string(what) + ": an earlier stream-ordered transfer failed: " + earlier);
+    if (buffers.size() != peer_addrs.size() || buffers.size() != lengths.size()) {
+      throw py::value_error(std::string(what) + ": buffers, peer_buffer_addresses and lengths must have the same "
+                            "length (" + std::to_string(buffers.size()) + ", " + std::to_string(peer_addrs.size()) +
+                            ", " + std::to_string(lengths.size()) + ")");
+    }
+    py::gil_scoped_release release;
+    std::vector<te::TransferRequest> requests;
+    te::SegmentHandle handle = 0;
+    if (!buildRequests(target, buffers, peer_addrs, lengths, opcode, requests, handle)) {
+      throw std::runtime_error(std::string(what) + ": cannot open segment '" + target + "'");
+    }
+    if (requests.empty()) return;
+    int rc = stream_transfers_.enqueue(reinterpret_cast<void*>(stream_ptr), std::move(requests), hint,
+                                       std::string(what) + " to '" + target + "'");
+    if (rc != te::kOk) {
+      throw std::runtime_error(std::string(what) + ": could not queue the transfer on stream " +
+                               std::to_string(stream_ptr) + ": " + te::errorName(rc));
+    }
+  }
+
   uint64_t getFirstBufferAddress(const std::string& segment_name) {
     py::gil_scoped_release release;
     return engine_->firstBufferAddress(segment_name);
@@ -466,6 +500,7 @@ class TransferEnginePy {
 
   std::shared_ptr<te::TransferEngine> engine_;
   binding::ManagedBuffers managed_;
+  te::StreamTransfers stream_transfers_;
   std::mutex async_mutex_;
   std::map<uint64_t, AsyncBatch> async_;
 };
@@ -672,6 +707,31 @@ PYBIND11_MODULE(engine, m) {
         // The engine (and its managed buffers) outlives every ticket: requests may still be in flight.
         py::keep_alive<0, 1>());
   }
+#if MOONCAKE_WITH_CUDA
+  // Stream-ordered transfers, bound in CUDA builds only (as the reference does).
+  for (auto [suffix, opcode_value] : {std::pair{"write", te::Opcode::kWrite}, std::pair{"read", te::Opcode::kRead}}) {
+    const te::Opcode op = opcode_value;
+    const std::string single = "transfer_" + std::string(suffix) + "_on_cuda";
+    const std::string batch = "batch_" + single;
+    cls.def(
+        single.c_str(),
+        [op, single](TransferEnginePy& self, const std::string& target, uint64_t buffer, uint64_t peer, size_t length,
+                     uint64_t stream_ptr, const std::string& hint, const std::string& /*nic_hint*/) {
+          self.transferOnStream(single.c_str(), target, {buffer}, {peer}, {length}, op, stream_ptr, hint);
+        },
+        py::arg("target_hostname"), py::arg("buffer"), py::arg("peer_buffer_address"), py::arg("length"),
+        py::arg("stream_ptr") = 0, py::arg("transport_hint") = "", py::arg("nic_hint") = "");
+    cls.def(
+        batch.c_str(),
+        [op, batch](TransferEnginePy& self, const std::string& target, const std::vector<uint64_t>& buffers,
+                    const std::vector<uint64_t>& peers, const std::vector<size_t>& lengths, uint64_t stream_ptr,
+                    const std::string& hint, const std::string& /*nic_hint*/) {
+          self.transferOnStream(batch.c_str(), target, buffers, peers, lengths, op, stream_ptr, hint);
+        },
+        py::arg("target_hostname"), py::arg("buffers"), py::arg("peer_buffer_addresses"), py::arg("lengths"),
+        py::arg("stream_ptr") = 0, py::arg("transport_hint") = "", py::arg("nic_hint") = "");
+  }
+#endif
   cls.attr("TransferOpcode") = opcode;
 
   // What this build's transfer engine can move: the flags turn true with the

@@ -49,6 +49,8 @@ def test_stubs_name_what_the_modules_export(module_name, stub):
                               f"{sorted(exported - names)}"
     for cls, declared in members.items():
         runtime = {n for n in vars(getattr(module, cls)) if not n.startswith("_")}  # its own, not inherited
+        if module_name == "mooncake.engine" and cls == "TransferEngine" and not module.SUPPORT_CUDA:
+            declared = {n for n in declared if not n.endswith("_on_cuda")}  # bound in CUDA builds only
         assert runtime == declared, f"{stub}: class {cls}: in the stub only {sorted(declared - runtime)}, in the " \
                                     f"module only {sorted(runtime - declared)}"
 
