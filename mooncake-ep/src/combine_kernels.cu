@@ -1,4 +1,5 @@
-// Combine in three kernels on the caller's stream:
+// Combine in three launches on the caller's stream, one per phase of one
+// kernel (`combine`, see there):
 //   send    one block per (token rank d, local expert le): the rows of d's
 //           segment in le's block (layout_range of the dispatch) go to d's
 //           region, slot (parity, global expert, token index at d from
@@ -9,7 +10,7 @@
 //           w[t, k] * row(expert of pick k, t), float32 multiply then add,
 //           rounded to bf16 once; picks that are -1 or whose owner is masked
 //           (after the wait) are skipped. The collective path's arithmetic.
-// The send kernel is the call's first half, wait and reduce its second
+// The send phase is the call's first half, wait and reduce its second
 // (EpStages); each half takes its call number from the device counters.
 #include <cuda_bf16.h>
 
@@ -22,11 +23,13 @@ namespace mooncake::ep::cuda {
 namespace {
 
 constexpr int kSendThreads = 512;
-constexpr int kWaitThreads = 1024;
+constexpr int kWaitThreads = 512;
+constexpr int kMaxThreads = 512;  // the one kernel's bounds (see dispatch_kernels.cu)
+constexpr int kMinBlocks = 3;
 constexpr int kWarp = 32;
 constexpr int kChannelsPerThread = 8;  // one 16-byte load of bf16
 
-__global__ void __launch_bounds__(kSendThreads) combineSendKernel(EpKernelContext ctx, CombineArgs args) {
+__device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const CombineArgs& args) {
   const RegionLayout& lay = ctx.layout;
   const int dest = blockIdx.x / lay.L, le = blockIdx.x % lay.L;
   CallCounters* counters = &ctx.counters->combine;
@@ -63,7 +66,7 @@ __global__ void __launch_bounds__(kSendThreads) combineSendKernel(EpKernelContex
   }
 }
 
-__global__ void __launch_bounds__(kWaitThreads) combineWaitKernel(EpKernelContext ctx, CombineArgs args) {
+__device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const CombineArgs& args) {
   const RegionLayout& lay = ctx.layout;
   __shared__ uint32_t sequence;
   if (threadIdx.x == 0) sequence = beginReceive(&ctx.counters->combine);  // numbered even when taking no part
@@ -80,7 +83,7 @@ __global__ void __launch_bounds__(kWaitThreads) combineWaitKernel(EpKernelContex
   }
 }
 
-__global__ void combineReduceKernel(EpKernelContext ctx, CombineArgs args) {
+__device__ __forceinline__ void reducePhase(const EpKernelContext& ctx, const CombineArgs& args) {
   const RegionLayout& lay = ctx.layout;
   const int token = blockIdx.x;
   const bool self_active = loadActive(args.active_ranks + ctx.rank) != 0;
@@ -114,20 +117,32 @@ __global__ void combineReduceKernel(EpKernelContext ctx, CombineArgs args) {
   }
 }
 
+enum class CombinePhase : int { kSend, kWait, kReduce };
+
+// One kernel, launched once per phase: one profiler row named "combine" (see
+// `dispatch` in dispatch_kernels.cu).
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) combine(EpKernelContext ctx, CombineArgs args, CombinePhase phase) {
+  switch (phase) {
+    case CombinePhase::kSend: sendPhase(ctx, args); break;
+    case CombinePhase::kWait: waitPhase(ctx, args); break;
+    case CombinePhase::kReduce: reducePhase(ctx, args); break;
+  }
+}
+
 }  // namespace
 
 cudaError_t launchCombine(const EpKernelContext& ctx, const CombineArgs& args, EpStages stages,
                           cudaStream_t stream) {
   // Each launch checked at once: a kernel whose predecessor failed to launch is not enqueued.
   if (stages != EpStages::kReceiveOnly) {
-    combineSendKernel<<<ctx.layout.E, kSendThreads, 0, stream>>>(ctx, args);
+    combine<<<ctx.layout.E, kSendThreads, 0, stream>>>(ctx, args, CombinePhase::kSend);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess || stages == EpStages::kSendOnly) return err;
   }
-  combineWaitKernel<<<1, kWaitThreads, 0, stream>>>(ctx, args);
+  combine<<<1, kWaitThreads, 0, stream>>>(ctx, args, CombinePhase::kWait);
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   if (args.num_tokens > 0) {
-    const int threads = std::min(1024, ctx.layout.H / kChannelsPerThread);
-    combineReduceKernel<<<args.num_tokens, threads, 0, stream>>>(ctx, args);
+    const int threads = std::min(kMaxThreads, ctx.layout.H / kChannelsPerThread);
+    combine<<<args.num_tokens, threads, 0, stream>>>(ctx, args, CombinePhase::kReduce);
   }
   return cudaGetLastError();
 }

@@ -353,3 +353,31 @@ def _two_in_flight_then_update(ctx):
 def test_two_dispatches_in_flight_membership_update_and_path_switch():
     with _world(2) as world:
         assert world.run(_two_in_flight_then_update, timeout=120) == [True, True]
+
+
+# ---------------------------------------------------------------------------
+# Profiler rows: DeepEP's and the reference's benchmark helper (bench_kineto)
+# asserts that exactly one row of the profiler's table names each operation.
+
+def _profiler_rows(ctx, shape):
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    from mooncake.mooncake_ep_buffer import Buffer  # noqa: PLC0415
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    buffer = Buffer(dist.group.WORLD)
+    x, topk, weights = _inputs(shape, ctx.rank, ctx.size, 0, device)
+    _run(buffer, shape, x, topk, weights, device)  # sets the fast path up outside the profile
+    assert buffer.path == "ipc", buffer.path_reason
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            _run(buffer, shape, x, topk, weights, device)
+    lines = prof.key_averages().table(sort_by="cuda_time_total", max_name_column_width=100).split("\n")
+    return {name: [line.split("  ")[0] for line in lines if name in line] for name in ("dispatch", "combine")}
+
+
+def test_the_profiler_shows_one_row_per_operation_name():
+    with _world(2) as world:
+        for rank, rows in enumerate(world.run(_profiler_rows, dict(SHAPES[2]), timeout=120)):
+            for name, matching in rows.items():
+                assert len(matching) == 1, f"rank {rank}: rows naming {name!r}: {matching}"
