@@ -96,6 +96,8 @@ P2pOptions MooncakeCpuBackend::p2pOptionsFromEnv() {
   o.eager_bytes = envBytes("MOONCAKE_P2P_EAGER_SIZE", o.eager_bytes, 0);
   const char* in_place = std::getenv("MOONCAKE_P2P_SEND_IN_PLACE");
   if (in_place != nullptr && std::string(in_place) == "0") o.send_in_place = false;
+  const char* recv_in_place = std::getenv("MOONCAKE_P2P_RECV_IN_PLACE");
+  if (recv_in_place != nullptr && std::string(recv_in_place) == "0") o.recv_in_place = false;
   return o;
 }
 

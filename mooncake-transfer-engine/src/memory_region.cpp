@@ -1,5 +1,6 @@
 #include "mooncake/te/memory_region.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
@@ -46,7 +47,7 @@ int RegionTable::addAll(const std::vector<MemoryRegion>& regions) {
   return kOk;
 }
 
-int RegionTable::remove(uint64_t addr, MemoryRegion* removed) {
+int RegionTable::remove(uint64_t addr, MemoryRegion* removed, bool interrupt) {
   std::shared_ptr<Entry> entry;
   {
     std::unique_lock lock(mutex_);
@@ -57,6 +58,10 @@ int RegionTable::remove(uint64_t addr, MemoryRegion* removed) {
   }
   // Unlinked: no new withRegion() finds it. Wait for those that did.
   std::unique_lock pins(entry->mutex);
+  if (interrupt) {
+    // Under the entry's mutex: a pin's callback is valid until it unpins.
+    for (const std::function<void()>* cut : entry->interrupts) (*cut)();
+  }
   entry->unpinned.wait(pins, [&] { return entry->pins == 0; });
   if (removed != nullptr) *removed = entry->region;
   return kOk;
@@ -76,8 +81,8 @@ std::optional<MemoryRegion> RegionTable::find(uint64_t addr, uint64_t length) co
   return (*entry)->region;
 }
 
-bool RegionTable::withRegion(uint64_t addr, uint64_t length,
-                             const std::function<void(const MemoryRegion&)>& fn) const {
+bool RegionTable::withRegion(uint64_t addr, uint64_t length, const std::function<void(const MemoryRegion&)>& fn,
+                             const std::function<void()>* interrupt) const {
   std::shared_ptr<Entry> entry;
   {
     std::shared_lock lock(mutex_);
@@ -88,14 +93,20 @@ bool RegionTable::withRegion(uint64_t addr, uint64_t length,
     // from now on waits for fn.
     std::lock_guard pin(entry->mutex);
     ++entry->pins;
+    if (interrupt != nullptr) entry->interrupts.push_back(interrupt);
   }
   struct Unpin {
     Entry& entry;
+    const std::function<void()>* interrupt;
     ~Unpin() {
       std::lock_guard pin(entry.mutex);
+      if (interrupt != nullptr) {
+        auto& cuts = entry.interrupts;
+        cuts.erase(std::find(cuts.begin(), cuts.end(), interrupt));
+      }
       if (--entry.pins == 0) entry.unpinned.notify_all();
     }
-  } unpin{*entry};
+  } unpin{*entry, interrupt};
   fn(entry->region);
   return true;
 }

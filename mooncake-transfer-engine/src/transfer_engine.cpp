@@ -169,9 +169,11 @@ class EngineImpl {
   void bumpRegistrationVersion() { __atomic_add_fetch(&stamp_->registration_version, 1, __ATOMIC_RELEASE); }
 
   bool initialized() const { return initialized_.load(std::memory_order_acquire); }
+  // `quiet`: an overlap is the caller's cue to do without (a receive window), not an error to log.
   int registerMemory(const std::vector<void*>& addrs, const std::vector<size_t>& lengths, const std::string& location,
-                     bool remote_accessible = true);
-  int unregisterMemory(const std::vector<void*>& addrs);
+                     bool remote_accessible = true, bool quiet = false);
+  // `interrupt`: peers' requests landing in the memory are cut short (RegionTable::remove).
+  int unregisterMemory(const std::vector<void*>& addrs, bool interrupt = false);
 
   SegmentHandle openSegment(const std::string& name);
   int closeSegment(SegmentHandle handle);
@@ -344,7 +346,7 @@ void EngineImpl::teardown() {
 // ---- registration ----
 
 int EngineImpl::registerMemory(const std::vector<void*>& addrs, const std::vector<size_t>& lengths,
-                               const std::string& location, bool remote_accessible) {
+                               const std::string& location, bool remote_accessible, bool quiet) {
   if (!initialized()) return kNotInitialized;
   if (addrs.size() != lengths.size()) {
     MC_LOG(Error) << "register: " << addrs.size() << " addresses but " << lengths.size() << " lengths";
@@ -361,7 +363,9 @@ int EngineImpl::registerMemory(const std::vector<void*>& addrs, const std::vecto
   }
   std::lock_guard lock(descriptor_mutex_);
   if (int rc = regions_.addAll(regions); rc != kOk) {
-    MC_LOG(Error) << "register: " << errorName(rc) << " (a range must not overlap one already registered)";
+    if (!quiet || rc != kAddressOverlapped) {
+      MC_LOG(Error) << "register: " << errorName(rc) << " (a range must not overlap one already registered)";
+    }
     return rc;
   }
   std::vector<BufferDescriptor> added;
@@ -386,13 +390,13 @@ int EngineImpl::registerMemory(const std::vector<void*>& addrs, const std::vecto
   return kOk;
 }
 
-int EngineImpl::unregisterMemory(const std::vector<void*>& addrs) {
+int EngineImpl::unregisterMemory(const std::vector<void*>& addrs, bool interrupt) {
   if (!initialized()) return kNotInitialized;
   std::lock_guard lock(descriptor_mutex_);
   int first_error = kOk;
   for (void* addr : addrs) {
     MemoryRegion removed;
-    int rc = regions_.remove(reinterpret_cast<uint64_t>(addr), &removed);
+    int rc = regions_.remove(reinterpret_cast<uint64_t>(addr), &removed, interrupt);
     if (rc != kOk) {
       MC_LOG(Error) << "unregister: 0x" << std::hex << reinterpret_cast<uint64_t>(addr)
                     << " is not the base address of a registered buffer";
@@ -640,7 +644,7 @@ int EngineImpl::submit(BatchId id, const std::vector<TransferRequest>& requests,
     };
     bool all_covered = std::all_of(group.begin(), group.end(), [&](const auto& entry) {
       const TransferRequest& r = entry.first->request();
-      return p.covers(r.target_offset, r.length) && trailer_covered(r);
+      return (r.remote_window || p.covers(r.target_offset, r.length)) && trailer_covered(r);
     });
     if (!all_covered) p.refresh();
     std::shared_ptr<const SegmentDescriptor> d = p.descriptor();
@@ -650,6 +654,8 @@ int EngineImpl::submit(BatchId id, const std::vector<TransferRequest>& requests,
     for (auto& [task, local] : group) {
       const TransferRequest& r = task->request();
       const BufferDescriptor* remote = d->findBuffer(r.target_offset, r.length);
+      const BufferDescriptor window{r.target_offset, r.length, kHostBuffer.location, {}};
+      if (remote == nullptr && r.remote_window) remote = &window;  // host memory; the peer checks it
       if (remote == nullptr) {
         MC_LOG(Error) << "submit: remote range [0x" << std::hex << r.target_offset << ", +0x" << r.length
                       << ") is not registered by " << p.name();
@@ -665,6 +671,11 @@ int EngineImpl::submit(BatchId id, const std::vector<TransferRequest>& requests,
       Transport* transport = chooseTransport(p, hint, local, *remote);
       if (transport == nullptr) {
         task->fail(kEndpointError);
+        continue;
+      }
+      if (r.remote_window && std::string(transport->name()) != "tcp") {
+        MC_LOG(Error) << "submit: a write into a receive window goes over tcp only, not " << transport->name();
+        task->fail(kInvalidArgument);
         continue;
       }
       if (r.trailer_length > 0 && !transport->ordersTrailers()) {
@@ -731,6 +742,10 @@ int TransferEngine::registerLocalMemory(void* addr, size_t length, const std::st
   return impl_->registerMemory({addr}, {length}, location, remote_accessible);
 }
 int TransferEngine::unregisterLocalMemory(void* addr) { return impl_->unregisterMemory({addr}); }
+int TransferEngine::openReceiveWindow(void* addr, size_t length) {
+  return impl_->registerMemory({addr}, {length}, "*", /*remote_accessible=*/true, /*quiet=*/true);
+}
+int TransferEngine::closeReceiveWindow(void* addr) { return impl_->unregisterMemory({addr}, /*interrupt=*/true); }
 int TransferEngine::registerLocalMemoryBatch(const std::vector<void*>& addrs, const std::vector<size_t>& lengths,
                                              const std::string& location) {
   return impl_->registerMemory(addrs, lengths, location);

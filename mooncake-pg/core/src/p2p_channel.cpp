@@ -58,7 +58,8 @@ class P2pChannel::Impl {
   void close(int peer, const std::string& why);
   bool isOpen(int peer);
   P2pCounters counters() const {
-    return P2pCounters{eager_sent_.load(std::memory_order_relaxed), spilled_.load(std::memory_order_relaxed)};
+    return P2pCounters{eager_sent_.load(std::memory_order_relaxed), spilled_.load(std::memory_order_relaxed),
+                       received_in_place_.load(std::memory_order_relaxed)};
   }
   bool reachable(const P2pEndpoint& endpoint, std::chrono::milliseconds timeout) {
     if (test_faults::trafficCut()) return false;
@@ -85,6 +86,9 @@ class P2pChannel::Impl {
     // which then refuses the pair too.
     bool refusal_owed = false;
     int in_flight = 0;          // its credits not acknowledged yet
+    // Its bytes land in `data` itself, opened to the peer as a receive
+    // window (P2pOptions::recv_in_place) until the receive ends.
+    bool in_place = false;
   };
   enum class SendPath : uint8_t { kUndecided, kEager, kCredited };
   struct SendOp {
@@ -125,10 +129,11 @@ class P2pChannel::Impl {
   };
   struct Outstanding {
     uint32_t seq;
-    int chunk;  // -1 for the credit of an empty message
+    int chunk;  // -1 for the credit of an empty message or of the receive's own buffer
     size_t offset;
     uint32_t length;
     RecvOp* op;
+    bool in_place = false;  // it names op->data + offset (a receive window), not a pool chunk
   };
   // Receives are credited in post order but may complete in any order
   // (different tags), so both lists keep element addresses stable.
@@ -182,6 +187,11 @@ class P2pChannel::Impl {
     // they are reused only once the peer is known to have moved on (its
     // OpenSlot of the current epoch), to be gone, or to be replaced.
     std::vector<int> quarantined;
+    // The same for receive windows: [begin, end) of callers' buffers this
+    // peer had credits into when the lanes were closed. Closing a window
+    // refuses later writes into it, but a range is not opened again while
+    // such a write may still come (it would land in the next receive there).
+    std::vector<std::pair<uint64_t, uint64_t>> tainted;
     // Eager writes into the peer's ring may start: at epoch 0, or once the
     // peer said it reopened at ours (its OpenSlot) and no write of an
     // earlier epoch is still in flight to it (a stale write must not land
@@ -190,6 +200,7 @@ class P2pChannel::Impl {
     int release_writes = 0;  // ReleaseSlot writes to it in flight
     bool open_owed = false;  // our OpenSlot of this epoch has not reached it yet
     bool sends_in_place = false;  // its transport writes credited chunks from the sender's buffer as it is
+    bool recv_in_place = false;   // it is reached over tcp: its writes may land in receive windows
     Clock::time_point open_since{}, open_tried{};
   };
   struct Posted {
@@ -245,6 +256,15 @@ class P2pChannel::Impl {
   void finishSettling(SendOp* op);
   // Whether `peer`'s transport carries credited chunks from the caller's buffer.
   bool sendsInPlace(te::SegmentHandle handle) const;
+  // Whether receives from `peer` may land in the caller's buffer (it is
+  // reached over tcp, whose writes a closed window cuts short).
+  bool receivesInPlace(te::SegmentHandle handle) const;
+  // Opens `op`'s buffer to `peer` as a receive window if the receive suits
+  // one; false: it goes through the pool.
+  bool openWindow(int peer, RecvOp& op);
+  // Closes `op`'s window, if it has one: nothing lands there any more.
+  void closeWindow(RecvOp& op);
+  bool taintedByAnyPeer(uint64_t begin, uint64_t end) const;
   // Copies an arrival's payload to `to`; false if the slot no longer holds it.
   bool copyPayload(int peer, const Arrival& arrival, char* to) const;
   // Hands a piece of a receive's bytes to its sink, or copies it into its buffer.
@@ -282,12 +302,15 @@ class P2pChannel::Impl {
   // one). A write that cannot start is recorded as failed, for reapWrites
   // to fail the peer: failing it here would end the lane's messages under
   // the caller, which is iterating over them.
+  // `into_window`: the credit names the receiver's own buffer, which only
+  // tcp may write (kCreditInPlace).
   void startWrite(int peer, SendOp& op, const char* src, uint64_t remote, uint32_t length, const AckSlot& ack,
-                  uint64_t ack_remote);
+                  uint64_t ack_remote, bool into_window);
   // Submits one write from `staging` (a staging slot, or -1) on behalf of
   // `op` (a credited send, or null); one that cannot start is recorded as
   // failed, as above.
-  void submitWrite(int peer, const te::TransferRequest& request, int staging, SendOp* op, bool release = false);
+  void submitWrite(int peer, const te::TransferRequest& request, int staging, SendOp* op, bool release = false,
+                   const std::string& transport = "");
   // Settles the writes that completed: messages whose bytes all landed
   // complete; a failed write fails its peer.
   bool reapWrites();
@@ -356,6 +379,7 @@ class P2pChannel::Impl {
   CreditSlot* credit_outbox_ = nullptr;
   std::atomic<uint64_t> eager_sent_{0};
   std::atomic<uint64_t> spilled_{0};
+  std::atomic<uint64_t> received_in_place_{0};
 
   std::vector<Peer> peers_;
   std::vector<RecvLane> recv_lanes_;
@@ -459,6 +483,7 @@ void P2pChannel::Impl::connect(const std::vector<P2pEndpoint>& peers) {
     peers_[p].handle = engine_.openSegment(peers[p].segment);
     if (peers_[p].handle == te::kInvalidSegment) peers_[p].failure = "cannot reach rank " + std::to_string(p) + " at " + peers[p].segment;
     peers_[p].sends_in_place = sendsInPlace(peers_[p].handle);
+    peers_[p].recv_in_place = receivesInPlace(peers_[p].handle);
   }
 }
 
@@ -532,9 +557,11 @@ void P2pChannel::Impl::applyReopen(int p, const P2pEndpoint& endpoint, uint32_t 
       // replacing a rank again and again leaks nothing.
       for (int c : peer.quarantined) free_chunks_.push_back(c);
       peer.quarantined.clear();
+      peer.tainted.clear();
       if (peer.handle != te::kInvalidSegment) engine_.closeSegment(peer.handle);
       peer.handle = engine_.openSegment(endpoint.segment);
       peer.sends_in_place = sendsInPlace(peer.handle);
+      peer.recv_in_place = receivesInPlace(peer.handle);
     }
     peer.endpoint = endpoint;
     peer.epoch = epoch;
@@ -610,9 +637,11 @@ void P2pChannel::Impl::releaseQuarantine() {
   for (int p = 0; p < size_; ++p) {
     Peer& peer = peers_[p];
     OpenSlot notice;
-    if (peer.quarantined.empty() || !tryLoad(&notices_[p].open, openToken(peer.epoch), notice)) continue;
+    if (peer.quarantined.empty() && peer.tainted.empty()) continue;
+    if (!tryLoad(&notices_[p].open, openToken(peer.epoch), notice)) continue;
     free_chunks_.insert(free_chunks_.end(), peer.quarantined.begin(), peer.quarantined.end());
     peer.quarantined.clear();
+    peer.tainted.clear();
   }
 }
 
@@ -644,7 +673,7 @@ int P2pChannel::Impl::writeSlot(int peer, const void* slot, uint64_t remote) {
 }
 
 void P2pChannel::Impl::startWrite(int peer, SendOp& op, const char* src, uint64_t remote, uint32_t length,
-                                  const AckSlot& ack, uint64_t ack_remote) {
+                                  const AckSlot& ack, uint64_t ack_remote, bool into_window) {
   int slot = -1;
   te::TransferRequest request{te::Opcode::kWrite, const_cast<char*>(src), peers_[peer].handle, remote, length};
   if (peers_[peer].sends_in_place) {
@@ -659,13 +688,41 @@ void P2pChannel::Impl::startWrite(int peer, SendOp& op, const char* src, uint64_
   request.trailer = &ack;
   request.trailer_length = sizeof(AckSlot);
   request.trailer_target = ack_remote;
-  submitWrite(peer, request, slot, &op);
+  request.remote_window = into_window;
+  submitWrite(peer, request, slot, &op, /*release=*/false, into_window ? "tcp" : "");
 }
 
 bool P2pChannel::Impl::sendsInPlace(te::SegmentHandle handle) const {
   if (!options_.send_in_place || handle == te::kInvalidSegment) return false;
   const std::string transport = engine_.transportFor(handle);
   return transport == "tcp" || transport == "shm";
+}
+
+bool P2pChannel::Impl::receivesInPlace(te::SegmentHandle handle) const {
+  return options_.recv_in_place && handle != te::kInvalidSegment && engine_.transportFor(handle) == "tcp";
+}
+
+bool P2pChannel::Impl::taintedByAnyPeer(uint64_t begin, uint64_t end) const {
+  for (const Peer& peer : peers_) {
+    for (const auto& [b, e] : peer.tainted) {
+      if (b < end && begin < e) return true;
+    }
+  }
+  return false;
+}
+
+bool P2pChannel::Impl::openWindow(int peer, RecvOp& op) {
+  if (!peers_[peer].recv_in_place || op.sink || op.eager || op.total < options_.recv_in_place_min_bytes) return false;
+  if (taintedByAnyPeer(addr(op.data), addr(op.data) + op.total)) return false;
+  // Refused when the buffer overlaps registered memory (another receive's
+  // window on the same buffer): then it goes through the pool.
+  return engine_.openReceiveWindow(op.data, op.total) == te::kOk;
+}
+
+void P2pChannel::Impl::closeWindow(RecvOp& op) {
+  if (!op.in_place) return;
+  engine_.closeReceiveWindow(op.data);
+  op.in_place = false;
 }
 
 void P2pChannel::Impl::endSend(std::list<SendOp>& lane_ops, std::list<SendOp>::iterator it, OpResult outcome,
@@ -696,11 +753,11 @@ void P2pChannel::Impl::finishSettling(SendOp* op) {
 }
 
 void P2pChannel::Impl::submitWrite(int peer, const te::TransferRequest& request, int staging, SendOp* op,
-                                   bool release) {
+                                   bool release, const std::string& transport) {
   const te::BatchId batch = engine_.allocateBatchID(1);
   int rc = test_faults::trafficCut() ? te::kTimeout  // lost on the cut cable
            : batch == te::kInvalidBatch ? te::kNotInitialized
-                                        : engine_.submitTransfer(batch, {request});
+                                        : engine_.submitTransfer(batch, {request}, transport);
   if (op != nullptr) op->in_flight++;
   if (release) peers_[peer].release_writes++;
   const auto length = static_cast<uint32_t>(request.length);
@@ -1042,13 +1099,18 @@ void P2pChannel::Impl::failPeer(int peer, const std::string& why, bool gone) {
   RecvLane& rl = recv_lanes_[peer];
   for (const Outstanding& o : rl.outstanding) {
     if (o.chunk >= 0) p.quarantined.push_back(o.chunk);
+    if (o.in_place) p.tainted.emplace_back(addr(o.op->data), addr(o.op->data) + o.op->total);
   }
   if (gone) {  // nobody can write into them any more
     for (int c : p.quarantined) free_chunks_.push_back(c);
     p.quarantined.clear();
+    p.tainted.clear();
   }
   rl.outstanding.clear();
-  for (RecvOp& op : rl.ops) op.done(failure(peer, p.failure));
+  for (RecvOp& op : rl.ops) {
+    closeWindow(op);  // before the receive ends: no write lands in its buffer after that
+    op.done(failure(peer, p.failure));
+  }
   rl.ops.clear();
   std::list<SendOp>& sends = send_lanes_[peer].ops;
   while (!sends.empty()) {
@@ -1082,7 +1144,7 @@ bool P2pChannel::Impl::harvestAcks(int peer) {
     } else if (ack.length == kAckSentEagerly) {
       // The bytes come (or came) through the eager ring; the chunk is unused.
     } else if (op.error.empty() && it->length > 0) {
-      deliver(op, it->offset, recv_pool_ + it->chunk * chunk, it->length);
+      if (!it->in_place) deliver(op, it->offset, recv_pool_ + it->chunk * chunk, it->length);  // else it is there
       op.received += it->length;
     }
     if (it->chunk >= 0) free_chunks_.push_back(it->chunk);
@@ -1100,6 +1162,8 @@ bool P2pChannel::Impl::harvestAcks(int peer) {
     }
     OpResult r = op.error.empty() ? OpResult{} : failure(peer, op.error);
     r.mismatch = !op.error.empty();  // the only error a receive keeps: the sender refused the pair (sizes differ)
+    if (op.in_place && r.ok) received_in_place_.fetch_add(1, std::memory_order_relaxed);
+    closeWindow(op);
     Done done = std::move(op.done);
     it = lane.ops.erase(it);
     done(r);
@@ -1132,12 +1196,16 @@ bool P2pChannel::Impl::stepRecv(int peer) {
       if (lane.issue_seq - oldest >= static_cast<uint32_t>(kSlotsPerLane)) break;  // its slot is still in use
       const bool refusal = op.refusal_owed;  // no bytes: it only carries our size
       const uint32_t length = refusal ? 0 : static_cast<uint32_t>(std::min(chunk, op.total - op.credited));
-      if (length > 0 && free_chunks_.empty()) break;
-      const int c = length > 0 ? free_chunks_.back() : -1;
+      const bool in_place = op.in_place && length > 0;
+      // Into its own buffer as many chunks at once as two pools hold.
+      if (in_place && op.in_flight >= static_cast<int>(2 * options_.pool_chunks)) break;
+      if (length > 0 && !in_place && free_chunks_.empty()) break;
+      const int c = length > 0 && !in_place ? free_chunks_.back() : -1;
       if (c >= 0) free_chunks_.pop_back();
       const uint32_t seq = lane.issue_seq++;
       CreditSlot credit{};
-      credit.recv_addr = c >= 0 ? addr(recv_pool_ + c * chunk) : 0;
+      credit.recv_addr = in_place ? addr(op.data + op.credited) : c >= 0 ? addr(recv_pool_ + c * chunk) : 0;
+      credit.flags = in_place ? kCreditInPlace : 0;
       credit.total = op.total;
       credit.length = length;
       credit.tag = op.tag;
@@ -1147,7 +1215,7 @@ bool P2pChannel::Impl::stepRecv(int peer) {
       seal(credit, token(peers_[peer].epoch, seq));
       const uint64_t remote = peers_[peer].endpoint.credit_region +
                               (static_cast<uint64_t>(rank_) * kSlotsPerLane + seq % kSlotsPerLane) * sizeof(CreditSlot);
-      lane.outstanding.push_back(Outstanding{seq, c, credit.offset, length, &op});
+      lane.outstanding.push_back(Outstanding{seq, c, credit.offset, length, &op, in_place});
       op.in_flight++;
       if (refusal) {
         op.refusal_owed = false;
@@ -1252,7 +1320,8 @@ bool P2pChannel::Impl::stepSend(int peer) {
         ack.length = credit.length;
         seal(ack, token(peers_[peer].epoch, seq));
         reset(slot);  // before the ack can land: the ack lets the receiver reuse the slot
-        startWrite(peer, *it, it->data + credit.offset, credit.recv_addr, credit.length, ack, ackRemote(peer, index));
+        startWrite(peer, *it, it->data + credit.offset, credit.recv_addr, credit.length, ack, ackRemote(peer, index),
+                   (credit.flags & kCreditInPlace) != 0);
         it->sent += credit.length;
         consume(lane, index);
         progressed = true;
@@ -1366,6 +1435,7 @@ void P2pChannel::Impl::loop() {
         recv.tag_seq = lane.next_tag_seq[op.tag]++;
         recv.eager = eager_slots_ > 0 && op.bytes <= eager_bytes_;
         recv.credits_done = recv.eager;  // it waits for an eager message, not credits
+        recv.in_place = openWindow(op.peer, recv);
         lane.ops.push_back(std::move(recv));
       }
       if (recv_lanes_[op.peer].ops.size() + send_lanes_[op.peer].ops.size() == 1) peer.last_progress = Clock::now();

@@ -31,10 +31,14 @@ struct alignas(64) CreditSlot {
   int32_t tag;
   uint32_t op_id;   // which of the receiver's messages (per lane) this credit serves
   uint32_t tag_seq;  // which message of that tag (per lane): the send it pairs with
-  uint8_t reserved[8];
+  uint32_t flags;    // kCreditInPlace
+  uint8_t reserved[4];
   uint64_t footer;
 };
 static_assert(sizeof(CreditSlot) == 64);
+// The credit names the receiver's own buffer (a receive window), which only
+// writes over tcp may reach: closing the window cuts those short.
+constexpr uint32_t kCreditInPlace = 1;
 
 // Sender -> receiver: "the bytes of credit `seq` are in place" (or, with
 // length == kAckSizeMismatch, "your message size does not match mine").

@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -138,6 +139,39 @@ int sendAll(int fd, const void* data, size_t length, Deadline deadline) {
     }
     p += n;
     length -= static_cast<size_t>(n);
+  }
+  return kOk;
+}
+
+int sendPieces(int fd, std::initializer_list<Piece> pieces, Deadline deadline) {
+  constexpr size_t kMaxPieces = 4;
+  iovec iov[kMaxPieces];
+  size_t count = 0;
+  for (const Piece& piece : pieces) {
+    if (piece.length == 0) continue;
+    if (count == kMaxPieces) return kInvalidArgument;
+    iov[count++] = iovec{const_cast<void*>(piece.data), piece.length};
+  }
+  size_t first = 0;  // iov[first..count) is what is left, iov[first] advanced past what went out
+  while (first < count) {
+    msghdr message{};
+    message.msg_iov = iov + first;
+    message.msg_iovlen = count - first;
+    ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        if (int rc = waitFor(fd, POLLOUT, deadline); rc != kOk) return rc;
+        continue;
+      }
+      return classifyErrno(errno);
+    }
+    auto sent = static_cast<size_t>(n);
+    while (first < count && sent >= iov[first].iov_len) sent -= iov[first++].iov_len;
+    if (first < count) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + sent;
+      iov[first].iov_len -= sent;
+    }
   }
   return kOk;
 }

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 namespace mooncake::te::net {
@@ -49,6 +50,14 @@ class Socket {
 // reset, closed by the peer), kTimeout, kSocketFailed.
 int connectTo(const std::string& host, uint16_t port, Deadline deadline, Socket& out);
 int sendAll(int fd, const void* data, size_t length, Deadline deadline);
+// A message in pieces (a header, its payload, a trailer), sent as one
+// stream of bytes: the small pieces ride in the payload's segments instead
+// of going out alone (TCP_NODELAY sends each send() at once).
+struct Piece {
+  const void* data;
+  size_t length;
+};
+int sendPieces(int fd, std::initializer_list<Piece> pieces, Deadline deadline);
 int recvAll(int fd, void* data, size_t length, Deadline deadline);
 // Waits until the socket is readable (data or end of stream).
 int waitReadable(int fd, Deadline deadline);

@@ -73,6 +73,21 @@ class PeerProcess {
     return buffer_addr;
   }
 
+  // Starts a write of the first `length` bytes of its buffer to `remote` at
+  // `segment` (over tcp); writeResult() waits for its status code.
+  void startWrite(const std::string& segment, uint64_t remote, size_t length) {
+    fprintf(in_, "WRITE %s %llu %zu\n", segment.c_str(), static_cast<unsigned long long>(remote), length);
+    fflush(in_);
+  }
+  int writeResult() {
+    std::istringstream reply(readLine());
+    std::string word;
+    int rc = 0;
+    reply >> word >> rc;
+    if (word != "DONE") throw std::runtime_error("peer did not write: '" + word + "'");
+    return rc;
+  }
+
   void signal(int sig) { kill(pid_, sig); }
   // SIGSTOP, returning once the peer has stopped (a signal is delivered
   // asynchronously: the peer could still answer a request sent right after).

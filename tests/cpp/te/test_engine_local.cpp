@@ -167,6 +167,28 @@ TEST_P(TransportTest, DescriptorIsRefreshedForNewAndRemovedRegistrations) {
   for (size_t i = 0; i < later.size; ++i) ASSERT_EQ(later.data[i], 0) << i;
 }
 
+TEST_P(TransportTest, AWriteIntoAReceiveWindowNeedsNoDescriptorAndIsRefusedOnceItCloses) {
+  // The peer opens a window after we cached its descriptor; a write marked
+  // remote_window goes there over tcp without fetching the descriptor again
+  // (the peer checks it), and is refused once the window is closed. Over
+  // any other transport such a write is refused: only tcp writes are cut
+  // short by a closing window.
+  EnginePair pair(GetParam(), 4096);
+  testing::AlignedBuffer window(8192);
+  std::memset(window.data, 0, window.size);
+  ASSERT_EQ(pair.remote.openReceiveWindow(window.data, window.size), kOk);
+  fillPattern(pair.local_buf.data, 4096, 6);
+  TransferRequest r{Opcode::kWrite, pair.local_buf.data, pair.peer, reinterpret_cast<uint64_t>(window.data) + 64, 4096};
+  r.remote_window = true;
+  const bool tcp = GetParam() == "tcp";
+  ASSERT_EQ(pair.local.transferSync({r}), tcp ? kOk : kInvalidArgument);
+  if (tcp) EXPECT_EQ(digest(window.data + 64, 4096), digest(pair.local_buf.data, 4096));
+  ASSERT_EQ(pair.remote.closeReceiveWindow(window.data), kOk);
+  std::memset(window.data, 0, window.size);
+  EXPECT_EQ(pair.local.transferSync({r}), tcp ? kAddressNotRegistered : kInvalidArgument);
+  for (size_t i = 0; i < window.size; ++i) ASSERT_EQ(window.data[i], 0) << i;
+}
+
 TEST_P(TransportTest, UnreachableAndUnknownPeers) {
   EnginePair pair(GetParam(), 4096);
   auto start = std::chrono::steady_clock::now();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "engine_fixture.h"
@@ -175,6 +176,44 @@ TEST(MultiProcessStall, StoppedPeerTimesOutOverTcp) {
   EXPECT_LT(elapsed, config.budgetFor(kBytes) + 1500ms);
 }
 
+// A receive window closed while a write is landing in it, its writer stopped
+// mid-payload (SIGSTOP): the close cuts the write short at once instead of
+// waiting out the transfer budget (20 s here), and nothing lands after it,
+// also once the writer goes on. One slice per request, so the payload lands
+// in order on one connection and its first bytes show the write is under way.
+TEST(MultiProcessStall, ClosingAReceiveWindowCutsShortAWriteWhoseWriterStopped) {
+  constexpr size_t kBytes = 256u << 20;
+  ::setenv("MC_TCP_SLICE_SIZE", std::to_string(kBytes).c_str(), 1);  // read by the peer's engine
+  PeerProcess writer(kBytes, 7);
+  ::unsetenv("MC_TCP_SLICE_SIZE");
+  EngineConfig config = testing::fastFailConfig();
+  config.transfer_timeout = 20000ms;
+  TransferEngine engine;
+  AlignedBuffer window(kBytes);
+  std::memset(window.data, 0, kBytes);
+  ASSERT_EQ(engine.init("P2PHANDSHAKE", "127.0.0.1", "tcp", "", config), kOk);
+  ASSERT_EQ(engine.openReceiveWindow(window.data, kBytes), kOk);
+  EXPECT_EQ(engine.openReceiveWindow(window.data + 4096, 4096), kAddressOverlapped);  // refused, quietly
+  auto first = reinterpret_cast<volatile uint64_t*>(window.data);
+  auto last = reinterpret_cast<volatile uint64_t*>(window.data + kBytes - 8);
+  writer.startWrite(engine.segmentName(), reinterpret_cast<uint64_t>(window.data), kBytes);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (*first == 0 && std::chrono::steady_clock::now() < deadline) {
+  }
+  writer.stopNow();
+  ASSERT_NE(*first, 0u) << "the write never started";
+  ASSERT_EQ(*last, 0u) << "the write ended before its writer was stopped";
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(engine.closeReceiveWindow(window.data), kOk);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  const uint64_t closed = digest(window.data, kBytes);
+  writer.signal(SIGCONT);
+  EXPECT_NE(writer.writeResult(), kOk);
+  EXPECT_LT(took, 2s);
+  EXPECT_EQ(digest(window.data, kBytes), closed);  // nothing landed after the close
+  EXPECT_EQ(*last, 0u);
+}
+
 // Small writes submitted without waiting (credits, acks) have their answers
 // awaited together on the control lane, not by the workers: while a stopped
 // peer holds its answers back (and ties up workers trying to connect),
@@ -248,7 +287,10 @@ TEST(MultiProcessStall, CanceledWritesToAStoppedPeerEndAtOnce) {
   ASSERT_EQ(engine.transferSync({{Opcode::kWrite, buf.data, h, peer.buffer_addr, 4096}}), kOk);  // a pooled connection
   peer.stopNow();
   std::vector<BatchId> batches;
-  for (auto [offset, length] : {std::pair<size_t, size_t>{0, kBytes / 2}, {kBytes / 2, kBytes / 2}, {0, 64}}) {
+  // The last 4 KiB stay clear of the canceled writes: bytes of theirs that
+  // were already in the kernel's buffers still land once the peer goes on.
+  constexpr size_t kClear = 4096, kCanceledPart = kBytes - kClear;
+  for (auto [offset, length] : {std::pair<size_t, size_t>{0, kCanceledPart / 2}, {kCanceledPart / 2, kCanceledPart / 2}, {0, 64}}) {
     const BatchId id = engine.allocateBatchID(1);
     ASSERT_EQ(engine.submitTransfer(id, {{Opcode::kWrite, buf.data + offset, h, peer.buffer_addr + offset, length}}),
               kOk);
@@ -275,9 +317,10 @@ TEST(MultiProcessStall, CanceledWritesToAStoppedPeerEndAtOnce) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
   peer.signal(SIGCONT);
   // The peer answers again: new writes go through.
-  fillPattern(buf.data, 4096, 9);
-  EXPECT_EQ(engine.transferSync({{Opcode::kWrite, buf.data, h, peer.buffer_addr, 4096}}), kOk);
-  EXPECT_EQ(peer.digestOf(0, 4096), digest(buf.data, 4096));
+  fillPattern(buf.data + kCanceledPart, kClear, 9);
+  EXPECT_EQ(engine.transferSync({{Opcode::kWrite, buf.data + kCanceledPart, h, peer.buffer_addr + kCanceledPart, kClear}}),
+            kOk);
+  EXPECT_EQ(peer.digestOf(kCanceledPart, kClear), digest(buf.data + kCanceledPart, kClear));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <thread>
 
@@ -73,6 +74,56 @@ TEST(RegionTable, RemoveNeedsTheExactBase) {
 // A transfer into one region (withRegion's fn, here blocked on a promise)
 // holds up only that region's unregistration: registering, looking up and
 // unregistering other regions go on meanwhile.
+TEST(RegionTable, AnInterruptingRemoveCutsShortTheAccessesThatCanBeCutAndWaitsForThem) {
+  // Two accesses in flight on one region: one that can be cut short (its
+  // callback ends its wait, as the TCP server's shutdown ends a recv) and
+  // one that cannot. The interrupting remove calls the first's callback,
+  // not after it finished, and returns once both are out.
+  using namespace std::chrono_literals;
+  RegionTable t;
+  ASSERT_EQ(t.add(region(1000, 100)), kOk);
+  std::promise<void> cut_promise, release_plain;
+  std::shared_future<void> cut = cut_promise.get_future().share(), released = release_plain.get_future().share();
+  std::promise<void> entered_cuttable, entered_plain;
+  std::atomic<int> interrupts{0};
+  const std::function<void()> interrupt = [&] {
+    interrupts++;
+    cut_promise.set_value();
+  };
+  std::thread cuttable([&] {
+    EXPECT_TRUE(t.withRegion(
+        1000, 10,
+        [&](const MemoryRegion&) {
+          entered_cuttable.set_value();
+          EXPECT_EQ(cut.wait_for(10s), std::future_status::ready);
+        },
+        &interrupt));
+  });
+  std::thread plain([&] {
+    EXPECT_TRUE(t.withRegion(1050, 10, [&](const MemoryRegion&) {
+      entered_plain.set_value();
+      released.wait();
+    }));
+  });
+  entered_cuttable.get_future().wait();
+  entered_plain.get_future().wait();
+  auto removing = std::async(std::launch::async, [&] { return t.remove(1000, nullptr, /*interrupt=*/true); });
+  EXPECT_EQ(removing.wait_for(50ms), std::future_status::timeout);  // the plain access still holds it
+  cuttable.join();  // cut short by the remove
+  EXPECT_EQ(interrupts, 1);
+  release_plain.set_value();
+  EXPECT_EQ(removing.get(), kOk);
+  plain.join();
+  // A callback is only called while its access runs: an access that ended
+  // before the remove is not interrupted.
+  ASSERT_EQ(t.add(region(2000, 100)), kOk);
+  std::atomic<int> late{0};
+  const std::function<void()> count_late = [&] { late++; };
+  EXPECT_TRUE(t.withRegion(2000, 1, [](const MemoryRegion&) {}, &count_late));
+  EXPECT_EQ(t.remove(2000, nullptr, /*interrupt=*/true), kOk);
+  EXPECT_EQ(late, 0);
+}
+
 TEST(RegionTable, AnAccessInFlightHoldsUpOnlyItsOwnRegion) {
   using namespace std::chrono_literals;
   RegionTable t;

@@ -43,15 +43,21 @@ class RegionTable {
   int add(const MemoryRegion& region);
   // All or nothing: on any error nothing is added.
   int addAll(const std::vector<MemoryRegion>& regions);
-  // `addr` must be the base address of a registered region.
-  int remove(uint64_t addr, MemoryRegion* removed = nullptr);
+  // `addr` must be the base address of a registered region. Waits for the
+  // withRegion() calls running on it; with `interrupt`, first asks those
+  // that can be cut short to give up (their `interrupt` callback), so that
+  // a request whose peer went silent mid-payload holds nothing up.
+  int remove(uint64_t addr, MemoryRegion* removed = nullptr, bool interrupt = false);
 
   std::optional<MemoryRegion> find(uint64_t addr, uint64_t length) const;
   // For a peer's request: runs `fn` with the covering region while holding
   // it registered (pinned; the table itself is not locked while fn runs).
   // Returns false (without calling fn) when no region that peers may access
-  // covers the range.
-  bool withRegion(uint64_t addr, uint64_t length, const std::function<void(const MemoryRegion&)>& fn) const;
+  // covers the range. `interrupt` (optional) makes fn return early (the TCP
+  // server shuts the request's connection down); an interrupting remove()
+  // calls it, while fn runs and never after.
+  bool withRegion(uint64_t addr, uint64_t length, const std::function<void(const MemoryRegion&)>& fn,
+                  const std::function<void()>* interrupt = nullptr) const;
 
   std::vector<MemoryRegion> snapshot() const;
   size_t size() const;
@@ -64,6 +70,7 @@ class RegionTable {
     std::mutex mutex;
     std::condition_variable unpinned;
     int pins = 0;
+    std::vector<const std::function<void()>*> interrupts;  // of the pins that can be cut short
   };
   using Map = std::map<uint64_t, std::shared_ptr<Entry>>;
   static bool overlapsLocked(const Map& regions, uint64_t addr, uint64_t length);

@@ -65,6 +65,18 @@ class TransferEngine {
   int registerLocalMemoryBatch(const std::vector<void*>& addrs, const std::vector<size_t>& lengths,
                                const std::string& location = "*");
   int unregisterLocalMemoryBatch(const std::vector<void*>& addrs);
+  // A receive window: the caller's host memory [addr, addr + length) open to
+  // peers' writes until closeReceiveWindow (a P2P receive straight into the
+  // caller's buffer). Registered as registerLocalMemory does, except that a
+  // range overlapping a registered one is refused (kAddressOverlapped)
+  // without an error in the log: the caller then receives another way.
+  int openReceiveWindow(void* addr, size_t length);
+  // Closes a window: peers' writes into it are refused from now on, and
+  // writes over tcp still landing in it are cut short (their connections are
+  // shut down, so their writers see a failed transfer); returns once none
+  // touches it, without waiting for a peer that went silent. Writes of other
+  // transports are waited for: open windows to peers reached over tcp only.
+  int closeReceiveWindow(void* addr);
 
   // Peers. openSegment fetches the descriptor on first use and caches it;
   // returns kInvalidSegment when the peer cannot be reached or the name is bad.

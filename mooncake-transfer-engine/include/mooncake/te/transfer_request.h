@@ -37,6 +37,13 @@ struct TransferRequest {
   // a caller's buffer, without a staging copy). Only transports that read
   // host memory as it is carry it (tcp, shm); others refuse the request.
   bool unregistered_source = false;
+  // Ours: the target is a receive window the peer opened for this write
+  // (TransferEngine::openReceiveWindow), which this engine's copy of the
+  // peer's descriptor may not list: it is not looked up there (no
+  // descriptor fetch on the submitting thread, which a silent peer would
+  // hold up), and the peer refuses the write if the window is closed. Over
+  // tcp only (whose writes a closing window cuts short); others refuse it.
+  bool remote_window = false;
 };
 
 constexpr uint32_t kMaxTrailerBytes = 64;

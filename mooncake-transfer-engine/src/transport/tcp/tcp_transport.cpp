@@ -2,11 +2,13 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 
 #include "cuda/host_staging.h"
 #include "mooncake/te/log.h"
@@ -402,26 +404,26 @@ int TcpTransport::sendRequest(int fd, const Slice& slice) const {
   header.opcode = trailer ? tcp::kWireWriteWithTrailer : static_cast<uint8_t>(slice.opcode);
   header.addr = slice.remote;
   header.length = slice.length;
-  if (int rc = net::sendAll(fd, &header, sizeof(header), slice.deadline); rc != kOk) return rc;
-  if (slice.opcode == Opcode::kWrite) {
-    int rc = slice.local_device < 0 ? net::sendAll(fd, slice.local, slice.length, slice.deadline)
-                                    : sendFromDevice(fd, slice.local, slice.length, slice.local_device, slice.deadline);
-    if (rc != kOk) return rc;
-  }
+  struct {
+    tcp::TrailerHeader header;
+    unsigned char bytes[kMaxTrailerBytes];
+  } message;
+  size_t message_length = 0;
   if (trailer) {
-    struct {
-      tcp::TrailerHeader header;
-      unsigned char bytes[kMaxTrailerBytes];
-    } message;
     message.header.addr = request.trailer_target;
     message.header.length = request.trailer_length;
     std::memcpy(message.bytes, request.trailer, request.trailer_length);
-    if (int rc = net::sendAll(fd, &message, sizeof(message.header) + request.trailer_length, slice.deadline);
-        rc != kOk) {
-      return rc;
-    }
+    message_length = sizeof(message.header) + request.trailer_length;
   }
-  return kOk;
+  if (slice.opcode != Opcode::kWrite) return net::sendAll(fd, &header, sizeof(header), slice.deadline);
+  if (slice.local_device < 0) {
+    // Host memory: header, payload and trailer in one stream of segments.
+    return net::sendPieces(fd, {{&header, sizeof(header)}, {slice.local, slice.length}, {&message, message_length}},
+                           slice.deadline);
+  }
+  if (int rc = net::sendAll(fd, &header, sizeof(header), slice.deadline); rc != kOk) return rc;
+  if (int rc = sendFromDevice(fd, slice.local, slice.length, slice.local_device, slice.deadline); rc != kOk) return rc;
+  return trailer ? net::sendAll(fd, &message, message_length, slice.deadline) : kOk;
 }
 
 int TcpTransport::awaitAnswer(int fd, const Slice& slice) const {
@@ -484,15 +486,21 @@ void TcpTransport::serveConnection(net::Socket& socket) const {
     int io = kOk;
     bool registered = false;
     if (header.opcode == static_cast<uint8_t>(Opcode::kWrite)) {
-      // Held registered while the payload lands, so unregistration waits.
-      registered = context_.regions->withRegion(header.addr, header.length, [&](const MemoryRegion& region) {
-        int device = cudaDeviceOfLocation(region.location);
-        if (device < 0) {
-          io = net::recvAll(fd, target, header.length, deadline);
-        } else {
-          io = recvIntoDevice(fd, target, header.length, device, deadline, status.code);
-        }
-      });
+      // Held registered while the payload lands, so unregistration waits;
+      // closing a receive window cuts the payload short instead (the writer
+      // sees its connection fail).
+      const std::function<void()> cut = [fd] { ::shutdown(fd, SHUT_RDWR); };
+      registered = context_.regions->withRegion(
+          header.addr, header.length,
+          [&](const MemoryRegion& region) {
+            int device = cudaDeviceOfLocation(region.location);
+            if (device < 0) {
+              io = net::recvAll(fd, target, header.length, deadline);
+            } else {
+              io = recvIntoDevice(fd, target, header.length, device, deadline, status.code);
+            }
+          },
+          &cut);
       if (!registered) {
         char scratch[64 * 1024];
         for (uint64_t left = header.length; left > 0 && io == kOk;) {

@@ -49,6 +49,13 @@ struct P2pOptions {
   // MOONCAKE_P2P_SEND_IN_PLACE=0 stages them. A send then ends only once no
   // write reads its buffer any more: writes to a failed peer are canceled.
   bool send_in_place = true;
+  // Receives of at least recv_in_place_min_bytes from peers reached over
+  // tcp land straight in the caller's buffer, opened to the peer as a
+  // receive window for the call, without the pool's copy-out
+  // (MOONCAKE_P2P_RECV_IN_PLACE=0: through the pool always). A window is
+  // closed before its receive ends, cutting short writes still landing.
+  bool recv_in_place = true;
+  size_t recv_in_place_min_bytes = 256u << 10;
 };
 
 // What a rank publishes so peers can reach its slots (exchanged by the caller).
@@ -70,6 +77,7 @@ struct P2pEndpoint {
 struct P2pCounters {
   uint64_t eager_sent = 0;  // messages this rank wrote into a peer's eager ring
   uint64_t spilled = 0;     // eager messages this rank moved out of a full ring before their receive
+  uint64_t received_in_place = 0;  // messages received straight into the caller's buffer (a receive window)
 };
 
 class P2pChannel {
