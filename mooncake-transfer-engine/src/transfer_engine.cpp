@@ -169,11 +169,18 @@ class EngineImpl {
   void bumpRegistrationVersion() { __atomic_add_fetch(&stamp_->registration_version, 1, __ATOMIC_RELEASE); }
 
   bool initialized() const { return initialized_.load(std::memory_order_acquire); }
-  // `quiet`: an overlap is the caller's cue to do without (a receive window), not an error to log.
+  // `window`: a receive window (MemoryRegion::window); an overlap is then the
+  // caller's cue to do without, not an error to log.
   int registerMemory(const std::vector<void*>& addrs, const std::vector<size_t>& lengths, const std::string& location,
-                     bool remote_accessible = true, bool quiet = false);
+                     bool remote_accessible = true, bool window = false);
   // `interrupt`: peers' requests landing in the memory are cut short (RegionTable::remove).
   int unregisterMemory(const std::vector<void*>& addrs, bool interrupt = false);
+  // A receive window's base only (kInvalidArgument for anything else).
+  int closeWindow(void* addr) {
+    std::optional<MemoryRegion> found = regions_.find(reinterpret_cast<uint64_t>(addr), 1);
+    if (!found || !found->window || found->addr != reinterpret_cast<uint64_t>(addr)) return kInvalidArgument;
+    return unregisterMemory({addr}, /*interrupt=*/true);
+  }
 
   SegmentHandle openSegment(const std::string& name);
   int closeSegment(SegmentHandle handle);
@@ -346,7 +353,7 @@ void EngineImpl::teardown() {
 // ---- registration ----
 
 int EngineImpl::registerMemory(const std::vector<void*>& addrs, const std::vector<size_t>& lengths,
-                               const std::string& location, bool remote_accessible, bool quiet) {
+                               const std::string& location, bool remote_accessible, bool window) {
   if (!initialized()) return kNotInitialized;
   if (addrs.size() != lengths.size()) {
     MC_LOG(Error) << "register: " << addrs.size() << " addresses but " << lengths.size() << " lengths";
@@ -359,11 +366,11 @@ int EngineImpl::registerMemory(const std::vector<void*>& addrs, const std::vecto
       return kInvalidArgument;
     }
     regions.push_back(MemoryRegion{reinterpret_cast<uint64_t>(addrs[i]), lengths[i],
-                                   resolveMemoryLocation(addrs[i], location), remote_accessible});
+                                   resolveMemoryLocation(addrs[i], location), remote_accessible, window});
   }
   std::lock_guard lock(descriptor_mutex_);
   if (int rc = regions_.addAll(regions); rc != kOk) {
-    if (!quiet || rc != kAddressOverlapped) {
+    if (!window || rc != kAddressOverlapped) {
       MC_LOG(Error) << "register: " << errorName(rc) << " (a range must not overlap one already registered)";
     }
     return rc;
@@ -384,6 +391,7 @@ int EngineImpl::registerMemory(const std::vector<void*>& addrs, const std::vecto
     }
     added.push_back(std::move(b));
   }
+  if (window) return kOk;  // served, not published
   // Only what peers may reach is published.
   if (remote_accessible) local_.buffers.insert(local_.buffers.end(), added.begin(), added.end());
   bumpRegistrationVersion();
@@ -394,6 +402,7 @@ int EngineImpl::unregisterMemory(const std::vector<void*>& addrs, bool interrupt
   if (!initialized()) return kNotInitialized;
   std::lock_guard lock(descriptor_mutex_);
   int first_error = kOk;
+  bool published_changed = false;
   for (void* addr : addrs) {
     MemoryRegion removed;
     int rc = regions_.remove(reinterpret_cast<uint64_t>(addr), &removed, interrupt);
@@ -404,11 +413,13 @@ int EngineImpl::unregisterMemory(const std::vector<void*>& addrs, bool interrupt
       continue;
     }
     for (auto& t : transports_) t->unregisterMemory(removed);
+    if (removed.window) continue;  // never published
+    published_changed = true;
     auto& bufs = local_.buffers;
     bufs.erase(std::remove_if(bufs.begin(), bufs.end(), [&](const BufferDescriptor& b) { return b.addr == removed.addr; }),
                bufs.end());
   }
-  bumpRegistrationVersion();
+  if (published_changed) bumpRegistrationVersion();
   return first_error;
 }
 
@@ -743,9 +754,9 @@ int TransferEngine::registerLocalMemory(void* addr, size_t length, const std::st
 }
 int TransferEngine::unregisterLocalMemory(void* addr) { return impl_->unregisterMemory({addr}); }
 int TransferEngine::openReceiveWindow(void* addr, size_t length) {
-  return impl_->registerMemory({addr}, {length}, "*", /*remote_accessible=*/true, /*quiet=*/true);
+  return impl_->registerMemory({addr}, {length}, "*", /*remote_accessible=*/true, /*window=*/true);
 }
-int TransferEngine::closeReceiveWindow(void* addr) { return impl_->unregisterMemory({addr}, /*interrupt=*/true); }
+int TransferEngine::closeReceiveWindow(void* addr) { return impl_->closeWindow(addr); }
 int TransferEngine::registerLocalMemoryBatch(const std::vector<void*>& addrs, const std::vector<size_t>& lengths,
                                              const std::string& location) {
   return impl_->registerMemory(addrs, lengths, location);

@@ -328,8 +328,7 @@ TEST_P(P2pPair, AFailedReceiveInPlaceTakesNoLaterWriteAndItsBufferWaitsForThePee
   if (GetParam() != "tcp") GTEST_SKIP() << "receive windows are opened to peers over tcp only";
   const size_t n = 1u << 20;
   std::vector<uint8_t> got(n, 0);
-  // A first message in place: rank 0's engine now knows the window (its
-  // copy of rank 1's descriptor lists it), as a sender with old credits would.
+  // A first message in place, as before the failure.
   const auto first = pattern(n, 1);
   auto r0 = recv(1, 0, 0, got);
   auto s0 = send(0, 1, 0, first);
@@ -348,6 +347,7 @@ TEST_P(P2pPair, AFailedReceiveInPlaceTakesNoLaterWriteAndItsBufferWaitsForThePee
   te::TransferRequest late{te::Opcode::kWrite, stale.data(), to_rank1, reinterpret_cast<uint64_t>(got.data()),
                            stale.size()};
   late.unregistered_source = true;
+  late.remote_window = true;  // as a write of an old credit goes: rank 1's server judges it
   EXPECT_EQ(ranks_[0]->engine.transferSync({late}, "tcp"), te::kAddressNotRegistered);
   EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](uint8_t b) { return b == 0; }));
 

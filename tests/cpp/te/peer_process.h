@@ -73,8 +73,8 @@ class PeerProcess {
     return buffer_addr;
   }
 
-  // Starts a write of the first `length` bytes of its buffer to `remote` at
-  // `segment` (over tcp); writeResult() waits for its status code.
+  // Starts a write of the first `length` bytes of its buffer into the
+  // receive window at `remote` of `segment`; writeResult() waits for its status code.
   void startWrite(const std::string& segment, uint64_t remote, size_t length) {
     fprintf(in_, "WRITE %s %llu %zu\n", segment.c_str(), static_cast<unsigned long long>(remote), length);
     fflush(in_);

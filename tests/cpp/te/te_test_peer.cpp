@@ -123,15 +123,15 @@ int main(int argc, char** argv) {
       std::cin >> seed;
       buffer.fill(seed);
       std::cout << "OK" << std::endl;
-    } else if (command == "WRITE") {  // its buffer's first <length> bytes into a peer's memory, over tcp
+    } else if (command == "WRITE") {  // its buffer's first <length> bytes into a peer's receive window
       std::string segment;
       uint64_t remote = 0;
       size_t length = 0;
       std::cin >> segment >> remote >> length;
       const SegmentHandle peer = engine.openSegment(segment);
-      const int rc = peer == kInvalidSegment
-                         ? kInvalidArgument
-                         : engine.transferSync({TransferRequest{Opcode::kWrite, buffer.data(), peer, remote, length}}, "tcp");
+      TransferRequest write{Opcode::kWrite, buffer.data(), peer, remote, length};
+      write.remote_window = true;
+      const int rc = peer == kInvalidSegment ? kInvalidArgument : engine.transferSync({write}, "tcp");
       std::cout << "DONE " << rc << std::endl;
     } else if (command == "REALLOC") {
       uint64_t seed = 0;

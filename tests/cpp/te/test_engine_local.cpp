@@ -183,10 +183,46 @@ TEST_P(TransportTest, AWriteIntoAReceiveWindowNeedsNoDescriptorAndIsRefusedOnceI
   const bool tcp = GetParam() == "tcp";
   ASSERT_EQ(pair.local.transferSync({r}), tcp ? kOk : kInvalidArgument);
   if (tcp) EXPECT_EQ(digest(window.data + 64, 4096), digest(pair.local_buf.data, 4096));
+  // Not published: a plain write there finds no registered range even after
+  // fetching the descriptor again.
+  TransferRequest plain{Opcode::kWrite, pair.local_buf.data, pair.peer, reinterpret_cast<uint64_t>(window.data), 64};
+  EXPECT_EQ(pair.local.transferSync({plain}), kAddressNotRegistered);
+  EXPECT_EQ(pair.remote.closeReceiveWindow(pair.remote_buf.data), kInvalidArgument);  // a registration, not a window
   ASSERT_EQ(pair.remote.closeReceiveWindow(window.data), kOk);
   std::memset(window.data, 0, window.size);
   EXPECT_EQ(pair.local.transferSync({r}), tcp ? kAddressNotRegistered : kInvalidArgument);
   for (size_t i = 0; i < window.size; ++i) ASSERT_EQ(window.data[i], 0) << i;
+}
+
+TEST_P(TransportTest, WindowsOpenedAndClosedMeanwhileLeaveOtherWritesAlone) {
+  // A receiver opens and closes windows all the time (one per receive);
+  // writes into its registered memory go on meanwhile. Over shm each write
+  // checks that its copy of the descriptor is current: windows must not
+  // count as registration changes (they did: the writes failed as
+  // "peer unreachable" once the check found the version moving twice).
+  EnginePair pair(GetParam(), 1u << 20);
+  std::atomic<bool> stop{false};
+  std::thread churn([&] {
+    std::vector<std::unique_ptr<testing::AlignedBuffer>> windows;
+    for (int i = 0; i < 4; ++i) windows.push_back(std::make_unique<testing::AlignedBuffer>(64 * 1024));
+    while (!stop) {
+      for (auto& w : windows) EXPECT_EQ(pair.remote.openReceiveWindow(w->data, w->size), kOk);
+      for (auto& w : windows) EXPECT_EQ(pair.remote.closeReceiveWindow(w->data), kOk);
+    }
+  });
+  struct StopChurn {
+    std::atomic<bool>& stop;
+    std::thread& churn;
+    ~StopChurn() {
+      stop = true;
+      churn.join();
+    }
+  } stop_churn{stop, churn};  // also when an assertion below returns early
+  for (int i = 0; i < 2000; ++i) {
+    fillPattern(pair.local_buf.data, 4096, 100 + i);
+    ASSERT_EQ(pair.local.transferSync({pair.request(Opcode::kWrite, 0, (i % 200) * 4096, 4096)}), kOk) << i;
+    ASSERT_EQ(digest(pair.remote_buf.data + (i % 200) * 4096, 4096), digest(pair.local_buf.data, 4096));
+  }
 }
 
 TEST_P(TransportTest, UnreachableAndUnknownPeers) {

@@ -94,6 +94,19 @@ def check_everything(gloo):
     dist.all_to_all_single(out, inp, recv_splits, send_splits)
     expect = torch.cat([torch.full((recv_splits[s],), s * 100 + rank, dtype=torch.int32) for s in range(world)])
     same(out, expect, "all_to_all_single uneven")
+    # Large blocks, ten calls in a row: blocks from other hosts land straight
+    # in the caller's buffer (a receive window per block and call) while
+    # host mates write theirs through shared memory.
+    block = 100_000
+
+    def blocks(src, dst, call):
+        return torch.arange(block, dtype=torch.int64) * 1000 + (src * world + dst) * 10 + call
+
+    for call in range(10):
+        inp = torch.cat([blocks(rank, d, call) for d in range(world)])
+        out = torch.empty(world * block, dtype=torch.int64)
+        dist.all_to_all_single(out, inp)
+        same(out, torch.cat([blocks(s, rank, call) for s in range(world)]), f"all_to_all_single large, call {call}")
     for root in range(world):
         g = [torch.empty(5) for _ in range(world)] if rank == root else None
         dist.gather(torch.full((5,), float(rank)), g, dst=root)
@@ -115,6 +128,13 @@ def check_everything(gloo):
     ]):
         w.wait()
     same(got, torch.full((1000,), float((rank - 1) % world)), "p2p ring")
+    big = torch.empty(300_000)  # credited, in place where the neighbour is on another host
+    for w in dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, torch.arange(300_000, dtype=torch.float32) + rank, (rank + 1) % world),
+        dist.P2POp(dist.irecv, big, (rank - 1) % world),
+    ]):
+        w.wait()
+    same(big, torch.arange(300_000, dtype=torch.float32) + (rank - 1) % world, "p2p ring, large")
     # A sub-group across hosts (even ranks) and one inside a host (first two).
     for members in ([r for r in range(world) if r % 2 == 0], [0, 1]):
         sub = dist.new_group(members)

@@ -21,6 +21,11 @@ struct MemoryRegion {
   // False: a source for this process's own transfers only. It is not in the
   // published descriptor, and peers' requests into it are refused.
   bool remote_accessible = true;
+  // A receive window (TransferEngine::openReceiveWindow): served to peers'
+  // tcp writes marked remote_window, but neither published in the
+  // descriptor nor counted as a registration change, so that opening and
+  // closing one per receive sends no peer to fetch the descriptor again.
+  bool window = false;
 
   uint64_t end() const { return addr + length; }
   bool contains(uint64_t a, uint64_t len) const {

@@ -66,16 +66,19 @@ class TransferEngine {
                                const std::string& location = "*");
   int unregisterLocalMemoryBatch(const std::vector<void*>& addrs);
   // A receive window: the caller's host memory [addr, addr + length) open to
-  // peers' writes until closeReceiveWindow (a P2P receive straight into the
-  // caller's buffer). Registered as registerLocalMemory does, except that a
-  // range overlapping a registered one is refused (kAddressOverlapped)
-  // without an error in the log: the caller then receives another way.
+  // peers' tcp writes marked TransferRequest::remote_window until
+  // closeReceiveWindow (a P2P receive straight into the caller's buffer).
+  // Unlike a registration it is not published in the descriptor, so opening
+  // and closing one sends no peer to fetch the descriptor again (and no
+  // same-host peer can write it through shared memory). A range overlapping
+  // registered memory is refused (kAddressOverlapped) without an error in
+  // the log: the caller then receives another way.
   int openReceiveWindow(void* addr, size_t length);
-  // Closes a window: peers' writes into it are refused from now on, and
-  // writes over tcp still landing in it are cut short (their connections are
-  // shut down, so their writers see a failed transfer); returns once none
-  // touches it, without waiting for a peer that went silent. Writes of other
-  // transports are waited for: open windows to peers reached over tcp only.
+  // Closes the window at `addr` (kInvalidArgument if none starts there):
+  // writes into it are refused from now on, and those still landing are cut
+  // short (their connections are shut down, so their writers see a failed
+  // transfer); returns once none touches it, without waiting for a peer that
+  // went silent.
   int closeReceiveWindow(void* addr);
 
   // Peers. openSegment fetches the descriptor on first use and caches it;
