@@ -58,7 +58,8 @@ if(NOT MOONCAKE_WITH_RDMA STREQUAL "OFF")
 endif()
 mooncake_resolve_feature(MOONCAKE_WITH_RDMA ${_rdma_found})
 
-# EP needs CUDA for its fast paths; its collective reference path arrives with the PG.
+# EP's kernels need CUDA; without them EP still runs on its collective path
+# (Python, over the process group's own operations).
 mooncake_resolve_feature(MOONCAKE_WITH_EP ${MOONCAKE_WITH_CUDA_ENABLED})
 
 # NCCL device API: nccl_device.h ships with NCCL >= 2.28.

@@ -86,7 +86,7 @@ def main() -> None:
     ok = torch.tensor([int(in_sync and max_err < 1e-4)])
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)
     if rank == 0:
-        print(f"world {world}: {STEPS} data-parallel steps, final loss ring passed, replicas identical: {in_sync}")
+        print(f"world {world}: {STEPS} data-parallel steps; every replica holds the same parameters: {in_sync}")
         print(f"max |distributed - single-process| parameter difference: {max_err:.2e}")
         print(f"64 KiB all_reduce: mooncake-cpu {timings['mooncake-cpu']:.0f} µs, gloo {timings['gloo']:.0f} µs "
               f"({timings['gloo'] / timings['mooncake-cpu']:.1f}x)")

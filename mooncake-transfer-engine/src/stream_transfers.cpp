@@ -35,7 +35,7 @@ struct StreamTransfers::State {
   std::mutex mutex;
   std::condition_variable work_cv;
   std::deque<std::shared_ptr<Job>> reached;  // their streams got to them
-  size_t outstanding = 0;                     // queued on a stream, not yet ended
+  size_t outstanding = 0;                    // queued on a stream, not yet ended
   bool worker_running = false;
   bool closing = false;
   std::string failure;  // the first since takeFailure()

@@ -375,15 +375,18 @@ class TransferEnginePy {
   // earlier stream-ordered transfer of this engine that failed (logged when it
   // did); the reference's engine exits the process there instead.
   void transferOnStream(const char* what, const std::string& target, const std::vector<uint64_t>& buffers,
-                        const std::vector<uint64_t>& peer_addrs, const std::vector<size_t>& lengths,
-                        te::Opcode opcode, uint64_t stream_ptr, const std::string& hint) {
+                        const std::vector<uint64_t>& peer_addrs, const std::vector<size_t>& lengths, te::Opcode opcode,
+                        uint64_t stream_ptr, const std::string& hint) {
     checkHint(hint);
     std::string earlier = stream_transfers_.takeFailure();
-    if (!earlier.empty()) throw std::runtime_error(std::string(what) + ": an earlier stream-ordered transfer failed: " + earlier);
+    if (!earlier.empty())
+      throw std::runtime_error(std::string(what) + ": an earlier stream-ordered transfer failed: " + earlier);
     if (buffers.size() != peer_addrs.size() || buffers.size() != lengths.size()) {
-      throw py::value_error(std::string(what) + ": buffers, peer_buffer_addresses and lengths must have the same "
-                            "length (" + std::to_string(buffers.size()) + ", " + std::to_string(peer_addrs.size()) +
-                            ", " + std::to_string(lengths.size()) + ")");
+      throw py::value_error(std::string(what) +
+                            ": buffers, peer_buffer_addresses and lengths must have the same "
+                            "length (" +
+                            std::to_string(buffers.size()) + ", " + std::to_string(peer_addrs.size()) + ", " +
+                            std::to_string(lengths.size()) + ")");
     }
     py::gil_scoped_release release;
     std::vector<te::TransferRequest> requests;

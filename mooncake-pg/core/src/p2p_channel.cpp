@@ -752,10 +752,10 @@ void P2pChannel::Impl::finishSettling(SendOp* op) {
   done(outcome);
 }
 
-void P2pChannel::Impl::submitWrite(int peer, const te::TransferRequest& request, int staging, SendOp* op,
-                                   bool release, const std::string& transport) {
+void P2pChannel::Impl::submitWrite(int peer, const te::TransferRequest& request, int staging, SendOp* op, bool release,
+                                   const std::string& transport) {
   const te::BatchId batch = engine_.allocateBatchID(1);
-  int rc = test_faults::trafficCut() ? te::kTimeout  // lost on the cut cable
+  int rc = test_faults::trafficCut()    ? te::kTimeout  // lost on the cut cable
            : batch == te::kInvalidBatch ? te::kNotInitialized
                                         : engine_.submitTransfer(batch, {request}, transport);
   if (op != nullptr) op->in_flight++;

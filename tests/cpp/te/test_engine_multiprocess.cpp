@@ -290,7 +290,8 @@ TEST(MultiProcessStall, CanceledWritesToAStoppedPeerEndAtOnce) {
   // The last 4 KiB stay clear of the canceled writes: bytes of theirs that
   // were already in the kernel's buffers still land once the peer goes on.
   constexpr size_t kClear = 4096, kCanceledPart = kBytes - kClear;
-  for (auto [offset, length] : {std::pair<size_t, size_t>{0, kCanceledPart / 2}, {kCanceledPart / 2, kCanceledPart / 2}, {0, 64}}) {
+  for (auto [offset, length] :
+       {std::pair<size_t, size_t>{0, kCanceledPart / 2}, {kCanceledPart / 2, kCanceledPart / 2}, {0, 64}}) {
     const BatchId id = engine.allocateBatchID(1);
     ASSERT_EQ(engine.submitTransfer(id, {{Opcode::kWrite, buf.data + offset, h, peer.buffer_addr + offset, length}}),
               kOk);
@@ -318,8 +319,9 @@ TEST(MultiProcessStall, CanceledWritesToAStoppedPeerEndAtOnce) {
   peer.signal(SIGCONT);
   // The peer answers again: new writes go through.
   fillPattern(buf.data + kCanceledPart, kClear, 9);
-  EXPECT_EQ(engine.transferSync({{Opcode::kWrite, buf.data + kCanceledPart, h, peer.buffer_addr + kCanceledPart, kClear}}),
-            kOk);
+  EXPECT_EQ(
+      engine.transferSync({{Opcode::kWrite, buf.data + kCanceledPart, h, peer.buffer_addr + kCanceledPart, kClear}}),
+      kOk);
   EXPECT_EQ(peer.digestOf(kCanceledPart, kClear), digest(buf.data + kCanceledPart, kClear));
 }
 

@@ -109,7 +109,7 @@ TEST(RegionTable, AnInterruptingRemoveCutsShortTheAccessesThatCanBeCutAndWaitsFo
   entered_plain.get_future().wait();
   auto removing = std::async(std::launch::async, [&] { return t.remove(1000, nullptr, /*interrupt=*/true); });
   EXPECT_EQ(removing.wait_for(50ms), std::future_status::timeout);  // the plain access still holds it
-  cuttable.join();  // cut short by the remove
+  cuttable.join();                                                  // cut short by the remove
   EXPECT_EQ(interrupts, 1);
   release_plain.set_value();
   EXPECT_EQ(removing.get(), kOk);
@@ -119,7 +119,8 @@ TEST(RegionTable, AnInterruptingRemoveCutsShortTheAccessesThatCanBeCutAndWaitsFo
   ASSERT_EQ(t.add(region(2000, 100)), kOk);
   std::atomic<int> late{0};
   const std::function<void()> count_late = [&] { late++; };
-  EXPECT_TRUE(t.withRegion(2000, 1, [](const MemoryRegion&) {}, &count_late));
+  EXPECT_TRUE(t.withRegion(
+      2000, 1, [](const MemoryRegion&) {}, &count_late));
   EXPECT_EQ(t.remove(2000, nullptr, /*interrupt=*/true), kOk);
   EXPECT_EQ(late, 0);
 }

@@ -42,7 +42,9 @@ TEST(SocketPieces, ThePiecesArriveWholeAndInOrderThroughASmallSendBuffer) {
   });
   // An empty piece is skipped.
   EXPECT_EQ(net::sendPieces(fds[0],
-                            {{header.data(), header.size()}, {nullptr, 0}, {payload.data(), payload.size()},
+                            {{header.data(), header.size()},
+                             {nullptr, 0},
+                             {payload.data(), payload.size()},
                              {trailer.data(), trailer.size()}},
                             net::after(10s)),
             kOk);

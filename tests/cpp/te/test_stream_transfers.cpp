@@ -134,7 +134,8 @@ INSTANTIATE_TEST_SUITE_P(Transports, StreamTransfersTest, ::testing::Values("tcp
 
 TEST(StreamTransfers, ALaunchThatFailsQueuesNothing) {
   EnginePair pair("tcp", 4096);
-  StreamTransfers transfers(borrowed(pair.local), [](void*, void (*)(void*), void*) { return static_cast<int>(kEndpointError); });
+  StreamTransfers transfers(borrowed(pair.local),
+                            [](void*, void (*)(void*), void*) { return static_cast<int>(kEndpointError); });
   EXPECT_EQ(transfers.enqueue(nullptr, {pair.request(Opcode::kWrite, 0, 0, 64)}, "", "w"), kEndpointError);
   EXPECT_EQ(transfers.takeFailure(), "");
 }
