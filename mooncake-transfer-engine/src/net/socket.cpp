@@ -123,26 +123,6 @@ int connectTo(const std::string& host, uint16_t port, Deadline deadline, Socket&
   return last_error;
 }
 
-int sendAll(int fd, const void* data, size_t length, Deadline deadline) {
-  auto* p = static_cast<const char*>(data);
-  // Try first, poll only when the socket is full: a poll before every call
-  // doubles the system calls of a bulk transfer.
-  while (length > 0) {
-    ssize_t n = ::send(fd, p, length, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN) {
-        if (int rc = waitFor(fd, POLLOUT, deadline); rc != kOk) return rc;
-        continue;
-      }
-      return classifyErrno(errno);
-    }
-    p += n;
-    length -= static_cast<size_t>(n);
-  }
-  return kOk;
-}
-
 int sendPieces(int fd, std::initializer_list<Piece> pieces, Deadline deadline) {
   constexpr size_t kMaxPieces = 4;
   iovec iov[kMaxPieces];
@@ -153,6 +133,8 @@ int sendPieces(int fd, std::initializer_list<Piece> pieces, Deadline deadline) {
     iov[count++] = iovec{const_cast<void*>(piece.data), piece.length};
   }
   size_t first = 0;  // iov[first..count) is what is left, iov[first] advanced past what went out
+  // Try first, poll only when the socket is full: a poll before every call
+  // doubles the system calls of a bulk transfer.
   while (first < count) {
     msghdr message{};
     message.msg_iov = iov + first;
@@ -174,6 +156,10 @@ int sendPieces(int fd, std::initializer_list<Piece> pieces, Deadline deadline) {
     }
   }
   return kOk;
+}
+
+int sendAll(int fd, const void* data, size_t length, Deadline deadline) {
+  return sendPieces(fd, {{data, length}}, deadline);
 }
 
 int recvAll(int fd, void* data, size_t length, Deadline deadline) {

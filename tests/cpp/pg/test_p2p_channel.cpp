@@ -59,6 +59,17 @@ class P2pPair : public ::testing::TestWithParam<std::string> {
     }
     return f.get();
   }
+  // Rank 0 sends `data` with `tag`, rank 1 receives it into `got` (its
+  // receive posted first): both must succeed and `got` must equal `data`.
+  ::testing::AssertionResult roundTrip(int tag, const std::vector<uint8_t>& data, std::vector<uint8_t>& got) {
+    auto r = recv(1, 0, tag, got);
+    auto s = send(0, 1, tag, data);
+    const OpResult sent = get(s), received = get(r);
+    if (!sent.ok) return ::testing::AssertionFailure() << "send: " << sent.error;
+    if (!received.ok) return ::testing::AssertionFailure() << "receive: " << received.error;
+    if (got != data) return ::testing::AssertionFailure() << "the bytes received differ from those sent";
+    return ::testing::AssertionSuccess();
+  }
   static std::vector<uint8_t> pattern(size_t n, int seed) {
     std::vector<uint8_t> v(n);
     for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 31 + seed * 7 + (i >> 9));
@@ -278,14 +289,8 @@ TEST_P(P2pPair, LargeReceivesOverTcpLandInTheCallersBufferOthersInThePool) {
   for (size_t n : {size_t{65537}, size_t{262143}, size_t{262144}, size_t{1000003}, size_t{3u << 20}}) {
     SCOPED_TRACE(n);
     const uint64_t before = in_place();
-    auto data = pattern(n, 9);
     std::vector<uint8_t> got(n, 0);
-    auto r = recv(1, 0, 2, got);
-    auto s = send(0, 1, 2, data);
-    OpResult sr = get(s), rr = get(r);
-    ASSERT_TRUE(sr.ok) << sr.error;
-    ASSERT_TRUE(rr.ok) << rr.error;
-    ASSERT_EQ(got, data);
+    ASSERT_TRUE(roundTrip(2, pattern(n, 9), got));
     EXPECT_EQ(in_place() - before, tcp && n >= 262144 ? 1u : 0u);
     // The window is closed once the receive ended: the buffer can be
     // registered (it would overlap an open window).
@@ -299,11 +304,7 @@ TEST_P(P2pPair, AReceiveIntoRegisteredMemoryOrWithTheOptionOffGoesThroughThePool
   auto data = pattern(n, 4);
   std::vector<uint8_t> got(n, 0);
   ASSERT_EQ(ranks_[1]->engine.registerLocalMemory(got.data(), n), te::kOk);  // the window would overlap it
-  auto r = recv(1, 0, 0, got);
-  auto s = send(0, 1, 0, data);
-  ASSERT_TRUE(get(s).ok);
-  ASSERT_TRUE(get(r).ok);
-  EXPECT_EQ(got, data);
+  ASSERT_TRUE(roundTrip(0, data, got));
   EXPECT_EQ(ranks_[1]->channel->counters().received_in_place, 0u);
   ASSERT_EQ(ranks_[1]->engine.unregisterLocalMemory(got.data()), te::kOk);
 
@@ -311,11 +312,7 @@ TEST_P(P2pPair, AReceiveIntoRegisteredMemoryOrWithTheOptionOffGoesThroughThePool
   off.recv_in_place = false;
   start(off);
   std::vector<uint8_t> again(n, 0);
-  auto r2 = recv(1, 0, 0, again);
-  auto s2 = send(0, 1, 0, data);
-  ASSERT_TRUE(get(s2).ok);
-  ASSERT_TRUE(get(r2).ok);
-  EXPECT_EQ(again, data);
+  ASSERT_TRUE(roundTrip(0, data, again));
   EXPECT_EQ(ranks_[1]->channel->counters().received_in_place, 0u);
 }
 
@@ -329,12 +326,7 @@ TEST_P(P2pPair, AFailedReceiveInPlaceTakesNoLaterWriteAndItsBufferWaitsForThePee
   const size_t n = 1u << 20;
   std::vector<uint8_t> got(n, 0);
   // A first message in place, as before the failure.
-  const auto first = pattern(n, 1);
-  auto r0 = recv(1, 0, 0, got);
-  auto s0 = send(0, 1, 0, first);
-  ASSERT_TRUE(get(s0).ok);
-  ASSERT_TRUE(get(r0).ok);
-  ASSERT_EQ(got, first);
+  ASSERT_TRUE(roundTrip(0, pattern(n, 1), got));
   ASSERT_EQ(ranks_[1]->channel->counters().received_in_place, 1u);
   std::fill(got.begin(), got.end(), 0);
   auto r = recv(1, 0, 0, got);  // rank 0 posts nothing: its credits wait
@@ -364,12 +356,7 @@ TEST_P(P2pPair, AFailedReceiveInPlaceTakesNoLaterWriteAndItsBufferWaitsForThePee
   EXPECT_EQ(got, data);
   EXPECT_EQ(ranks_[1]->channel->counters().received_in_place, 1u);
   // Rank 0's open notice has arrived by now (its send followed it): in place again.
-  const auto more = pattern(n, 3);
-  auto r2 = recv(1, 0, 5, got);
-  auto s2 = send(0, 1, 5, more);
-  ASSERT_TRUE(get(s2).ok);
-  ASSERT_TRUE(get(r2).ok);
-  EXPECT_EQ(got, more);
+  ASSERT_TRUE(roundTrip(5, pattern(n, 3), got));
   EXPECT_EQ(ranks_[1]->channel->counters().received_in_place, 2u);
 }
 
