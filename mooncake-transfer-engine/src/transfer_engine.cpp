@@ -665,8 +665,9 @@ int EngineImpl::submit(BatchId id, const std::vector<TransferRequest>& requests,
     for (auto& [task, local] : group) {
       const TransferRequest& r = task->request();
       const BufferDescriptor* remote = d->findBuffer(r.target_offset, r.length);
-      const BufferDescriptor window{r.target_offset, r.length, kHostBuffer.location, {}};
-      if (remote == nullptr && r.remote_window) remote = &window;  // host memory; the peer checks it
+      std::optional<BufferDescriptor> window;  // host memory; the peer checks it
+      if (remote == nullptr && r.remote_window)
+        remote = &window.emplace(BufferDescriptor{r.target_offset, r.length, kHostBuffer.location, {}});
       if (remote == nullptr) {
         MC_LOG(Error) << "submit: remote range [0x" << std::hex << r.target_offset << ", +0x" << r.length
                       << ") is not registered by " << p.name();

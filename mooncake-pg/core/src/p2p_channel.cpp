@@ -1099,7 +1099,9 @@ void P2pChannel::Impl::failPeer(int peer, const std::string& why, bool gone) {
   RecvLane& rl = recv_lanes_[peer];
   for (const Outstanding& o : rl.outstanding) {
     if (o.chunk >= 0) p.quarantined.push_back(o.chunk);
-    if (o.in_place) p.tainted.emplace_back(addr(o.op->data), addr(o.op->data) + o.op->total);
+  }
+  for (const RecvOp& op : rl.ops) {  // windows the peer holds credits into
+    if (op.in_place && op.in_flight > 0) p.tainted.emplace_back(addr(op.data), addr(op.data) + op.total);
   }
   if (gone) {  // nobody can write into them any more
     for (int c : p.quarantined) free_chunks_.push_back(c);

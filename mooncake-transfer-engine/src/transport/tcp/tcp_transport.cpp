@@ -2,7 +2,6 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -470,6 +469,9 @@ int TcpTransport::finishWithTrailer(int fd, net::Deadline deadline, tcp::DataSta
 
 void TcpTransport::serveConnection(net::Socket& socket) const {
   const int fd = socket.fd();
+  // How a closing receive window cuts short a payload landing in it (the
+  // writer sees its connection fail).
+  const std::function<void()> cut = [&socket] { socket.shutdownBoth(); };
   for (;;) {
     tcp::DataHeader header;
     // Idle between requests: no deadline. Engine shutdown wakes this read.
@@ -486,10 +488,8 @@ void TcpTransport::serveConnection(net::Socket& socket) const {
     int io = kOk;
     bool registered = false;
     if (header.opcode == static_cast<uint8_t>(Opcode::kWrite)) {
-      // Held registered while the payload lands, so unregistration waits;
-      // closing a receive window cuts the payload short instead (the writer
-      // sees its connection fail).
-      const std::function<void()> cut = [fd] { ::shutdown(fd, SHUT_RDWR); };
+      // Held registered while the payload lands, so unregistration waits
+      // (closing a receive window cuts it short instead).
       registered = context_.regions->withRegion(
           header.addr, header.length,
           [&](const MemoryRegion& region) {
