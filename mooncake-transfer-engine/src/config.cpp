@@ -51,6 +51,17 @@ EngineConfig EngineConfig::fromEnvironment() {
   if (readNumber("MC_HANDSHAKE_MAX_LENGTH", v)) c.max_rpc_message = static_cast<size_t>(v);
   if (readNumber("MC_TCP_SLICE_SIZE", v)) c.tcp_slice_size = static_cast<size_t>(v);
   if (readNumber("MC_TCP_WORKERS", v)) c.tcp_workers = static_cast<int>(v);
+  if (readNumber("MC_RDMA_SLICE_SIZE", v)) c.rdma_slice_size = static_cast<size_t>(v);
+  if (readNumber("MC_MAX_WR", v)) c.rdma_max_wr = static_cast<int>(v);
+  if (const char* text = std::getenv("MC_GID_INDEX"); text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const long index = std::strtol(text, &end, 10);  // 0 is a valid index: not readNumber
+    if (*end == '\0' && index >= 0 && index < 256) {
+      c.rdma_gid_index = static_cast<int>(index);
+    } else {
+      MC_LOG(Warning) << "MC_GID_INDEX='" << text << "' is not a GID index (0-255); choosing per port";
+    }
+  }
   if (readNumber("MC_SHM_CHUNK_SIZE", v)) c.shm_chunk_size = static_cast<size_t>(v);
   auto flag = [](const char* name) {
     const char* text = std::getenv(name);

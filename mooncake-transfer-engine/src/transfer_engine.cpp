@@ -21,6 +21,7 @@
 #include "net/listen_address.h"
 #include "rpc/connection_server.h"
 #include "rpc/rpc.h"
+#include "transport/rdma/rdma_transport.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "wire.h"
@@ -48,6 +49,8 @@ const TransportEntry kTransports[] = {
      }},
 #endif
     {"shm", [](rpc::ConnectionServer&) -> std::unique_ptr<Transport> { return std::make_unique<ShmTransport>(); }},
+    // Serves peers only where it opened a device; idle otherwise.
+    {"rdma", [](rpc::ConnectionServer&) -> std::unique_ptr<Transport> { return std::make_unique<RdmaTransport>(); }},
     {"tcp", [](rpc::ConnectionServer& server) -> std::unique_ptr<Transport> {
        return std::make_unique<TcpTransport>(server);
      }},
@@ -134,7 +137,9 @@ std::string stripPort(const std::string& text) {
 constexpr const char* kCudaIpcProtocols[] = {"cuda_ipc", "nvlink", "nvlink_intra"};
 // Protocol names users pass that this build cannot serve yet: fall back to
 // the automatic choice with one warning, as clients pass "rdma" by default.
-constexpr const char* kFallbackProtocols[] = {"rdma", "efa", "hip", "musa", "ascend", "cxl"};
+// "rdma" selects the automatic choice as well, which puts rdma first for
+// peers on other hosts wherever this host has a device (see init()).
+constexpr const char* kFallbackProtocols[] = {"efa", "hip", "musa", "ascend", "cxl"};
 
 template <size_t N>
 bool listed(const std::string& value, const char* const (&names)[N]) {
@@ -223,6 +228,7 @@ class EngineImpl {
   std::atomic<bool> initialized_{false};
   std::mutex init_mutex_;
   std::string preferred_;  // forced transport name, "" = automatic
+  bool rdma_first_ = false;  // protocol "rdma": rdma wherever it carries the memory, then the automatic choice
   std::unique_ptr<rpc::ConnectionServer> server_;  // made anew by each init attempt
   std::vector<std::unique_ptr<Transport>> transports_;
 
@@ -282,6 +288,8 @@ int EngineImpl::init(const std::string& metadata, const std::string& local_hostn
     MC_LOG(Info) << "initialize: protocol '" << proto
                  << "': GPU memory of same-host peers goes over cuda_ipc, other memory over shm or tcp";
     preferred_.clear();
+  } else if (proto == "rdma") {
+    preferred_.clear();  // reported once the rdma transport says whether it has a device
   } else if (listed(proto, kFallbackProtocols) || listed(proto, kCudaIpcProtocols)) {
     MC_LOG(Warning) << "initialize: protocol '" << proto
                     << "' is not available in this build/host; choosing per request among the built transports";
@@ -291,7 +299,6 @@ int EngineImpl::init(const std::string& metadata, const std::string& local_hostn
                   << "' (expected \"\", \"auto\", \"tcp\", \"shm\", \"cuda_ipc\", \"nvlink\", \"rdma\", ...)";
     return kInvalidArgument;
   }
-  (void)device_filter;  // the RDMA device allow-list; no RDMA transport in this build
 
   local_.host_id = hostIdentity();
   local_.pid = static_cast<int32_t>(::getpid());
@@ -302,15 +309,28 @@ int EngineImpl::init(const std::string& metadata, const std::string& local_hostn
 
   server_ = std::make_unique<rpc::ConnectionServer>();
   for (const TransportEntry& entry : kTransports) transports_.push_back(entry.make(*server_));
-  TransportContext context{&config_, &regions_, &local_};
+  TransportContext context{&config_, &regions_, &local_, host, device_filter};
   for (auto& t : transports_) {
     if (int rc = t->install(context); rc != kOk) {
       MC_LOG(Error) << "initialize: transport " << t->name() << " failed to install: " << errorName(rc);
       teardown();
       return rc;
     }
+    if (!t->serving()) continue;
+    t->describe(local_.attrs);
     transport_names_.push_back(t->name());
     local_.transports.push_back(t->name());
+  }
+  rdma_first_ = proto == "rdma";
+  if (rdma_first_) {
+    const bool serving = std::find(transport_names_.begin(), transport_names_.end(), "rdma") != transport_names_.end();
+    if (serving) {
+      MC_LOG(Info) << "initialize: protocol 'rdma': peers on other hosts are reached over rdma, same-host ones over "
+                   << "shm (or cuda_ipc)";
+    } else {
+      MC_LOG(Warning) << "initialize: protocol 'rdma': no RDMA device is usable on this host; peers on other hosts "
+                      << "are reached over tcp";
+    }
   }
   server_->addHandler(rpc::kRpcMagic, [this](net::Socket& socket) {
     rpc::serveRpc(
@@ -348,6 +368,7 @@ void EngineImpl::teardown() {
   server_.reset();
   transport_names_.clear();
   local_.transports.clear();
+  local_.attrs.clear();
 }
 
 // ---- registration ----
@@ -447,6 +468,9 @@ int EngineImpl::dispatchRpc(uint32_t type, const std::string& request, std::stri
       return kOk;
     }
     default:
+      for (auto& t : transports_) {
+        if (int rc = t->serveRpc(type, request, reply); rc != kNotImplemented) return rc;
+      }
       MC_LOG(Warning) << "handshake: unknown request type " << type;
       return kNotImplemented;
   }
@@ -577,6 +601,10 @@ Transport* EngineImpl::chooseTransport(PeerSegment& peer, const std::string& hin
   }
   // carries() first: it is the cheap test, and keeps reaches() from starting
   // anything (CUDA) for memory a transport would refuse anyway.
+  if (rdma_first_) {
+    Transport* t = transportByName("rdma");
+    if (t != nullptr && t->carries(peer, local, remote) && t->reaches(peer)) return t;
+  }
   for (auto& t : transports_) {
     if (t->carries(peer, local, remote) && t->reaches(peer)) return t.get();
   }

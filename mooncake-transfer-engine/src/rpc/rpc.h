@@ -21,6 +21,7 @@ enum RpcType : uint32_t {
   kGetDescriptor = 1,  // payload: caller's segment name; reply: encoded SegmentDescriptor
   kProbe = 2,          // payload: empty; reply: empty
   kNotify = 3,         // payload: Notify (name, msg); reply: empty
+  kRdmaConnect = 4,    // payload: rdma::ConnectRequest; reply: the responder's rdma::QpAddress
 };
 
 // Server side: returns the status to send back and fills `reply`.

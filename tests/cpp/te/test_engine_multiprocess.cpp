@@ -19,8 +19,13 @@ using testing::digest;
 using testing::fillPattern;
 using testing::PeerProcess;
 
+// "rdma" runs over the software verbs provider (transport/rdma/soft/), in
+// both processes (the peer inherits the environment).
 class MultiProcess : public ::testing::TestWithParam<std::string> {
  protected:
+  void SetUp() override {
+    if (GetParam() == "rdma") ::setenv("MC_RDMA_PROVIDER", "software", 1);
+  }
   void start(size_t bytes, EngineConfig config = testing::fastFailConfig()) {
     peer_ = std::make_unique<PeerProcess>(bytes, 77);
     buf_ = std::make_unique<AlignedBuffer>(bytes);
@@ -149,7 +154,7 @@ TEST_P(MultiProcess, WritesStraightFromUnregisteredHostMemoryWhenTheRequestSaysS
   EXPECT_EQ(peer_->digestOf(0, kBytes), digest(loose.data, kBytes));
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, MultiProcess, ::testing::Values("tcp", "shm"),
+INSTANTIATE_TEST_SUITE_P(Transports, MultiProcess, ::testing::Values("tcp", "shm", "rdma"),
                          [](const auto& info) { return info.param; });
 
 // A peer that is alive but stopped (SIGSTOP) never answers over TCP: the
@@ -174,6 +179,39 @@ TEST(MultiProcessStall, StoppedPeerTimesOutOverTcp) {
   EXPECT_EQ(rc, kTimeout);
   EXPECT_GE(elapsed, 900ms);
   EXPECT_LT(elapsed, config.budgetFor(kBytes) + 1500ms);
+}
+
+// The same over rdma: the stopped peer's (software) NIC answers nothing, so
+// the queue pair runs out of retries (or the deadline passes first) and
+// the transfer fails, bounded, naming the peer as unreachable.
+TEST(MultiProcessStall, StoppedPeerFailsBoundedOverRdma) {
+  constexpr size_t kBytes = 64u << 20;
+  ::setenv("MC_RDMA_PROVIDER", "software", 1);
+  PeerProcess peer(kBytes, 3);
+  EngineConfig config = testing::fastFailConfig();
+  config.transfer_timeout = 3000ms;
+  TransferEngine engine;
+  AlignedBuffer buf(kBytes);
+  ASSERT_EQ(engine.init("P2PHANDSHAKE", "127.0.0.1", "rdma", "", config), kOk);
+  ASSERT_EQ(engine.registerLocalMemory(buf.data, kBytes), kOk);
+  SegmentHandle h = engine.openSegment(peer.segment);
+  ASSERT_NE(h, kInvalidSegment);
+  ASSERT_EQ(engine.transportFor(h), "rdma");
+  const TransferRequest r{Opcode::kWrite, buf.data, h, peer.buffer_addr, kBytes};
+  ASSERT_EQ(engine.transferSync({r}), kOk);  // connected, and its queue pair works
+  peer.stopNow();
+  auto start_time = std::chrono::steady_clock::now();
+  int rc = engine.transferSync({r});
+  auto elapsed = std::chrono::steady_clock::now() - start_time;
+  peer.signal(SIGCONT);
+  // Retries run out in 4.096 us * 2^14 * 8 = 0.54 s, before the 3 s deadline.
+  EXPECT_EQ(rc, kPeerUnreachable) << errorName(rc);
+  EXPECT_GE(elapsed, 400ms);
+  EXPECT_LT(elapsed, 2500ms);
+  // The peer runs again: the next transfer connects anew and lands.
+  fillPattern(buf.data, kBytes, 55);
+  ASSERT_EQ(engine.transferSync({r}), kOk);
+  EXPECT_EQ(peer.digestOf(0, kBytes), digest(buf.data, kBytes));
 }
 
 // A receive window closed while a write is landing in it, its writer stopped

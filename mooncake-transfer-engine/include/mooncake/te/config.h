@@ -28,6 +28,11 @@ struct EngineConfig {
   // Same-host transport: bytes per process_vm_* call, so that a peer that dies
   // during a large copy is noticed between chunks.
   size_t shm_chunk_size = 64u << 20;  // MC_SHM_CHUNK_SIZE
+  // RDMA transport: requests are split into WRs of at most one slice, and
+  // each queue pair holds at most max_wr of them in flight.
+  size_t rdma_slice_size = 256u << 10;  // MC_RDMA_SLICE_SIZE (ours)
+  int rdma_max_wr = 256;                // MC_MAX_WR
+  int rdma_gid_index = -1;              // MC_GID_INDEX; -1: chosen per port (rdma/gid_choice.h)
   bool force_tcp = false;             // MC_FORCE_TCP: same as protocol "tcp"
   // Every connection to or from this engine proves knowledge of this secret
   // (te/auth.h); "" = open connections, as the reference (docs/security.md).

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -116,6 +117,8 @@ struct TransportContext {
   const EngineConfig* config = nullptr;
   const RegionTable* regions = nullptr;        // the local registrations
   const SegmentDescriptor* local = nullptr;    // identity fields of the local segment
+  std::string local_host;     // the address initialize() was given (its port stripped)
+  std::string device_filter;  // initialize()'s device list: comma-separated RDMA device names, "" = all
 };
 
 class Transport {
@@ -129,6 +132,18 @@ class Transport {
   virtual int install(const TransportContext& context) = 0;
   // Stops serving and finishes or fails every task it holds. Called once.
   virtual void shutdown() = 0;
+
+  // Whether it has anything to serve with (RDMA without a device has not):
+  // one that has not stays installed but is neither listed nor offered.
+  virtual bool serving() const { return true; }
+  // Segment-wide attributes peers need to use this transport (its devices,
+  // say), keyed "<transport>.<field>"; asked once, after install().
+  virtual void describe(std::map<std::string, std::string>& /*segment_attrs*/) const {}
+  // A handshake request of a type the engine does not serve itself (a
+  // transport's connection setup, rpc/rpc.h). kNotImplemented: not this one's.
+  virtual int serveRpc(uint32_t /*type*/, const std::string& /*request*/, std::string& /*reply*/) {
+    return kNotImplemented;
+  }
 
   // Registration hooks, for transports that must prepare memory (RDMA memory
   // regions, CUDA IPC handles). The region is already in the region table.
