@@ -21,17 +21,45 @@ TEST(TransportChoice, LocationsNameCudaDevices) {
 }
 
 // The list a build reports and the transports an engine installs come from
-// one table, in the order the automatic choice tries them.
+// one table, in the order the automatic choice tries them. rdma is in every
+// build; an engine lists it only where it opened a device (the software
+// provider's, here).
 TEST(TransportChoice, BuiltTransportsAreExactlyWhatAnEngineInstalls) {
   std::vector<std::string> built = builtTransports();
 #if MOONCAKE_WITH_CUDA
-  EXPECT_EQ(built, (std::vector<std::string>{"cuda_ipc", "shm", "tcp"}));
+  EXPECT_EQ(built, (std::vector<std::string>{"cuda_ipc", "shm", "rdma", "tcp"}));
 #else
-  EXPECT_EQ(built, (std::vector<std::string>{"shm", "tcp"}));
+  EXPECT_EQ(built, (std::vector<std::string>{"shm", "rdma", "tcp"}));
 #endif
+  std::vector<std::string> without_rdma = built;
+  without_rdma.erase(std::find(without_rdma.begin(), without_rdma.end(), "rdma"));
+  ::setenv("MC_RDMA_PROVIDER", "none-such", 1);  // no provider: no device
   TransferEngine engine;
   ASSERT_EQ(engine.init("P2PHANDSHAKE", "127.0.0.1"), kOk);
-  EXPECT_EQ(engine.transports(), built);
+  EXPECT_EQ(engine.transports(), without_rdma);
+  ::setenv("MC_RDMA_PROVIDER", "software", 1);
+  TransferEngine with_device;
+  ASSERT_EQ(with_device.init("P2PHANDSHAKE", "127.0.0.1"), kOk);
+  EXPECT_EQ(with_device.transports(), built);
+  ::unsetenv("MC_RDMA_PROVIDER");
+}
+
+// Protocol "rdma" (what the reference's clients pass) puts rdma first
+// wherever it carries the memory, also to a peer on this host; without it,
+// host memory of a same-host peer goes over shm, and rdma comes before tcp.
+TEST(TransportChoice, RdmaProtocolPutsRdmaFirstAndAutomaticKeepsShmFirst) {
+  ::setenv("MC_RDMA_PROVIDER", "software", 1);
+  testing::EnginePair rdma("rdma", 1 << 16);
+  TransferRequest r = rdma.request(Opcode::kWrite, 100, 200, 300);
+  EXPECT_EQ(rdma.local.transportFor(r), "rdma");
+  EXPECT_EQ(rdma.local.transportFor(r, "tcp"), "tcp");
+  testing::EnginePair automatic("", 1 << 16);
+  EXPECT_EQ(automatic.local.transportFor(automatic.peer), "shm");
+  EXPECT_EQ(automatic.local.transportFor(automatic.peer, "rdma"), "rdma");
+  testing::fillPattern(automatic.local_buf.data, 1 << 16, 5);
+  ASSERT_EQ(automatic.local.transferSync({automatic.request(Opcode::kWrite, 0, 0, 1 << 16)}, "rdma"), kOk);
+  EXPECT_EQ(testing::digest(automatic.remote_buf.data, 1 << 16), testing::digest(automatic.local_buf.data, 1 << 16));
+  ::unsetenv("MC_RDMA_PROVIDER");
 }
 
 // "nvlink" and friends ask for GPU transfers on one host: the automatic

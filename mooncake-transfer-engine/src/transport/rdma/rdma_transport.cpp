@@ -209,7 +209,13 @@ bool RdmaTransport::reaches(PeerSegment& peer) {
 }
 
 bool RdmaTransport::carries(PeerSegment&, const MemoryRegion& local, const BufferDescriptor& remote) {
-  if (devices_.empty() || remote.attrs.count(rdma::kRkeysAttr) == 0) return false;
+  if (devices_.empty()) return false;
+  // Asked about host memory in general (transportFor(handle): zero-length
+  // host descriptors): that is what rdma carries.
+  if (local.length == 0 && remote.length == 0) {
+    return cudaDeviceOfLocation(local.location) < 0 && cudaDeviceOfLocation(remote.location) < 0;
+  }
+  if (remote.attrs.count(rdma::kRkeysAttr) == 0) return false;
   std::shared_lock lock(registrations_mutex_);
   auto it = registrations_.find(local.addr);
   return it != registrations_.end() && it->second.length == local.length;
