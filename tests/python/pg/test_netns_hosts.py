@@ -33,10 +33,10 @@ _WHY = unavailable()
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"no network namespaces here: {_WHY}")
 
 
-def _run(ranks_per_host, mode, timeout, stalled=()):
+def _run(ranks_per_host, mode, timeout, stalled=(), **extra_env):
     """Runs the job with ranks_per_host[h] ranks on host h; returns the
     ranks' output. The ranks in `stalled` stop themselves: they are killed
-    once the others have ended."""
+    once the others have ended. `extra_env` goes to every rank."""
     world = sum(ranks_per_host)
     port = free_port()
     with VirtualHosts(len(ranks_per_host)) as hosts:
@@ -44,7 +44,8 @@ def _run(ranks_per_host, mode, timeout, stalled=()):
         for h, count in enumerate(ranks_per_host):
             for local in range(count):
                 env = rank_env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
-                           MASTER_ADDR=hosts.address(0), MASTER_PORT=str(port), TORCH_CPP_LOG_LEVEL="INFO")
+                           MASTER_ADDR=hosts.address(0), MASTER_PORT=str(port), TORCH_CPP_LOG_LEVEL="INFO",
+                               **extra_env)
                 procs.append(subprocess.Popen(hosts.command(h, [sys.executable, JOB, mode]), env=env,
                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
                 rank += 1
@@ -76,3 +77,26 @@ def test_rank_killed_or_stalled_on_another_host_the_others_complete_without_it(m
 @pytest.mark.timeout(90)
 def test_leader_cut_off_on_another_host_is_given_up():
     assert_cut_leader_given_up(_run((2, 2), "cut", timeout=60)[1], within_s=5.0)
+
+
+# The same across hosts over rdma: the software verbs provider (no machine
+# here has an RDMA NIC) gives each host's engine a device, so the automatic
+# choice sends cross-host traffic over rdma, same-host traffic over shm.
+_RDMA = dict(MC_RDMA_PROVIDER="software", MC_LOG_LEVEL="INFO")
+
+
+@pytest.mark.timeout(400)
+def test_every_collective_and_p2p_matches_gloo_across_hosts_over_rdma():
+    procs, text = _run((2, 2), "check", timeout=360, **_RDMA)
+    assert all(p.returncode == 0 for p in procs), text[-6000:]
+    found = re.findall(r"^RANK (\d+) OK HOSTS 2$", text, flags=re.M)
+    assert sorted(found, key=int) == ["0", "1", "2", "3"], text[-6000:]
+    # Queue pairs were made between the hosts (each host's ranks reach the
+    # other's over them).
+    assert re.search(r"rdma: connected soft0 .* to 10\.", text), text[-6000:]
+
+
+@pytest.mark.timeout(120)
+def test_rank_killed_on_another_host_over_rdma_the_others_complete_without_it():
+    _, text = _run((2, 2), "fail", timeout=60, **_RDMA)
+    assert_last_rank_given_up(text, within_s=5.0)

@@ -274,6 +274,8 @@ int RdmaTransport::connect(const std::shared_ptr<Endpoint>& shared) {
                     << errorName(rc);
     return rc;
   }
+  MC_LOG(Info) << "rdma: connected " << device.address.name << " (queue pair " << qp->number() << ") to "
+               << endpoint.peer_name << " (queue pair " << theirs.qp_num << ")";
   std::lock_guard lock(endpoint.mutex);
   if (endpoint.forgotten) return kEndpointError;  // its segment was closed meanwhile
   endpoint.qp_num = qp->number();
