@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 
-debian_packages=(build-essential cmake ninja-build ccache pkg-config libgtest-dev libgmock-dev libbenchmark-dev)
+# libibverbs-dev: rdma-core, for the RDMA transport's libibverbs provider.
+debian_packages=(build-essential cmake ninja-build ccache pkg-config libgtest-dev libgmock-dev libbenchmark-dev
+  libibverbs-dev)
 missing=()
 for p in "${debian_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
