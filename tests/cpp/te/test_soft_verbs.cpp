@@ -1,0 +1,1118 @@
+// The software verbs provider (transport/rdma/soft): what a reliable
+// connection on a NIC does, over TCP. Data lands where it should; keys,
+// ranges, queue-pair states and the send queue's depth are enforced; errors
+// complete the failing WR and flush the rest, in post order; a peer that is
+// gone or hung runs out the retries; the completion queue overruns.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "mooncake/te/status.h"
+#include "test_pattern.h"
+#include "transport/rdma/soft/soft_provider.h"
+#include "transport/rdma/verbs.h"
+
+namespace mooncake::te::rdma {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+int loopbackGidIndex(const PortInfo& port) {
+  for (const GidEntry& entry : port.gids) {
+    if (entry.interface == "lo") return entry.index;
+  }
+  return port.gids.empty() ? 0 : port.gids.back().index;
+}
+
+std::unique_ptr<Device> openDevice(uint32_t cq_entries = 4096) {
+  std::unique_ptr<Device> device;
+  EXPECT_EQ(makeSoftwareProvider()->open("soft0", DeviceOptions{cq_entries}, device), kOk);
+  return device;
+}
+
+ConnectOptions loopbackOptions(const Device& device, uint8_t timeout = 14, uint8_t retry_count = 7) {
+  ConnectOptions options;
+  options.gid_index = loopbackGidIndex(device.port());
+  options.timeout = timeout;
+  options.retry_count = retry_count;
+  return options;
+}
+
+QpAddress addressOf(const Device& device, const QueuePair& qp, uint32_t psn) {
+  QpAddress address;
+  address.qp_num = qp.number();
+  address.psn = psn;
+  address.gid = device.port().gids[static_cast<size_t>(loopbackGidIndex(device.port()))].gid;
+  address.mtu = device.port().mtu;
+  return address;
+}
+
+// A requester QP on `a` and its responder QP on `b`, connected to each other
+// over the loopback GID.
+struct Pair {
+  std::unique_ptr<QueuePair> requester;
+  std::unique_ptr<QueuePair> responder;
+};
+
+Pair connectedPair(Device& a, Device& b, uint32_t max_send_wr = 128, uint32_t max_inline = 64, uint8_t timeout = 14,
+                   uint8_t retry_count = 7) {
+  Pair pair;
+  EXPECT_EQ(a.createQueuePair(max_send_wr, max_inline, pair.requester), kOk);
+  EXPECT_EQ(b.createQueuePair(max_send_wr, max_inline, pair.responder), kOk);
+  if (!pair.requester || !pair.responder) return pair;
+  EXPECT_EQ(
+      pair.responder->connect(addressOf(a, *pair.requester, 1000), 2000, loopbackOptions(b, timeout, retry_count)),
+      kOk);
+  EXPECT_EQ(
+      pair.requester->connect(addressOf(b, *pair.responder, 2000), 1000, loopbackOptions(a, timeout, retry_count)),
+      kOk);
+  return pair;
+}
+
+// Host memory registered on one device (deregistered when it goes, unless
+// the test did so).
+struct Buffer {
+  Buffer(Device& d, size_t n, uint64_t seed = 0) : device(d), bytes(n) {
+    if (seed != 0) te::testing::fillPattern(bytes.data(), n, seed);
+    EXPECT_EQ(device.registerMemory(bytes.data(), n, keys), kOk);
+  }
+  ~Buffer() {
+    if (registered) device.deregisterMemory(bytes.data());
+  }
+  int deregister() {
+    registered = false;
+    return device.deregisterMemory(bytes.data());
+  }
+  char* at(size_t offset) { return bytes.data() + offset; }
+  uint64_t remote(size_t offset = 0) { return reinterpret_cast<uint64_t>(bytes.data() + offset); }
+
+  Device& device;
+  std::vector<char> bytes;
+  MemoryKeys keys;
+  bool registered = true;
+};
+
+WorkRequest writeRequest(uint64_t wr_id, Buffer& from, size_t from_offset, Buffer& to, size_t to_offset,
+                         uint32_t length, bool signaled) {
+  WorkRequest wr;
+  wr.wr_id = wr_id;
+  wr.signaled = signaled;
+  wr.local = from.at(from_offset);
+  wr.length = length;
+  wr.lkey = from.keys.lkey;
+  wr.remote = to.remote(to_offset);
+  wr.rkey = to.keys.rkey;
+  return wr;
+}
+
+WorkRequest readRequest(uint64_t wr_id, Buffer& into, size_t into_offset, Buffer& from, size_t from_offset,
+                        uint32_t length, bool signaled) {
+  WorkRequest wr = writeRequest(wr_id, into, into_offset, from, from_offset, length, signaled);
+  wr.read = true;
+  return wr;
+}
+
+int postOne(QueuePair& qp, const WorkRequest& wr) {
+  size_t posted = 0;
+  return qp.post(&wr, 1, posted);
+}
+
+// Polls until `count` completions came or `budget` passed.
+std::vector<WorkCompletion> waitCompletions(Device& device, size_t count, std::chrono::milliseconds budget = 5s) {
+  std::vector<WorkCompletion> got;
+  const auto deadline = Clock::now() + budget;
+  WorkCompletion batch[64];
+  while (got.size() < count && Clock::now() < deadline) {
+    const int n = device.pollCompletions(batch, 64, 50ms);
+    if (n < 0) {
+      ADD_FAILURE() << "pollCompletions: " << errorName(n);
+      break;
+    }
+    got.insert(got.end(), batch, batch + n);
+  }
+  return got;
+}
+
+bool noCompletionWithin(Device& device, std::chrono::milliseconds wait) {
+  WorkCompletion c;
+  return device.pollCompletions(&c, 1, wait) == 0;
+}
+
+void expectCompletion(const WorkCompletion& c, uint64_t wr_id, Completion status, uint32_t qp_num) {
+  EXPECT_EQ(c.wr_id, wr_id);
+  EXPECT_EQ(c.status, status) << completionName(c.status) << " instead of " << completionName(status);
+  EXPECT_EQ(c.qp_num, qp_num);
+}
+
+// Clears the stall even when an assertion leaves the test early.
+struct StallGuard {
+  StallGuard() { soft::setResponderStalled(true); }
+  ~StallGuard() { soft::setResponderStalled(false); }
+};
+
+// ---- devices, keys, connection ---------------------------------------------
+
+TEST(SoftVerbs, DevicesPortsAndQueuePairNumbers) {
+  auto provider = makeSoftwareProvider();
+  EXPECT_STREQ(provider->name(), "software");
+  ::setenv("MC_SOFTVERBS_DEVICES", "3", 1);
+  EXPECT_EQ(provider->deviceNames(), (std::vector<std::string>{"soft0", "soft1", "soft2"}));
+  std::unique_ptr<Device> third;
+  EXPECT_EQ(provider->open("soft2", DeviceOptions{}, third), kOk);
+  ::unsetenv("MC_SOFTVERBS_DEVICES");
+  EXPECT_EQ(provider->deviceNames(), std::vector<std::string>{"soft0"});
+  std::unique_ptr<Device> none;
+  EXPECT_EQ(provider->open("soft1", DeviceOptions{}, none), kDeviceNotFound);
+  EXPECT_EQ(provider->open("mlx5_0", DeviceOptions{}, none), kDeviceNotFound);
+  EXPECT_EQ(none, nullptr);
+
+  auto a = openDevice(), b = openDevice();
+  const PortInfo& port = a->port();
+  EXPECT_EQ(port.device, "soft0");
+  EXPECT_EQ(third->port().device, "soft2");
+  EXPECT_EQ(port.port, 1);
+  EXPECT_TRUE(port.ethernet);
+  EXPECT_EQ(port.lid, 0);
+  EXPECT_EQ(port.mtu, 4096u);
+  ASSERT_FALSE(port.gids.empty());
+  for (size_t i = 0; i < port.gids.size(); ++i) {
+    const GidEntry& entry = port.gids[i];
+    EXPECT_EQ(entry.index, static_cast<int>(i));
+    EXPECT_TRUE(entry.rocev2);
+    EXPECT_FALSE(entry.interface.empty());
+    // IPv4-mapped: ::ffff:a.b.c.d
+    for (int k = 0; k < 10; ++k) EXPECT_EQ(entry.gid.raw[k], 0) << entry.gid.str();
+    EXPECT_EQ(entry.gid.raw[10], 0xff);
+    EXPECT_EQ(entry.gid.raw[11], 0xff);
+  }
+  const GidEntry& last = port.gids.back();
+  EXPECT_EQ(last.interface, "lo");
+  EXPECT_EQ(last.gid.raw[12], 127);
+  EXPECT_EQ(last.gid.raw[15], 1);
+
+  // qp_num: the NIC's listen port over an 8-bit index; two NICs differ.
+  std::unique_ptr<QueuePair> q0, q1, other;
+  ASSERT_EQ(a->createQueuePair(16, 0, q0), kOk);
+  ASSERT_EQ(a->createQueuePair(16, 0, q1), kOk);
+  ASSERT_EQ(b->createQueuePair(16, 0, other), kOk);
+  EXPECT_LE(q0->number(), 0xFFFFFFu);
+  EXPECT_NE(q0->number() >> 8, 0u);
+  EXPECT_EQ(q0->number() >> 8, q1->number() >> 8);
+  EXPECT_NE(q0->number() & 0xff, q1->number() & 0xff);
+  EXPECT_NE(q0->number() >> 8, other->number() >> 8);
+  std::unique_ptr<QueuePair> refused;
+  EXPECT_EQ(a->createQueuePair(0, 0, refused), kInvalidArgument);
+  EXPECT_EQ(a->createQueuePair(16, 1 << 20, refused), kInvalidArgument);
+
+  // 256 per device; a destroyed QP's index is given out again.
+  std::vector<std::unique_ptr<QueuePair>> many;
+  for (int i = 2; i < 256; ++i) {
+    many.emplace_back();
+    ASSERT_EQ(a->createQueuePair(1, 0, many.back()), kOk) << i;
+  }
+  EXPECT_EQ(a->createQueuePair(1, 0, refused), kTooManyRequests);
+  const uint32_t freed = many[10]->number();
+  many[10].reset();
+  std::unique_ptr<QueuePair> again;
+  ASSERT_EQ(a->createQueuePair(1, 0, again), kOk);
+  EXPECT_EQ(again->number(), freed);
+}
+
+TEST(SoftVerbs, RegistrationKeysAreDistinctAndChecked) {
+  auto device = openDevice();
+  std::vector<char> one(4096), two(4096);
+  MemoryKeys k1, k2;
+  ASSERT_EQ(device->registerMemory(one.data(), one.size(), k1), kOk);
+  ASSERT_EQ(device->registerMemory(two.data(), two.size(), k2), kOk);
+  EXPECT_NE(k1.lkey, 0u);
+  EXPECT_NE(k1.rkey, 0u);
+  EXPECT_NE(k1.lkey, k1.rkey);
+  EXPECT_NE(k1.lkey, k2.lkey);
+  EXPECT_NE(k1.rkey, k2.rkey);
+  MemoryKeys ignored;
+  EXPECT_EQ(device->registerMemory(one.data(), 100, ignored), kInvalidArgument);  // same base
+  EXPECT_EQ(device->registerMemory(nullptr, 100, ignored), kInvalidArgument);
+  EXPECT_EQ(device->registerMemory(two.data() + 8, 0, ignored), kInvalidArgument);
+  // Overlapping at another base is allowed, as with ibv_reg_mr.
+  MemoryKeys inner;
+  EXPECT_EQ(device->registerMemory(one.data() + 64, 128, inner), kOk);
+  EXPECT_EQ(device->deregisterMemory(one.data() + 64), kOk);
+  EXPECT_EQ(device->deregisterMemory(one.data() + 1), kInvalidArgument);
+  EXPECT_EQ(device->deregisterMemory(one.data()), kOk);
+  EXPECT_EQ(device->deregisterMemory(one.data()), kInvalidArgument);
+  EXPECT_EQ(device->registerMemory(one.data(), one.size(), k1), kOk);  // registrable again
+  EXPECT_EQ(device->deregisterMemory(one.data()), kOk);
+  EXPECT_EQ(device->deregisterMemory(two.data()), kOk);
+}
+
+TEST(SoftVerbs, ConnectValidatesItsArgumentsAndHappensOnce) {
+  auto a = openDevice(), b = openDevice();
+  std::unique_ptr<QueuePair> qp, peer;
+  ASSERT_EQ(a->createQueuePair(8, 0, qp), kOk);
+  ASSERT_EQ(b->createQueuePair(8, 0, peer), kOk);
+  const QpAddress good = addressOf(*b, *peer, 7);
+  const ConnectOptions options = loopbackOptions(*a);
+
+  QpAddress bad = good;
+  bad.qp_num = 0;
+  EXPECT_EQ(qp->connect(bad, 1, options), kInvalidArgument);
+  bad = good;
+  bad.gid = Gid{};
+  bad.gid.raw[0] = 0xfe;  // a link-local IPv6 GID: no IPv4 to reach
+  EXPECT_EQ(qp->connect(bad, 1, options), kInvalidArgument);
+  bad = good;
+  bad.mtu = 1000;
+  EXPECT_EQ(qp->connect(bad, 1, options), kInvalidArgument);
+  ConnectOptions bad_options = options;
+  bad_options.gid_index = static_cast<int>(a->port().gids.size());
+  EXPECT_EQ(qp->connect(good, 1, bad_options), kInvalidArgument);
+  bad_options = options;
+  bad_options.gid_index = -1;
+  EXPECT_EQ(qp->connect(good, 1, bad_options), kInvalidArgument);
+
+  // Still in RESET after each refusal: nothing can be posted.
+  std::vector<char> bytes(64);
+  MemoryKeys keys;
+  ASSERT_EQ(a->registerMemory(bytes.data(), bytes.size(), keys), kOk);
+  WorkRequest wr;
+  wr.local = bytes.data();
+  wr.length = 64;
+  wr.lkey = keys.lkey;
+  size_t posted = 99;
+  EXPECT_EQ(qp->post(&wr, 1, posted), kInvalidArgument);
+  EXPECT_EQ(posted, 0u);
+
+  EXPECT_EQ(qp->connect(good, 1, options), kOk);
+  EXPECT_EQ(qp->connect(good, 1, options), kInvalidArgument);  // once only
+  EXPECT_TRUE(noCompletionWithin(*a, 50ms));
+  EXPECT_EQ(a->deregisterMemory(bytes.data()), kOk);
+}
+
+// ---- data movement ----------------------------------------------------------
+
+TEST(SoftVerbs, WriteAndReadBetweenTwoDevicesOfOneProcess) {
+  ::setenv("MC_SOFTVERBS_DEVICES", "2", 1);
+  auto provider = makeSoftwareProvider();
+  std::unique_ptr<Device> a, b;
+  ASSERT_EQ(provider->open("soft0", DeviceOptions{}, a), kOk);
+  ASSERT_EQ(provider->open("soft1", DeviceOptions{}, b), kOk);
+  ::unsetenv("MC_SOFTVERBS_DEVICES");
+  constexpr size_t kSize = 2 << 20;
+  Buffer source(*a, kSize, 11), target(*b, kSize), back(*a, kSize);
+  Pair pair = connectedPair(*a, *b);
+  ASSERT_TRUE(pair.requester && pair.responder);
+
+  // Three unsignaled WRITEs and a signaled one, of odd sizes and offsets
+  // (one longer than a staging chunk), as one chain.
+  const WorkRequest chain[] = {
+      writeRequest(1, source, 0, target, 0, 4096, false),
+      writeRequest(2, source, 4096, target, 4096, 700001, false),
+      writeRequest(3, source, 704097, target, 704097, 3, false),
+      writeRequest(4, source, 704100, target, 704100, kSize - 704100, true),
+  };
+  size_t posted = 0;
+  ASSERT_EQ(pair.requester->post(chain, 4, posted), kOk);
+  EXPECT_EQ(posted, 4u);
+  auto done = waitCompletions(*a, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 4, Completion::kSuccess, pair.requester->number());
+  EXPECT_TRUE(noCompletionWithin(*a, 100ms));  // the unsignaled ones said nothing
+  EXPECT_EQ(target.bytes, source.bytes);
+
+  // READ it back in two pieces, one of several chunks.
+  te::testing::fillPattern(target.bytes.data(), kSize, 12);
+  const WorkRequest reads[] = {
+      readRequest(5, back, 0, target, 0, 1000000, false),
+      readRequest(6, back, 1000000, target, 1000000, kSize - 1000000, true),
+  };
+  ASSERT_EQ(pair.requester->post(reads, 2, posted), kOk);
+  done = waitCompletions(*a, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 6, Completion::kSuccess, pair.requester->number());
+  EXPECT_EQ(back.bytes, target.bytes);
+  EXPECT_TRUE(noCompletionWithin(*b, 20ms));  // the responder's side has nothing to report
+}
+
+TEST(SoftVerbs, RequestsOfOneQueuePairRunAndCompleteInPostOrder) {
+  auto a = openDevice(), b = openDevice();
+  constexpr uint32_t kPiece = 8192;
+  Buffer first(*a, kPiece, 21), second(*a, kPiece, 22), seen_first(*a, kPiece), seen_second(*a, kPiece);
+  Buffer target(*b, kPiece);
+  Pair pair = connectedPair(*a, *b);
+  // WRITE, READ, WRITE, READ of one range: each READ sees the WRITE before it.
+  const WorkRequest chain[] = {
+      writeRequest(1, first, 0, target, 0, kPiece, true),
+      readRequest(2, seen_first, 0, target, 0, kPiece, true),
+      writeRequest(3, second, 0, target, 0, kPiece, true),
+      readRequest(4, seen_second, 0, target, 0, kPiece, true),
+  };
+  size_t posted = 0;
+  ASSERT_EQ(pair.requester->post(chain, 4, posted), kOk);
+  auto done = waitCompletions(*a, 4);
+  ASSERT_EQ(done.size(), 4u);
+  for (uint64_t i = 0; i < 4; ++i) expectCompletion(done[i], i + 1, Completion::kSuccess, pair.requester->number());
+  EXPECT_EQ(seen_first.bytes, first.bytes);
+  EXPECT_EQ(seen_second.bytes, second.bytes);
+  EXPECT_EQ(target.bytes, second.bytes);
+}
+
+TEST(SoftVerbs, PipelinedStreamOf64KiBWritesWithinTheSendQueueDepth) {
+  auto a = openDevice(), b = openDevice();
+  constexpr uint32_t kPiece = 64 * 1024;
+  constexpr size_t kCount = 1000;
+  constexpr uint32_t kDepth = 128;
+  constexpr size_t kSignalEvery = 16;
+  Buffer source(*a, kPiece * kCount, 31), target(*b, kPiece * kCount);
+  Pair pair = connectedPair(*a, *b, kDepth);
+  // Slots are counted as the caller can know them: an unsignaled WR's slot
+  // is known free once a later signaled one completed.
+  size_t next = 0, retired = 0;
+  uint64_t expected_wr_id = kSignalEvery - 1;
+  const auto start = Clock::now();
+  WorkCompletion batch[64];
+  while (retired < kCount) {
+    while (next < kCount && next - retired < kDepth) {
+      const bool signaled = next % kSignalEvery == kSignalEvery - 1 || next == kCount - 1;
+      ASSERT_EQ(
+          postOne(*pair.requester, writeRequest(next, source, next * kPiece, target, next * kPiece, kPiece, signaled)),
+          kOk)
+          << next;
+      ++next;
+    }
+    const int n = a->pollCompletions(batch, 64, 2000ms);
+    ASSERT_GT(n, 0) << "stalled at " << retired << " retired, " << next << " posted";
+    for (int i = 0; i < n; ++i) {
+      expectCompletion(batch[i], expected_wr_id, Completion::kSuccess, pair.requester->number());
+      retired = batch[i].wr_id + 1;
+      expected_wr_id = std::min<uint64_t>(expected_wr_id + kSignalEvery, kCount - 1);
+    }
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_TRUE(target.bytes == source.bytes);
+  std::printf("[          ] %zu x 64 KiB WRITEs in %.3f s (%.0f MiB/s)\n", kCount, seconds,
+              kCount * kPiece / 1048576.0 / seconds);
+  EXPECT_LT(seconds, 4.0);
+  // A queue deeper than max_send_wr would not have been allowed.
+  std::vector<WorkRequest> too_many;
+  for (uint32_t i = 0; i < kDepth + 1; ++i) too_many.push_back(writeRequest(5000 + i, source, 0, target, 0, 8, false));
+  too_many.back().signaled = true;
+  size_t posted = 0;
+  EXPECT_EQ(pair.requester->post(too_many.data(), too_many.size(), posted), kTooManyRequests);
+  EXPECT_EQ(posted, kDepth);
+}
+
+// ---- errors -----------------------------------------------------------------
+
+TEST(SoftVerbs, WrongRkeyFailsThatRequestAndFlushesEveryLaterOne) {
+  auto a = openDevice(), b = openDevice();
+  Buffer source(*a, 65536, 41), target(*b, 65536);
+  Pair pair = connectedPair(*a, *b);
+  const uint32_t qp = pair.requester->number();
+  WorkRequest wrong = writeRequest(2, source, 0, target, 4096, 4096, false);
+  wrong.rkey ^= 0x5a5a5a5a;
+  const WorkRequest chain[] = {
+      writeRequest(1, source, 0, target, 0, 4096, true),     wrong,
+      writeRequest(3, source, 0, target, 8192, 4096, false), writeRequest(4, source, 0, target, 12288, 4096, true),
+      readRequest(5, source, 0, target, 0, 4096, false),
+  };
+  size_t posted = 0;
+  ASSERT_EQ(pair.requester->post(chain, 5, posted), kOk);
+  auto done = waitCompletions(*a, 5);
+  ASSERT_EQ(done.size(), 5u);
+  expectCompletion(done[0], 1, Completion::kSuccess, qp);
+  expectCompletion(done[1], 2, Completion::kRemoteAccess, qp);
+  EXPECT_EQ(done[1].vendor_error, soft::kUnknownRkey);
+  expectCompletion(done[2], 3, Completion::kFlushed, qp);
+  expectCompletion(done[3], 4, Completion::kFlushed, qp);
+  expectCompletion(done[4], 5, Completion::kFlushed, qp);
+  EXPECT_TRUE(noCompletionWithin(*a, 50ms));
+  EXPECT_TRUE(std::equal(source.at(0), source.at(4096), target.at(0)));
+  // Nothing of the refused WRITE landed; flushed ones did not run either.
+  EXPECT_TRUE(std::all_of(target.at(4096), target.at(65536), [](char c) { return c == 0; }));
+
+  // In the error state a post is accepted and flushed, signaled or not.
+  ASSERT_EQ(postOne(*pair.requester, writeRequest(6, source, 0, target, 0, 64, false)), kOk);
+  done = waitCompletions(*a, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 6, Completion::kFlushed, qp);
+  // The responder's QP went to the error state with it, as an RC responder
+  // does on an access violation.
+  Buffer back(*b, 4096);
+  ASSERT_EQ(postOne(*pair.responder, writeRequest(7, back, 0, source, 0, 64, true)), kOk);
+  done = waitCompletions(*b, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 7, Completion::kFlushed, pair.responder->number());
+}
+
+TEST(SoftVerbs, RemoteRangeOutsideTheRegistrationIsRemoteAccess) {
+  auto a = openDevice(), b = openDevice();
+  constexpr uint32_t kSize = 65536;
+  Buffer source(*a, kSize, 51), target(*b, kSize);
+  {
+    Pair pair = connectedPair(*a, *b);
+    // One byte past the end.
+    ASSERT_EQ(postOne(*pair.requester, writeRequest(1, source, 0, target, kSize - 100, 101, false)), kOk);
+    auto done = waitCompletions(*a, 1);
+    ASSERT_EQ(done.size(), 1u);
+    expectCompletion(done[0], 1, Completion::kRemoteAccess, pair.requester->number());
+    EXPECT_EQ(done[0].vendor_error, soft::kRemoteOutOfRange);
+    EXPECT_TRUE(std::all_of(target.at(0), target.at(kSize), [](char c) { return c == 0; }));
+  }
+  {
+    Pair pair = connectedPair(*a, *b);
+    // A READ starting before the registration.
+    WorkRequest before = readRequest(2, source, 0, target, 0, 64, true);
+    before.remote -= 1;
+    ASSERT_EQ(postOne(*pair.requester, before), kOk);
+    auto done = waitCompletions(*a, 1);
+    ASSERT_EQ(done.size(), 1u);
+    expectCompletion(done[0], 2, Completion::kRemoteAccess, pair.requester->number());
+    EXPECT_EQ(done[0].vendor_error, soft::kRemoteOutOfRange);
+  }
+}
+
+TEST(SoftVerbs, WrongLkeyIsLocalProtectionInItsTurn) {
+  auto a = openDevice(), b = openDevice();
+  Buffer source(*a, 65536, 61), target(*b, 65536);
+  Pair pair = connectedPair(*a, *b);
+  const uint32_t qp = pair.requester->number();
+  WorkRequest wrong_key = writeRequest(2, source, 0, target, 4096, 4096, false);
+  wrong_key.lkey = source.keys.rkey;  // the rkey is not an lkey
+  const WorkRequest chain[] = {
+      writeRequest(1, source, 0, target, 0, 4096, true),
+      wrong_key,
+      writeRequest(3, source, 0, target, 8192, 4096, false),
+  };
+  size_t posted = 0;
+  ASSERT_EQ(pair.requester->post(chain, 3, posted), kOk);
+  EXPECT_EQ(posted, 3u);
+  auto done = waitCompletions(*a, 3);
+  ASSERT_EQ(done.size(), 3u);
+  expectCompletion(done[0], 1, Completion::kSuccess, qp);
+  expectCompletion(done[1], 2, Completion::kLocalProtection, qp);
+  EXPECT_EQ(done[1].vendor_error, soft::kBadLkey);
+  expectCompletion(done[2], 3, Completion::kFlushed, qp);
+  EXPECT_TRUE(std::all_of(target.at(4096), target.at(65536), [](char c) { return c == 0; }));
+
+  // A local range running past its registration, on a fresh pair.
+  Pair fresh = connectedPair(*a, *b);
+  ASSERT_EQ(postOne(*fresh.requester, writeRequest(4, source, 65536 - 10, target, 0, 11, false)), kOk);
+  done = waitCompletions(*a, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 4, Completion::kLocalProtection, fresh.requester->number());
+}
+
+TEST(SoftVerbs, PostRulesOfTheSendQueueAndInlineData) {
+  auto a = openDevice(), b = openDevice();
+  Buffer source(*a, 65536, 71), target(*b, 65536);
+  constexpr uint32_t kDepth = 8, kInline = 64;
+  std::unique_ptr<QueuePair> unconnected;
+  ASSERT_EQ(a->createQueuePair(kDepth, kInline, unconnected), kOk);
+  size_t posted = 99;
+  WorkRequest one = writeRequest(1, source, 0, target, 0, 64, true);
+  EXPECT_EQ(unconnected->post(&one, 1, posted), kInvalidArgument);
+  EXPECT_EQ(posted, 0u);
+
+  Pair pair = connectedPair(*a, *b, kDepth, kInline);
+  const uint32_t qp = pair.requester->number();
+  // One chain deeper than the queue: the first kDepth are taken.
+  std::vector<WorkRequest> chain;
+  for (uint32_t i = 0; i < kDepth + 3; ++i) chain.push_back(writeRequest(10 + i, source, 0, target, 0, 512, false));
+  chain[kDepth - 1].signaled = true;
+  EXPECT_EQ(pair.requester->post(chain.data(), chain.size(), posted), kTooManyRequests);
+  EXPECT_EQ(posted, kDepth);
+  auto done = waitCompletions(*a, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 10 + kDepth - 1, Completion::kSuccess, qp);
+
+  // Refused at post: zero length, an inline READ, inline past max_inline.
+  std::vector<char> bytes(kInline + 1, 'x');
+  WorkRequest empty = writeRequest(30, source, 0, target, 0, 0, true);
+  WorkRequest inline_read = readRequest(31, source, 0, target, 0, 16, true);
+  inline_read.inline_data = true;
+  WorkRequest too_long;
+  too_long.wr_id = 32;
+  too_long.inline_data = true;
+  too_long.local = bytes.data();
+  too_long.length = kInline + 1;
+  too_long.remote = target.remote();
+  too_long.rkey = target.keys.rkey;
+  for (const WorkRequest& refused : {empty, inline_read, too_long}) {
+    EXPECT_EQ(pair.requester->post(&refused, 1, posted), kInvalidArgument) << refused.wr_id;
+    EXPECT_EQ(posted, 0u);
+  }
+  // A chain stops at the first refused WR; those before it run.
+  const WorkRequest mixed[] = {writeRequest(40, source, 0, target, 0, 32, false),
+                               writeRequest(41, source, 0, target, 0, 32, true), empty};
+  EXPECT_EQ(pair.requester->post(mixed, 3, posted), kInvalidArgument);
+  EXPECT_EQ(posted, 2u);
+  done = waitCompletions(*a, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 41, Completion::kSuccess, qp);
+
+  // Inline bytes are taken at post: overwriting them right after changes nothing.
+  std::vector<char> original(kInline);
+  te::testing::fillPattern(original.data(), kInline, 72);
+  std::vector<char> reused = original;
+  WorkRequest inline_write = too_long;
+  inline_write.wr_id = 50;
+  inline_write.signaled = true;
+  inline_write.local = reused.data();
+  inline_write.length = kInline;
+  inline_write.lkey = 0;  // no registration needed
+  inline_write.remote = target.remote(1000);
+  ASSERT_EQ(postOne(*pair.requester, inline_write), kOk);
+  std::fill(reused.begin(), reused.end(), 0);
+  done = waitCompletions(*a, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 50, Completion::kSuccess, qp);
+  EXPECT_TRUE(std::equal(original.begin(), original.end(), target.at(1000)));
+}
+
+TEST(SoftVerbs, DeregisteredRemoteRegionIsRemoteAccess) {
+  auto a = openDevice(), b = openDevice();
+  Buffer source(*a, 65536, 81), target(*b, 65536), back(*a, 65536);
+  {
+    Pair pair = connectedPair(*a, *b);
+    ASSERT_EQ(postOne(*pair.requester, writeRequest(1, source, 0, target, 0, 65536, true)), kOk);
+    auto done = waitCompletions(*a, 1);
+    ASSERT_EQ(done.size(), 1u);
+    expectCompletion(done[0], 1, Completion::kSuccess, pair.requester->number());
+    ASSERT_EQ(target.deregister(), kOk);
+    ASSERT_EQ(postOne(*pair.requester, writeRequest(2, source, 0, target, 0, 64, false)), kOk);
+    done = waitCompletions(*a, 1);
+    ASSERT_EQ(done.size(), 1u);
+    expectCompletion(done[0], 2, Completion::kRemoteAccess, pair.requester->number());
+    EXPECT_EQ(done[0].vendor_error, soft::kUnknownRkey);
+  }
+  Pair pair = connectedPair(*a, *b);
+  ASSERT_EQ(postOne(*pair.requester, readRequest(3, back, 0, target, 0, 64, false)), kOk);
+  auto done = waitCompletions(*a, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 3, Completion::kRemoteAccess, pair.requester->number());
+  EXPECT_TRUE(std::all_of(back.at(0), back.at(64), [](char c) { return c == 0; }));
+}
+
+TEST(SoftVerbs, NoByteOfARegionIsTouchedOnceDeregisterReturned) {
+  auto a = openDevice(), b = openDevice();
+  constexpr uint32_t kPiece = 64 * 1024;
+  constexpr size_t kPieces = 64;
+  Buffer source(*a, kPiece * kPieces, 91), target(*b, kPiece * kPieces);
+  Pair pair = connectedPair(*a, *b, 64);
+  std::thread deregistering([&] {
+    std::this_thread::sleep_for(30ms);
+    EXPECT_EQ(target.deregister(), kOk);
+    std::memset(target.at(0), 0xEE, target.bytes.size());
+  });
+  // WRITEs into the region until one is refused.
+  bool refused = false;
+  size_t next = 0, outstanding_signaled = 0;
+  const auto deadline = Clock::now() + 4s;
+  WorkCompletion batch[16];
+  while (!refused && Clock::now() < deadline) {
+    if (outstanding_signaled < 4) {
+      const size_t piece = next % kPieces;
+      // Every WR signaled: the refused one and the flushed ones are told apart from successes.
+      if (postOne(*pair.requester, writeRequest(next, source, piece * kPiece, target, piece * kPiece, kPiece, true)) ==
+          kOk) {
+        ++outstanding_signaled;
+        ++next;
+      }
+      continue;
+    }
+    const int n = a->pollCompletions(batch, 16, 100ms);
+    ASSERT_GE(n, 0);
+    for (int i = 0; i < n; ++i) {
+      --outstanding_signaled;
+      // The first failure is the refusal; flushes follow it.
+      if (batch[i].status == Completion::kSuccess) continue;
+      EXPECT_EQ(batch[i].status, refused ? Completion::kFlushed : Completion::kRemoteAccess);
+      refused = true;
+    }
+  }
+  deregistering.join();
+  EXPECT_TRUE(refused);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_TRUE(std::all_of(target.bytes.begin(), target.bytes.end(), [](char c) { return c == char(0xEE); }));
+}
+
+// ---- a responder that is gone or hung ---------------------------------------
+
+TEST(SoftVerbs, DestroyedRemoteDeviceIsRetryExceeded) {
+  auto a = openDevice(), b = openDevice();
+  Buffer source(*a, 4096, 101);
+  auto target = std::make_unique<Buffer>(*b, 4096);
+  const uint64_t target_addr = target->remote();
+  const uint32_t target_rkey = target->keys.rkey;
+  // A long retry window (timeout 18: about 1 s per try, 8 tries): what ends
+  // the WR is the lost connection, not the timer.
+  Pair pair = connectedPair(*a, *b, 16, 0, 18, 7);
+  const QpAddress dead_address = addressOf(*b, *pair.responder, 2000);
+  ASSERT_EQ(postOne(*pair.requester, writeRequest(1, source, 0, *target, 0, 4096, true)), kOk);
+  ASSERT_EQ(waitCompletions(*a, 1).size(), 1u);
+
+  target.reset();
+  b.reset();  // its responder QP is still open: the device stops it
+  WorkRequest wr = writeRequest(2, source, 0, source, 0, 64, false);
+  wr.remote = target_addr;
+  wr.rkey = target_rkey;
+  const auto start = Clock::now();
+  ASSERT_EQ(postOne(*pair.requester, wr), kOk);
+  auto done = waitCompletions(*a, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 2, Completion::kRetryExceeded, pair.requester->number());
+  EXPECT_EQ(done[0].vendor_error, soft::kConnectionLost);
+  EXPECT_LT(Clock::now() - start, 2s);
+  size_t posted = 0;
+  EXPECT_EQ(pair.responder->post(&wr, 1, posted), kEndpointError);  // stopped with its device
+  pair.responder.reset();
+
+  // A QP aimed at the NIC that is gone: the connection is refused.
+  std::unique_ptr<QueuePair> late;
+  ASSERT_EQ(a->createQueuePair(16, 0, late), kOk);
+  ASSERT_EQ(late->connect(dead_address, 1000, loopbackOptions(*a, 18, 7)), kOk);
+  wr.wr_id = 3;
+  ASSERT_EQ(postOne(*late, wr), kOk);
+  done = waitCompletions(*a, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 3, Completion::kRetryExceeded, late->number());
+  EXPECT_EQ(done[0].vendor_error, soft::kConnectFailed);
+}
+
+TEST(SoftVerbs, DestroyedRemoteQueuePairIsRetryExceeded) {
+  auto a = openDevice(), b = openDevice();
+  Buffer source(*a, 4096, 111), target(*b, 4096);
+  Pair pair = connectedPair(*a, *b, 16, 0, 18, 7);
+  ASSERT_EQ(postOne(*pair.requester, writeRequest(1, source, 0, target, 0, 4096, true)), kOk);
+  ASSERT_EQ(waitCompletions(*a, 1).size(), 1u);
+  pair.responder.reset();
+  const auto start = Clock::now();
+  ASSERT_EQ(postOne(*pair.requester, writeRequest(2, source, 0, target, 0, 64, false)), kOk);
+  auto done = waitCompletions(*a, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 2, Completion::kRetryExceeded, pair.requester->number());
+  EXPECT_LT(Clock::now() - start, 2s);
+}
+
+TEST(SoftVerbs, StalledResponderRunsOutTheRetryWindow) {
+  auto a = openDevice(), b = openDevice();
+  Buffer source(*a, 65536, 121), target(*b, 65536);
+  // timeout 12, 3 retries: 4.096 us * 4096 * 4 = 67.1 ms.
+  const auto window = std::chrono::microseconds(4096 * 4 * 4096 / 1000);
+  Pair pair = connectedPair(*a, *b, 16, 0, 12, 3);
+  ASSERT_EQ(postOne(*pair.requester, writeRequest(1, source, 0, target, 0, 4096, true)), kOk);
+  ASSERT_EQ(waitCompletions(*a, 1).size(), 1u);
+  {
+    StallGuard stalled;
+    const auto start = Clock::now();
+    const WorkRequest chain[] = {writeRequest(2, source, 0, target, 0, 65536, false),
+                                 writeRequest(3, source, 0, target, 0, 65536, true)};
+    size_t posted = 0;
+    ASSERT_EQ(pair.requester->post(chain, 2, posted), kOk);
+    auto done = waitCompletions(*a, 2);
+    const auto elapsed = Clock::now() - start;
+    ASSERT_EQ(done.size(), 2u);
+    expectCompletion(done[0], 2, Completion::kRetryExceeded, pair.requester->number());
+    EXPECT_EQ(done[0].vendor_error, soft::kAckTimeout);
+    expectCompletion(done[1], 3, Completion::kFlushed, pair.requester->number());
+    EXPECT_GE(elapsed, window);
+    EXPECT_LT(elapsed, 3s);
+  }
+  // The smallest window is 10 ms, whatever the exponent says.
+  Pair quick = connectedPair(*a, *b, 16, 0, 1, 0);
+  StallGuard stalled;
+  const auto start = Clock::now();
+  ASSERT_EQ(postOne(*quick.requester, writeRequest(4, source, 0, target, 0, 64, false)), kOk);
+  auto done = waitCompletions(*a, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 4, Completion::kRetryExceeded, quick.requester->number());
+  EXPECT_GE(Clock::now() - start, 10ms);
+}
+
+TEST(SoftVerbs, DestroyingAQueuePairStopsItsCompletions) {
+  auto a = openDevice(), b = openDevice();
+  Buffer source(*a, 65536, 131), target(*b, 65536);
+  Pair pair = connectedPair(*a, *b, 64, 0, 16, 7);
+  {
+    StallGuard stalled;
+    std::vector<WorkRequest> chain;
+    for (uint64_t i = 0; i < 32; ++i) chain.push_back(writeRequest(i, source, 0, target, 0, 65536, true));
+    size_t posted = 0;
+    ASSERT_EQ(pair.requester->post(chain.data(), chain.size(), posted), kOk);
+    std::this_thread::sleep_for(20ms);
+    pair.requester.reset();
+  }
+  // Neither the answers that now come nor a flush reach the queue.
+  EXPECT_TRUE(noCompletionWithin(*a, 200ms));
+}
+
+// ---- the responder's QP must be this requester's peer -----------------------
+
+TEST(SoftVerbs, ResponderQpConnectedElsewhereIsRemoteOperation) {
+  auto a = openDevice(), b = openDevice();
+  Buffer source(*a, 4096, 141), target(*b, 4096);
+  std::unique_ptr<QueuePair> requester, responder, bystander;
+  ASSERT_EQ(a->createQueuePair(16, 0, requester), kOk);
+  ASSERT_EQ(a->createQueuePair(16, 0, bystander), kOk);
+  ASSERT_EQ(b->createQueuePair(16, 0, responder), kOk);
+  // The responder is aimed at the bystander, the requester at the responder.
+  ASSERT_EQ(responder->connect(addressOf(*a, *bystander, 1000), 2000, loopbackOptions(*b)), kOk);
+  ASSERT_EQ(requester->connect(addressOf(*b, *responder, 2000), 1000, loopbackOptions(*a)), kOk);
+  const WorkRequest chain[] = {writeRequest(1, source, 0, target, 0, 64, false),
+                               writeRequest(2, source, 0, target, 0, 64, false)};
+  size_t posted = 0;
+  ASSERT_EQ(requester->post(chain, 2, posted), kOk);
+  auto done = waitCompletions(*a, 2);
+  ASSERT_EQ(done.size(), 2u);
+  expectCompletion(done[0], 1, Completion::kRemoteOperation, requester->number());
+  EXPECT_EQ(done[0].vendor_error, soft::kRemoteQpMismatch);
+  expectCompletion(done[1], 2, Completion::kFlushed, requester->number());
+  EXPECT_TRUE(std::all_of(target.bytes.begin(), target.bytes.end(), [](char c) { return c == 0; }));
+}
+
+TEST(SoftVerbs, ResponderExpectingAnotherPsnOrNeverConnectedIsRemoteOperation) {
+  auto a = openDevice(), b = openDevice();
+  Buffer source(*a, 4096, 151), target(*b, 4096);
+  {
+    std::unique_ptr<QueuePair> requester, responder;
+    ASSERT_EQ(a->createQueuePair(16, 0, requester), kOk);
+    ASSERT_EQ(b->createQueuePair(16, 0, responder), kOk);
+    ASSERT_EQ(responder->connect(addressOf(*a, *requester, 1001), 2000, loopbackOptions(*b)), kOk);
+    ASSERT_EQ(requester->connect(addressOf(*b, *responder, 2000), 1000, loopbackOptions(*a)), kOk);
+    ASSERT_EQ(postOne(*requester, writeRequest(1, source, 0, target, 0, 64, false)), kOk);
+    auto done = waitCompletions(*a, 1);
+    ASSERT_EQ(done.size(), 1u);
+    expectCompletion(done[0], 1, Completion::kRemoteOperation, requester->number());
+    EXPECT_EQ(done[0].vendor_error, soft::kRemotePsnMismatch);
+  }
+  {
+    // The responder's QP stays in RESET: refused once half the requester's
+    // retry window (timeout 12, 1 retry: 33.6 ms) has passed, before the
+    // requester's own timer would give up.
+    std::unique_ptr<QueuePair> requester, responder;
+    ASSERT_EQ(a->createQueuePair(16, 0, requester), kOk);
+    ASSERT_EQ(b->createQueuePair(16, 0, responder), kOk);
+    ASSERT_EQ(requester->connect(addressOf(*b, *responder, 2000), 1000, loopbackOptions(*a, 12, 1)), kOk);
+    const auto start = Clock::now();
+    ASSERT_EQ(postOne(*requester, writeRequest(2, source, 0, target, 0, 64, false)), kOk);
+    auto done = waitCompletions(*a, 1);
+    ASSERT_EQ(done.size(), 1u);
+    expectCompletion(done[0], 2, Completion::kRemoteOperation, requester->number());
+    EXPECT_EQ(done[0].vendor_error, soft::kRemoteQpNotConnected);
+    EXPECT_GE(Clock::now() - start, 15ms);
+  }
+}
+
+TEST(SoftVerbs, ResponderAimedAtAnotherGidIsRemoteOperation) {
+  auto a = openDevice(), b = openDevice();
+  Buffer source(*a, 4096, 155), target(*b, 4096);
+  std::unique_ptr<QueuePair> requester, responder;
+  ASSERT_EQ(a->createQueuePair(16, 0, requester), kOk);
+  ASSERT_EQ(b->createQueuePair(16, 0, responder), kOk);
+  QpAddress elsewhere = addressOf(*a, *requester, 1000);
+  elsewhere.gid.raw[15] ^= 0x03;  // 127.0.0.2: not the GID the requester sends from
+  ASSERT_EQ(responder->connect(elsewhere, 2000, loopbackOptions(*b)), kOk);
+  ASSERT_EQ(requester->connect(addressOf(*b, *responder, 2000), 1000, loopbackOptions(*a)), kOk);
+  ASSERT_EQ(postOne(*requester, writeRequest(1, source, 0, target, 0, 64, false)), kOk);
+  auto done = waitCompletions(*a, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 1, Completion::kRemoteOperation, requester->number());
+  EXPECT_EQ(done[0].vendor_error, soft::kRemoteGidMismatch);
+}
+
+TEST(SoftVerbs, ResponderQpInTheErrorStateIsRemoteOperation) {
+  auto a = openDevice(), b = openDevice();
+  Buffer on_a(*a, 4096, 156), on_b(*b, 4096, 157);
+  Pair pair = connectedPair(*a, *b);
+  // The QP on b fails on its own (a WR of its own with a wrong lkey)...
+  WorkRequest wrong = writeRequest(1, on_b, 0, on_a, 0, 64, false);
+  wrong.lkey ^= 1;
+  ASSERT_EQ(postOne(*pair.responder, wrong), kOk);
+  auto done = waitCompletions(*b, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 1, Completion::kLocalProtection, pair.responder->number());
+  // ... and then serves nothing: a's WRITE to it is refused, nothing lands.
+  const std::vector<char> before = on_b.bytes;
+  ASSERT_EQ(postOne(*pair.requester, writeRequest(2, on_a, 0, on_b, 0, 64, false)), kOk);
+  done = waitCompletions(*a, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 2, Completion::kRemoteOperation, pair.requester->number());
+  EXPECT_EQ(done[0].vendor_error, soft::kRemoteQpInError);
+  EXPECT_EQ(on_b.bytes, before);
+}
+
+TEST(SoftVerbs, ResponderConnectingLateWithinTheWindowIsServed) {
+  auto a = openDevice(), b = openDevice();
+  Buffer source(*a, 4096, 161), target(*b, 4096);
+  std::unique_ptr<QueuePair> requester, responder;
+  ASSERT_EQ(a->createQueuePair(16, 0, requester), kOk);
+  ASSERT_EQ(b->createQueuePair(16, 0, responder), kOk);
+  // The requester posts before the responder's QP is connected (as a NIC
+  // retransmits until it is).
+  ASSERT_EQ(requester->connect(addressOf(*b, *responder, 2000), 1000, loopbackOptions(*a)), kOk);
+  ASSERT_EQ(postOne(*requester, writeRequest(1, source, 0, target, 0, 4096, true)), kOk);
+  std::this_thread::sleep_for(50ms);
+  ASSERT_EQ(responder->connect(addressOf(*a, *requester, 1000), 2000, loopbackOptions(*b)), kOk);
+  auto done = waitCompletions(*a, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 1, Completion::kSuccess, requester->number());
+  EXPECT_EQ(target.bytes, source.bytes);
+}
+
+// ---- the completion queue ---------------------------------------------------
+
+TEST(SoftVerbs, CompletionQueueOverrunMakesTheDeviceUnusable) {
+  auto a = openDevice(4), b = openDevice();
+  Buffer source(*a, 4096, 171), target(*b, 512);
+  Pair pair = connectedPair(*a, *b);
+  std::vector<WorkRequest> chain;
+  for (uint64_t i = 0; i < 8; ++i) chain.push_back(writeRequest(i, source, i * 64, target, i * 64, 64, true));
+  size_t posted = 0;
+  ASSERT_EQ(pair.requester->post(chain.data(), chain.size(), posted), kOk);
+  // Not polled for a while: eight small WRITEs over loopback take well under
+  // a millisecond (watching the target's bytes instead would race the
+  // responder's copy).
+  std::this_thread::sleep_for(300ms);
+  WorkCompletion out[16];
+  EXPECT_EQ(a->pollCompletions(out, 16, 100ms), kEndpointError);
+  EXPECT_EQ(a->pollCompletions(out, 16, 0ms), kEndpointError);  // for good
+
+  // The same with flushes, which complete at post: deterministic.
+  auto c = openDevice(4);
+  Buffer local(*c, 4096, 172);
+  Pair failing = connectedPair(*c, *b);
+  WorkRequest wrong = writeRequest(100, local, 0, target, 0, 64, false);
+  wrong.rkey ^= 1;
+  ASSERT_EQ(postOne(*failing.requester, wrong), kOk);
+  auto done = waitCompletions(*c, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, Completion::kRemoteAccess);
+  std::vector<WorkRequest> flushed(4, writeRequest(101, local, 0, target, 0, 64, false));
+  ASSERT_EQ(failing.requester->post(flushed.data(), flushed.size(), posted), kOk);
+  EXPECT_EQ(c->pollCompletions(out, 16, 0ms), 4);  // exactly full
+  flushed.push_back(flushed.back());
+  ASSERT_EQ(failing.requester->post(flushed.data(), flushed.size(), posted), kOk);
+  EXPECT_EQ(c->pollCompletions(out, 16, 0ms), kEndpointError);
+}
+
+TEST(SoftVerbs, PollTimesOutAndWakeEndsAWait) {
+  auto device = openDevice();
+  WorkCompletion out[4];
+  auto start = Clock::now();
+  EXPECT_EQ(device->pollCompletions(out, 4, 150ms), 0);
+  auto elapsed = Clock::now() - start;
+  EXPECT_GE(elapsed, 140ms);
+  EXPECT_LT(elapsed, 1500ms);
+  EXPECT_EQ(device->pollCompletions(out, 4, 0ms), 0);
+  EXPECT_EQ(device->pollCompletions(out, 0, 0ms), kInvalidArgument);
+
+  std::thread waker([&] {
+    std::this_thread::sleep_for(50ms);
+    device->wake();
+  });
+  start = Clock::now();
+  EXPECT_EQ(device->pollCompletions(out, 4, 10s), 0);
+  elapsed = Clock::now() - start;
+  waker.join();
+  EXPECT_GE(elapsed, 40ms);
+  EXPECT_LT(elapsed, 2s);
+  // A wake() while nobody waits ends the next wait (a shutdown racing the
+  // poller's loop is not lost), and only that one.
+  device->wake();
+  start = Clock::now();
+  EXPECT_EQ(device->pollCompletions(out, 4, 10s), 0);
+  EXPECT_LT(Clock::now() - start, 1s);
+  start = Clock::now();
+  EXPECT_EQ(device->pollCompletions(out, 4, 100ms), 0);
+  EXPECT_GE(Clock::now() - start, 90ms);
+}
+
+// ---- a peer process that dies or hangs ----------------------------------------
+
+// The responder in a child process: one device, a registered buffer and a
+// QP connected to the parent's. Forked before this process starts threads of
+// its own (the test's devices come after).
+class PeerChild {
+ public:
+  struct Published {
+    QpAddress address;
+    uint64_t buffer = 0;
+    uint32_t rkey = 0;
+  };
+
+  PeerChild() {
+    int to_child[2], from_child[2];
+    if (::pipe(to_child) != 0 || ::pipe(from_child) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::close(to_child[1]);
+      ::close(from_child[0]);
+      ::_exit(runChild(to_child[0], from_child[1]));
+    }
+    ::close(to_child[0]);
+    ::close(from_child[1]);
+    to_child_ = to_child[1];
+    from_child_ = from_child[0];
+  }
+  ~PeerChild() {
+    if (to_child_ >= 0) ::close(to_child_);
+    if (from_child_ >= 0) ::close(from_child_);
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::kill(pid_, SIGCONT);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  bool started() const { return pid_ > 0; }
+  bool readPublished(Published& out) { return readAll(from_child_, &out, sizeof(out)); }
+  // Gives the child the parent's address; true once it is connected.
+  bool connectTo(const QpAddress& parent) {
+    char ready = 0;
+    return writeAll(to_child_, &parent, sizeof(parent)) && readAll(from_child_, &ready, 1) && ready == 'R';
+  }
+  void kill() {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  bool stop() {
+    int status = 0;
+    return ::kill(pid_, SIGSTOP) == 0 && ::waitpid(pid_, &status, WUNTRACED) == pid_ && WIFSTOPPED(status);
+  }
+
+ private:
+  static bool readAll(int fd, void* data, size_t n) {
+    auto* p = static_cast<char*>(data);
+    while (n > 0) {
+      ssize_t got = ::read(fd, p, n);
+      if (got <= 0) return false;
+      p += got;
+      n -= static_cast<size_t>(got);
+    }
+    return true;
+  }
+  static bool writeAll(int fd, const void* data, size_t n) {
+    auto* p = static_cast<const char*>(data);
+    while (n > 0) {
+      ssize_t put = ::write(fd, p, n);
+      if (put <= 0) return false;
+      p += put;
+      n -= static_cast<size_t>(put);
+    }
+    return true;
+  }
+
+  static int runChild(int in, int out) {
+    std::unique_ptr<Device> device;
+    if (makeSoftwareProvider()->open("soft0", DeviceOptions{}, device) != kOk) return 1;
+    std::vector<char> buffer(65536);
+    MemoryKeys keys;
+    std::unique_ptr<QueuePair> qp;
+    if (device->registerMemory(buffer.data(), buffer.size(), keys) != kOk ||
+        device->createQueuePair(16, 0, qp) != kOk) {
+      return 2;
+    }
+    Published published{addressOf(*device, *qp, 3000), reinterpret_cast<uint64_t>(buffer.data()), keys.rkey};
+    QpAddress parent;
+    if (!writeAll(out, &published, sizeof(published)) || !readAll(in, &parent, sizeof(parent))) return 3;
+    if (qp->connect(parent, 3000, loopbackOptions(*device)) != kOk) return 4;
+    if (!writeAll(out, "R", 1)) return 5;
+    char ignored;
+    while (::read(in, &ignored, 1) > 0) {
+    }
+    return 0;  // the parent closed: the end
+  }
+
+  pid_t pid_ = -1;
+  int to_child_ = -1;
+  int from_child_ = -1;
+};
+
+// Connects `qp` on `device` to the child's and checks a WRITE and a READ
+// through it land.
+void connectAndCheck(PeerChild& child, Device& device, QueuePair& qp, const ConnectOptions& options,
+                     PeerChild::Published& published) {
+  ASSERT_TRUE(child.readPublished(published));
+  ASSERT_TRUE(child.connectTo(addressOf(device, qp, 4000)));
+  ASSERT_EQ(qp.connect(published.address, 4000, options), kOk);
+  Buffer source(device, 4096, 181), back(device, 4096);
+  WorkRequest write = writeRequest(1, source, 0, source, 0, 4096, false);
+  write.remote = published.buffer;
+  write.rkey = published.rkey;
+  WorkRequest read = write;
+  read.wr_id = 2;
+  read.read = true;
+  read.signaled = true;
+  read.local = back.at(0);
+  read.lkey = back.keys.lkey;
+  const WorkRequest chain[] = {write, read};
+  size_t posted = 0;
+  ASSERT_EQ(qp.post(chain, 2, posted), kOk);
+  auto done = waitCompletions(device, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 2, Completion::kSuccess, qp.number());
+  EXPECT_EQ(back.bytes, source.bytes);
+}
+
+TEST(SoftVerbs, PeerProcessKilledIsRetryExceededAtOnce) {
+  PeerChild child;
+  ASSERT_TRUE(child.started());
+  auto device = openDevice();
+  std::unique_ptr<QueuePair> qp;
+  ASSERT_EQ(device->createQueuePair(16, 0, qp), kOk);
+  PeerChild::Published published;
+  // A retry window of about 8.6 s (timeout 18, 7 retries): the dead peer's
+  // closed connection ends the WR long before it.
+  ASSERT_NO_FATAL_FAILURE(connectAndCheck(child, *device, *qp, loopbackOptions(*device, 18, 7), published));
+  child.kill();
+  Buffer local(*device, 64, 182);
+  WorkRequest wr = writeRequest(3, local, 0, local, 0, 64, false);
+  wr.remote = published.buffer;
+  wr.rkey = published.rkey;
+  const auto start = Clock::now();
+  ASSERT_EQ(postOne(*qp, wr), kOk);
+  auto done = waitCompletions(*device, 1);
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 3, Completion::kRetryExceeded, qp->number());
+  EXPECT_EQ(done[0].vendor_error, soft::kConnectionLost);
+  EXPECT_LT(Clock::now() - start, 2s);
+}
+
+TEST(SoftVerbs, PeerProcessStoppedIsRetryExceededAfterTheWindow) {
+  PeerChild child;
+  ASSERT_TRUE(child.started());
+  auto device = openDevice();
+  std::unique_ptr<QueuePair> qp;
+  ASSERT_EQ(device->createQueuePair(16, 0, qp), kOk);
+  PeerChild::Published published;
+  // timeout 12, 3 retries: 67.1 ms.
+  ASSERT_NO_FATAL_FAILURE(connectAndCheck(child, *device, *qp, loopbackOptions(*device, 12, 3), published));
+  ASSERT_TRUE(child.stop());
+  Buffer local(*device, 64, 191);
+  WorkRequest wr = writeRequest(3, local, 0, local, 0, 64, true);
+  wr.remote = published.buffer;
+  wr.rkey = published.rkey;
+  const auto start = Clock::now();
+  ASSERT_EQ(postOne(*qp, wr), kOk);
+  auto done = waitCompletions(*device, 1);
+  const auto elapsed = Clock::now() - start;
+  ASSERT_EQ(done.size(), 1u);
+  expectCompletion(done[0], 3, Completion::kRetryExceeded, qp->number());
+  EXPECT_EQ(done[0].vendor_error, soft::kAckTimeout);
+  EXPECT_GE(elapsed, std::chrono::microseconds(67108));
+  EXPECT_LT(elapsed, 3s);
+}
+
+}  // namespace
+}  // namespace mooncake::te::rdma
