@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <list>
 #include <map>
@@ -67,6 +68,11 @@ std::vector<std::string> builtTransports() {
   std::vector<std::string> names;
   for (const TransportEntry& e : kTransports) names.push_back(e.name);
   return names;
+}
+
+std::vector<std::string> rdmaNicNames() {
+  std::unique_ptr<rdma::Provider> provider = rdma::makeIbverbsProvider();
+  return provider ? provider->deviceNames() : std::vector<std::string>{};
 }
 
 // ---- segment names ----
@@ -605,7 +611,11 @@ Transport* EngineImpl::chooseTransport(PeerSegment& peer, const std::string& hin
     Transport* t = transportByName("rdma");
     if (t != nullptr && t->carries(peer, local, remote) && t->reaches(peer)) return t;
   }
+  const bool same_host = peer.descriptor()->host_id == local_.host_id;
   for (auto& t : transports_) {
+    // Same-host peers go over rdma only when asked to (protocol "rdma", a
+    // hint): the same-host transports copy once, without the NIC.
+    if (same_host && std::strcmp(t->name(), "rdma") == 0) continue;
     if (t->carries(peer, local, remote) && t->reaches(peer)) return t.get();
   }
   MC_LOG(Warning) << "no transport reaches " << peer.name() << " for memory " << local.location << " -> "

@@ -41,7 +41,7 @@ void checkHint(const std::string& hint) {
 }
 
 // The JSON the reference returns from get_local_topology: for each memory
-// location, [preferred devices, other devices]. No RDMA devices in this build.
+// location, [preferred devices, other devices]: the RDMA NICs of this host.
 std::string localTopologyJson() {
   std::vector<int> nodes;
   if (DIR* dir = ::opendir("/sys/devices/system/node")) {
@@ -54,9 +54,13 @@ std::string localTopologyJson() {
   }
   if (nodes.empty()) nodes.push_back(0);
   std::sort(nodes.begin(), nodes.end());
+  // Every NIC is listed as preferred for every node: which NIC is nearest
+  // to which memory is not worked out yet.
+  std::string nics;
+  for (const std::string& name : te::rdmaNicNames()) nics += (nics.empty() ? "\"" : ", \"") + name + "\"";
   std::string json = "{";
   for (size_t i = 0; i < nodes.size(); ++i) {
-    json += (i ? ", " : "") + std::string("\"cpu:") + std::to_string(nodes[i]) + "\": [[], []]";
+    json += (i ? ", " : "") + std::string("\"cpu:") + std::to_string(nodes[i]) + "\": [[" + nics + "], []]";
   }
   return json + "}";
 }
@@ -742,9 +746,9 @@ PYBIND11_MODULE(engine, m) {
   const auto transports = te::builtTransports();
   auto built = [&](const char* name) { return std::find(transports.begin(), transports.end(), name) != transports.end(); };
   m.attr("SUPPORT_CUDA") = built("cuda_ipc");
-  // RDMA on a NIC: built with rdma-core (the transport itself is in every
-  // build, served by the software provider only for tests).
-  m.attr("SUPPORT_RDMA") = static_cast<bool>(MOONCAKE_WITH_RDMA);
+  // An RDMA NIC is usable: built with rdma-core and a device present (the
+  // transport itself is in every build; the software provider is for tests).
+  m.attr("SUPPORT_RDMA") = !te::rdmaNicNames().empty();
   m.attr("SUPPORT_EFA") = false;
   m.attr("SUPPORT_HIP") = false;
   m.attr("SUPPORT_MNNVL") = false;

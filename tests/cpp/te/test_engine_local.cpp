@@ -252,6 +252,26 @@ TEST_P(TransportTest, NotificationsReachTheTarget) {
   EXPECT_TRUE(pair.remote.getNotifies().empty());
 }
 
+// A peer that registers a range anew gives it a new rkey; the rkey in our
+// copy of its descriptor is refused by its NIC: that write fails, as
+// unregistered, without touching the memory, and the next one, with the
+// descriptor fetched again, lands.
+TEST(RdmaTransport, AnRkeyThePeerReplacedIsRefusedAndTheNextWriteFetchesTheNewOne) {
+  ::setenv("MC_RDMA_PROVIDER", "software", 1);
+  EnginePair pair("rdma", 1 << 16);
+  fillPattern(pair.local_buf.data, 1 << 16, 21);
+  ASSERT_EQ(pair.local.transferSync({pair.request(Opcode::kWrite, 0, 0, 1 << 16)}), kOk);
+  ASSERT_EQ(pair.local.transportFor(pair.request(Opcode::kWrite, 0, 0, 1 << 16)), "rdma");
+  ASSERT_EQ(pair.remote.unregisterLocalMemory(pair.remote_buf.data), kOk);
+  ASSERT_EQ(pair.remote.registerLocalMemory(pair.remote_buf.data, 1 << 16), kOk);
+  std::memset(pair.remote_buf.data, 0, 1 << 16);
+  fillPattern(pair.local_buf.data, 1 << 16, 22);
+  EXPECT_EQ(pair.local.transferSync({pair.request(Opcode::kWrite, 0, 0, 1 << 16)}), kAddressNotRegistered);
+  for (size_t i = 0; i < (1 << 16); ++i) ASSERT_EQ(pair.remote_buf.data[i], 0) << i;
+  ASSERT_EQ(pair.local.transferSync({pair.request(Opcode::kWrite, 0, 0, 1 << 16)}), kOk);
+  EXPECT_EQ(digest(pair.remote_buf.data, 1 << 16), digest(pair.local_buf.data, 1 << 16));
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, ::testing::Values("tcp", "shm", "rdma"),
                          [](const auto& info) { return info.param; });
 

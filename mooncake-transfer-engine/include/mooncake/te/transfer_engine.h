@@ -127,9 +127,14 @@ class TransferEngine {
   std::unique_ptr<EngineImpl> impl_;
 };
 
-// Names of the transports this build contains ("cuda_ipc", "shm", "tcp"), in
-// the order the automatic choice tries them.
+// Names of the transports this build contains ("cuda_ipc", "shm", "rdma",
+// "tcp"), in the order the automatic choice tries them.
 std::vector<std::string> builtTransports();
+
+// The RDMA NICs on this host (rdma-core's device list): empty in a build
+// without rdma-core, and on a host without a NIC. The software provider's
+// devices are not NICs and are not listed.
+std::vector<std::string> rdmaNicNames();
 
 // Splits "host:port" / "[v6]:port" into parts. False when malformed.
 bool parseSegmentName(const std::string& name, std::string& host, uint16_t& port);

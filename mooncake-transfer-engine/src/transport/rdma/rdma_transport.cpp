@@ -51,6 +51,7 @@ struct RdmaTransport::LocalDevice {
 };
 
 struct RdmaTransport::Endpoint {
+  SegmentHandle peer = 0;
   LocalDevice* device = nullptr;
   uint32_t remote_device = 0;
   std::string peer_name;
@@ -229,6 +230,7 @@ std::shared_ptr<RdmaTransport::Endpoint> RdmaTransport::endpointFor(PeerSegment&
   auto& endpoint = endpoints_[{peer.handle(), device}];
   if (!endpoint) {
     endpoint = std::make_shared<Endpoint>();
+    endpoint->peer = peer.handle();
     endpoint->device = devices_[device].get();
     endpoint->remote_device = static_cast<uint32_t>(device % remote_devices);
     endpoint->peer_name = peer.name();
@@ -286,6 +288,12 @@ int RdmaTransport::connect(const std::shared_ptr<Endpoint>& shared) {
 }
 
 void RdmaTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& tasks, bool /*caller_waits*/) {
+  bool stale = false;
+  {
+    std::lock_guard lock(stale_mutex_);
+    stale = stale_peers_.erase(peer.handle()) > 0;
+  }
+  if (stale) peer.refresh();  // a refused rkey: the peer registered its memory anew
   std::shared_ptr<const SegmentDescriptor> d = peer.descriptor();
   std::vector<rdma::DeviceAddress> remote_devices;
   auto devices_attr = d->attrs.find(rdma::kDevicesAttr);
@@ -474,6 +482,12 @@ void RdmaTransport::onCompletion(LocalDevice& device, const rdma::WorkCompletion
     } else {
       const Slice& s = posted.front().slice;
       const int error = errorOf(completion.status);
+      if (completion.status == rdma::Completion::kRemoteAccess) {
+        // Our copy of the peer's descriptor may hold an rkey it has since
+        // replaced (it registered the range again): fetched anew next time.
+        std::lock_guard stale(stale_mutex_);
+        stale_peers_.insert(endpoint->peer);
+      }
       MC_LOG(Warning) << "rdma " << (s.read ? "read" : "write") << " of " << s.length << " bytes at 0x" << std::hex
                       << s.remote << std::dec << " on " << device.address.name << " to " << endpoint->peer_name
                       << " failed: " << rdma::completionName(completion.status) << " (vendor error "

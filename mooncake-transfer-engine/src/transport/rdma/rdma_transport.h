@@ -19,7 +19,8 @@
 //   the payload's queue pair, posted after it (RC places the WRs of one
 //   queue pair in order) and inline (it is a copy, not registered memory).
 // - Failures: an error completion fails its WR's request and everything
-//   after it on that queue pair, which is then destroyed; a WR not
+//   after it on that queue pair, which is then destroyed (a refused rkey
+//   also has the peer's descriptor fetched again on next use); a WR not
 //   completed by its request's deadline does the same with kTimeout, so no
 //   WR outlives its deadline (the memory it targets may be reused).
 #pragma once
@@ -29,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
@@ -128,6 +130,9 @@ class RdmaTransport : public Transport {
   std::mutex endpoints_mutex_;
   std::map<std::pair<SegmentHandle, size_t>, std::shared_ptr<Endpoint>> endpoints_;
   std::atomic<uint64_t> next_spread_{0};  // rotates the device a request starts on
+
+  std::mutex stale_mutex_;
+  std::set<SegmentHandle> stale_peers_;  // a WR to them was refused: their descriptor is fetched again
 
   std::mutex responders_mutex_;
   std::map<ResponderKey, std::unique_ptr<rdma::QueuePair>> responders_;
