@@ -137,7 +137,10 @@ te::TransferEngine* pgTransferEngine(std::string* error, const std::string& secr
     auto* engine = new te::TransferEngine();
     te::EngineConfig config = te::EngineConfig::fromEnvironment();
     config.auth_secret = secret;
-    if (engine->init("P2PHANDSHAKE", host, "", "", config) != te::kOk) {
+    // set_device_filter: the RDMA devices the engine may open ("" = all).
+    std::string devices;
+    for (const std::string& name : s.device_filter) devices += (devices.empty() ? "" : ",") + name;
+    if (engine->init("P2PHANDSHAKE", host, "", devices, config) != te::kOk) {
       delete engine;
       if (error) *error = "cannot start the transfer engine on host " + host + " (see MC_LOG_LEVEL=INFO)";
       return nullptr;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "engine_fixture.h"
 #include "mooncake/te/host_identity.h"
@@ -41,6 +42,33 @@ TEST(TransportChoice, BuiltTransportsAreExactlyWhatAnEngineInstalls) {
   TransferEngine with_device;
   ASSERT_EQ(with_device.init("P2PHANDSHAKE", "127.0.0.1"), kOk);
   EXPECT_EQ(with_device.transports(), built);
+  ::unsetenv("MC_RDMA_PROVIDER");
+}
+
+// initialize()'s device list names the RDMA devices an engine may open:
+// one of them, or none of those the provider has.
+TEST(TransportChoice, TheDeviceListRestrictsRdmaDevices) {
+  ::setenv("MC_RDMA_PROVIDER", "software", 1);
+  ::setenv("MC_SOFTVERBS_DEVICES", "2", 1);
+  auto serves_rdma = [](const std::string& devices) {
+    TransferEngine e;
+    EXPECT_EQ(e.init("P2PHANDSHAKE", "127.0.0.1", "", devices), kOk);
+    auto names = e.transports();
+    return std::find(names.begin(), names.end(), "rdma") != names.end();
+  };
+  EXPECT_TRUE(serves_rdma(""));
+  EXPECT_TRUE(serves_rdma("soft1"));
+  EXPECT_TRUE(serves_rdma(" soft0 , soft1 "));
+  EXPECT_FALSE(serves_rdma("mlx5_0"));
+  // Two devices each side: a request is spread over both queue pairs and lands whole.
+  testing::EnginePair pair("rdma", 8u << 20);
+  testing::fillPattern(pair.local_buf.data, 8u << 20, 9);
+  ASSERT_EQ(pair.local.transferSync({pair.request(Opcode::kWrite, 0, 0, 8u << 20)}), kOk);
+  EXPECT_EQ(testing::digest(pair.remote_buf.data, 8u << 20), testing::digest(pair.local_buf.data, 8u << 20));
+  std::memset(pair.local_buf.data, 0, 8u << 20);
+  ASSERT_EQ(pair.local.transferSync({pair.request(Opcode::kRead, 0, 0, 8u << 20)}), kOk);
+  EXPECT_EQ(testing::digest(pair.remote_buf.data, 8u << 20), testing::digest(pair.local_buf.data, 8u << 20));
+  ::unsetenv("MC_SOFTVERBS_DEVICES");
   ::unsetenv("MC_RDMA_PROVIDER");
 }
 
