@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <unistd.h>
 
 namespace mooncake::te::cuda {
 namespace {
@@ -13,6 +14,9 @@ struct Driver {
   CUresult (*memGetAddressRange)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
   CUresult (*ctxGetCurrent)(CUcontext*) = nullptr;
   CUresult (*ctxSetCurrent)(CUcontext) = nullptr;
+  // Optional (CUDA 11.7+): exporting GPU memory as a dma-buf.
+  CUresult (*memGetHandleForAddressRange)(void*, CUdeviceptr, size_t, CUmemRangeHandleType,
+                                          unsigned long long) = nullptr;
 };
 
 template <typename Fn>
@@ -33,6 +37,7 @@ const Driver* driver() {
                     load(library, "cuCtxGetCurrent", d.ctxGetCurrent) &&
                     load(library, "cuCtxSetCurrent", d.ctxSetCurrent);
     if (!complete || d.init(0) != CUDA_SUCCESS) return nullptr;
+    load(library, "cuMemGetHandleForAddressRange", d.memGetHandleForAddressRange);
     return &d;
   }();
   return loaded;
@@ -61,6 +66,23 @@ bool allocationRange(const void* ptr, uint64_t& base, uint64_t& size) {
   if (d->memGetAddressRange(&b, &s, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) return false;
   base = static_cast<uint64_t>(b);
   size = static_cast<uint64_t>(s);
+  return true;
+}
+
+bool exportDmabuf(const void* ptr, size_t length, int& fd, uint64_t& offset) {
+  const Driver* d = driver();
+  if (d == nullptr || d->memGetHandleForAddressRange == nullptr || length == 0) return false;
+  // The exported range must start and end on host page boundaries.
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t begin = reinterpret_cast<uint64_t>(ptr) & ~(page - 1);
+  const uint64_t end = (reinterpret_cast<uint64_t>(ptr) + length + page - 1) & ~(page - 1);
+  int handle = -1;
+  if (d->memGetHandleForAddressRange(&handle, static_cast<CUdeviceptr>(begin), static_cast<size_t>(end - begin),
+                                     CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) != CUDA_SUCCESS) {
+    return false;
+  }
+  fd = handle;
+  offset = reinterpret_cast<uint64_t>(ptr) - begin;
   return true;
 }
 

@@ -23,6 +23,12 @@ int deviceOfPointer(const void* ptr);
 // Needs the context of the pointer's device to be current. False on failure.
 bool allocationRange(const void* ptr, uint64_t& base, uint64_t& size);
 
+// A dma-buf file descriptor exporting the GPU pages under [ptr, ptr +
+// length), for a NIC to map (ibv_reg_dmabuf_mr): `offset` is where `ptr`
+// lies in it. The caller closes `fd`. False where the driver cannot
+// (before CUDA 11.7, or memory that is not exportable).
+bool exportDmabuf(const void* ptr, size_t length, int& fd, uint64_t& offset);
+
 // Makes `device`'s primary context current for the calling thread while in
 // scope, and puts the caller's context (possibly none) back afterwards, so
 // that a thread of the application (a torch thread, say) keeps its device.

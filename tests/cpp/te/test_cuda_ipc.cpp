@@ -189,6 +189,27 @@ TEST(CudaIpc, TcpStagesGpuMemoryThroughHostMemory) {
   EXPECT_EQ(pair.peer.digestOf(100, 1 << 20), digest(host.data, 1 << 20));
 }
 
+// Protocol "rdma" with GPU memory on both ends (GPUDirect RDMA): registered
+// with the NIC as GPU memory and moved by it, no host staging in the engine.
+// Over the software provider, whose NIC copies with CUDA (no machine here
+// has an RDMA NIC); the peer process inherits the provider choice.
+TEST(CudaIpc, RdmaCarriesGpuMemoryRegisteredWithTheNic) {
+  REQUIRE_GPU();
+  ::setenv("MC_RDMA_PROVIDER", "software", 1);
+  constexpr size_t kBytes = (3u << 20) + 64;
+  GpuPair pair("rdma", kBytes);
+  for (size_t n : {size_t{1}, size_t{4097}, size_t{(3u << 20) + 5}}) pair.roundTrip(13, 7, n, "rdma");
+  // A host buffer of ours against the peer's GPU memory.
+  AlignedBuffer host(1 << 20);
+  fillPattern(host.data, 1 << 20, 31);
+  ASSERT_EQ(pair.engine.registerLocalMemory(host.data, 1 << 20), kOk);
+  TransferRequest write{Opcode::kWrite, host.data, pair.handle, pair.peer.buffer_addr + 100, 1 << 20};
+  EXPECT_EQ(pair.engine.transportFor(write), "rdma");
+  ASSERT_EQ(pair.engine.transferSync({write}), kOk);
+  EXPECT_EQ(pair.peer.digestOf(100, 1 << 20), digest(host.data, 1 << 20));
+  ::unsetenv("MC_RDMA_PROVIDER");
+}
+
 // The peer frees its buffer and registers a new allocation (cudaMalloc may
 // give the same address back). Its stamp moved, so we fetch its descriptor
 // again, see a new handle, and open the new allocation instead of writing

@@ -20,6 +20,9 @@
 #include "mooncake/te/log.h"
 #include "mooncake/te/status.h"
 #include "transport/rdma/verbs.h"
+#if MOONCAKE_WITH_CUDA
+#include "cuda/cuda_driver.h"
+#endif
 
 namespace mooncake::te::rdma {
 namespace {
@@ -233,6 +236,35 @@ class IbverbsDevice : public Device {
     keys = MemoryKeys{mr->lkey, mr->rkey};
     mrs_.emplace(addr, mr);
     return kOk;
+  }
+
+  // GPU memory: as a dma-buf the driver exports (any recent kernel and
+  // driver), else as a plain pointer, which nvidia-peermem lets the NIC
+  // resolve.
+  int registerDeviceMemory(void* addr, size_t length, int cuda_device, MemoryKeys& keys) override {
+#if MOONCAKE_WITH_CUDA
+    std::lock_guard lock(mrs_mutex_);
+    if (addr == nullptr || length == 0 || mrs_.count(addr) != 0) return kInvalidArgument;
+    constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    ibv_mr* mr = nullptr;
+    int fd = -1;
+    uint64_t offset = 0;
+    {
+      cuda::DeviceScope scope(cuda_device);
+      if (scope.ok() && cuda::exportDmabuf(addr, length, fd, offset)) {
+        mr = ibv_reg_dmabuf_mr(pd_, offset, length, reinterpret_cast<uint64_t>(addr), fd, kAccess);
+        ::close(fd);  // the registration holds its own reference
+      }
+    }
+    if (mr == nullptr) mr = ibv_reg_mr(pd_, addr, length, kAccess);
+    if (mr == nullptr) return kNotImplemented;
+    keys = MemoryKeys{mr->lkey, mr->rkey};
+    mrs_.emplace(addr, mr);
+    return kOk;
+#else
+    (void)addr, (void)length, (void)cuda_device, (void)keys;
+    return kNotImplemented;
+#endif
   }
 
   int deregisterMemory(void* addr) override {

@@ -165,18 +165,25 @@ void RdmaTransport::describe(std::map<std::string, std::string>& segment_attrs) 
 
 int RdmaTransport::registerMemory(const MemoryRegion& region, BufferDescriptor& buffer) {
   // Receive windows are tcp's (written through their peer's server, never
-  // published); GPU memory needs GPUDirect RDMA, which no provider here
-  // offers yet: both are left to the other transports.
-  if (devices_.empty() || region.window || cudaDeviceOfLocation(region.location) >= 0) return kOk;
+  // published).
+  if (devices_.empty() || region.window) return kOk;
+  const int gpu = cudaDeviceOfLocation(region.location);
   Registration registration{region.length, {}};
   void* addr = reinterpret_cast<void*>(region.addr);
   for (auto& d : devices_) {
     rdma::MemoryKeys keys;
-    if (int rc = d->device->registerMemory(addr, region.length, keys); rc != kOk) {
+    const int rc = gpu < 0 ? d->device->registerMemory(addr, region.length, keys)
+                           : d->device->registerDeviceMemory(addr, region.length, gpu, keys);
+    if (rc != kOk) {
       for (size_t i = 0; i < registration.keys.size(); ++i) devices_[i]->device->deregisterMemory(addr);
-      // Not an error of the registration: the memory is served by the other transports.
-      MC_LOG(Warning) << "rdma: " << d->address.name << " cannot register [0x" << std::hex << region.addr << ", +0x"
-                      << region.length << std::dec << "): " << errorName(rc) << "; it is reached over tcp";
+      // Not an error of the registration: the memory is served by the other
+      // transports. GPU memory without GPUDirect RDMA is common: said once.
+      static std::atomic<bool> told_gpu{false};
+      if (gpu < 0 || !told_gpu.exchange(true)) {
+        MC_LOG(Warning) << "rdma: " << d->address.name << " cannot register [0x" << std::hex << region.addr << ", +0x"
+                        << region.length << std::dec << ") (" << region.location << "): " << errorName(rc)
+                        << "; it is reached over the other transports";
+      }
       return kOk;
     }
     registration.keys.push_back(keys);

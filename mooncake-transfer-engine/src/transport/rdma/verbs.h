@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "mooncake/te/status.h"
+
 namespace mooncake::te::rdma {
 
 // A port's 16-byte global identifier. On RoCE v2 it is the interface's IP
@@ -144,6 +146,12 @@ class Device {
   // Registers [addr, addr + length) for local writes and remote reads and
   // writes. One registration per base address.
   virtual int registerMemory(void* addr, size_t length, MemoryKeys& keys) = 0;
+  // The same for GPU memory on CUDA device `cuda_device` (GPUDirect RDMA:
+  // the NIC reads and writes it without host staging). kNotImplemented
+  // where the provider or the build cannot. Ended by deregisterMemory().
+  virtual int registerDeviceMemory(void* /*addr*/, size_t /*length*/, int /*cuda_device*/, MemoryKeys& /*keys*/) {
+    return kNotImplemented;
+  }
   // Ends the registration made at `addr`; the responder no longer serves
   // the range once this returns.
   virtual int deregisterMemory(void* addr) = 0;
