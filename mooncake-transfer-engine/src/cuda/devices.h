@@ -14,5 +14,8 @@ int deviceCount();
 std::string deviceUuid(int device);
 // The local ordinal of the GPU with `uuid`, -1 when this process cannot see it.
 int deviceWithUuid(const std::string& uuid);
+// The PCI address of local `device` ("0000:3b:00.0", as sysfs names it), ""
+// when there is no such device.
+std::string devicePciAddress(int device);
 
 }  // namespace mooncake::te::cuda

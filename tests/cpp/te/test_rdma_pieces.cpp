@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "transport/rdma/gid_choice.h"
+#include "transport/rdma/nic_affinity.h"
 #include "transport/rdma/rdma_wire.h"
 #include "transport/rdma/verbs.h"
 
@@ -151,6 +152,53 @@ TEST(RdmaWire, OutOfRangeFieldsAreRefused) {
   std::vector<DeviceAddress> devices;
   EXPECT_FALSE(decodeDevices(std::string("\xff\xff\xff\x7f", 4), devices));  // a count the bytes cannot hold
   EXPECT_FALSE(decodeDevices("", devices));
+}
+
+// A two-socket host: two PCIe switches per socket, a NIC and a GPU under
+// each switch (the usual 8-GPU layout, halved).
+std::vector<Place> fourNics() {
+  return {{0, "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0"},
+          {0, "/sys/devices/pci0000:00/0000:00:03.0/0000:11:00.0/0000:12:00.0/0000:13:00.0"},
+          {1, "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0/0000:82:00.0/0000:83:00.0"},
+          {1, "/sys/devices/pci0000:80/0000:80:03.0/0000:91:00.0/0000:92:00.0/0000:93:00.0"}};
+}
+
+TEST(RdmaNics, AGpuGetsTheNicUnderItsSwitchHostMemoryThoseOfItsNode) {
+  const std::vector<Place> nics = fourNics();
+  // GPU under the second socket's first switch.
+  Place gpu{1, "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0/0000:82:01.0/0000:84:00.0"};
+  EXPECT_EQ(nearestNics(nics, gpu), (std::vector<size_t>{2}));
+  // Under the first socket's root port only (no switch shared): both of that root complex.
+  Place gpu_on_root{0, "/sys/devices/pci0000:00/0000:00:05.0/0000:21:00.0"};
+  EXPECT_EQ(nearestNics(nics, gpu_on_root), (std::vector<size_t>{0, 1}));
+  // On a root complex no NIC shares: by its NUMA node.
+  Place gpu_alone{1, "/sys/devices/pci0000:c0/0000:c0:01.0/0000:c1:00.0"};
+  EXPECT_EQ(nearestNics(nics, gpu_alone), (std::vector<size_t>{2, 3}));
+  EXPECT_EQ(nearestNics(nics, Place{0, ""}), (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(nearestNics(nics, Place{1, ""}), (std::vector<size_t>{2, 3}));
+  // Nothing known of the memory, or a node without NICs: every NIC.
+  EXPECT_EQ(nearestNics(nics, Place{}), (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(nearestNics(nics, Place{3, ""}), (std::vector<size_t>{0, 1, 2, 3}));
+  // NICs with no place (the software provider's): every NIC.
+  EXPECT_EQ(nearestNics({Place{}, Place{}}, gpu), (std::vector<size_t>{0, 1}));
+  EXPECT_TRUE(nearestNics({}, gpu).empty());
+}
+
+TEST(RdmaNics, MemoryPlacesFromLocations) {
+  EXPECT_EQ(memoryPlace("cpu:1").numa_node, 1);
+  EXPECT_EQ(memoryPlace("cpu:0").numa_node, 0);
+  EXPECT_EQ(memoryPlace("cpu:x").numa_node, -1);
+  EXPECT_EQ(memoryPlace("*").numa_node, -1);
+  EXPECT_TRUE(memoryPlace("cpu:0").pci_path.empty());
+  EXPECT_TRUE(nicPlace("no-such-nic").pci_path.empty());
+}
+
+TEST(RdmaWire, NicListsRoundTripAndRefuseEmptyOrOutOfRange) {
+  std::vector<uint32_t> nics = {2, 0}, back;
+  ASSERT_TRUE(decodeNics(encodeNics(nics), back));
+  EXPECT_EQ(back, nics);
+  EXPECT_FALSE(decodeNics(encodeNics({}), back));
+  EXPECT_FALSE(decodeNics(encodeNics({static_cast<uint32_t>(kMaxDevices)}), back));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "mooncake/te/log.h"
 #include "rpc/rpc.h"
 #include "transport/rdma/gid_choice.h"
+#include "transport/rdma/nic_affinity.h"
 
 namespace mooncake::te {
 namespace {
@@ -42,6 +43,7 @@ struct RdmaTransport::LocalDevice {
   std::unique_ptr<rdma::Device> device;
   rdma::ConnectOptions options;
   rdma::DeviceAddress address;
+  rdma::Place place;  // where it sits (PCIe, NUMA): which buffers it suits
   std::thread progress;
   std::atomic<uint64_t> next_wr_id{1};  // unique per device: a late completion of a torn-down QP matches nothing
   std::atomic<uint32_t> in_flight{0};   // WRs posted on the device, not yet settled
@@ -101,6 +103,7 @@ int RdmaTransport::install(const TransportContext& context) {
       continue;
     }
     local->index = devices_.size();
+    local->place = rdma::nicPlace(name);
     local->options.gid_index = std::max(gid_index, 0);
     local->address.name = name;
     local->address.ethernet = port.ethernet;
@@ -132,7 +135,7 @@ void RdmaTransport::shutdown() {
   for (auto& d : devices_) {
     if (d->progress.joinable()) d->progress.join();
   }
-  std::map<std::pair<SegmentHandle, size_t>, std::shared_ptr<Endpoint>> endpoints;
+  std::map<EndpointKey, std::shared_ptr<Endpoint>> endpoints;
   {
     std::lock_guard lock(endpoints_mutex_);
     endpoints.swap(endpoints_);
@@ -168,7 +171,7 @@ int RdmaTransport::registerMemory(const MemoryRegion& region, BufferDescriptor& 
   // published).
   if (devices_.empty() || region.window) return kOk;
   const int gpu = cudaDeviceOfLocation(region.location);
-  Registration registration{region.length, {}};
+  Registration registration{region.length, {}, {}};
   void* addr = reinterpret_cast<void*>(region.addr);
   for (auto& d : devices_) {
     rdma::MemoryKeys keys;
@@ -191,6 +194,12 @@ int RdmaTransport::registerMemory(const MemoryRegion& region, BufferDescriptor& 
   std::vector<uint32_t> rkeys;
   for (const auto& k : registration.keys) rkeys.push_back(k.rkey);
   buffer.attrs[rdma::kRkeysAttr] = rdma::encodeRkeys(rkeys);
+  std::vector<rdma::Place> places;
+  for (const auto& d : devices_) places.push_back(d->place);
+  for (size_t i : rdma::nearestNics(places, rdma::memoryPlace(region.location))) {
+    registration.nics.push_back(static_cast<uint32_t>(i));
+  }
+  buffer.attrs[rdma::kNicsAttr] = rdma::encodeNics(registration.nics);
   std::unique_lock lock(registrations_mutex_);
   registrations_[region.addr] = std::move(registration);
   return kOk;
@@ -232,14 +241,14 @@ bool RdmaTransport::carries(PeerSegment&, const MemoryRegion& local, const Buffe
 // ---- data path ----
 
 std::shared_ptr<RdmaTransport::Endpoint> RdmaTransport::endpointFor(PeerSegment& peer, size_t device,
-                                                                    size_t remote_devices) {
+                                                                    size_t remote_device) {
   std::lock_guard lock(endpoints_mutex_);
-  auto& endpoint = endpoints_[{peer.handle(), device}];
+  auto& endpoint = endpoints_[EndpointKey{peer.handle(), device, remote_device}];
   if (!endpoint) {
     endpoint = std::make_shared<Endpoint>();
     endpoint->peer = peer.handle();
     endpoint->device = devices_[device].get();
-    endpoint->remote_device = static_cast<uint32_t>(device % remote_devices);
+    endpoint->remote_device = static_cast<uint32_t>(remote_device);
     endpoint->peer_name = peer.name();
     endpoint->host = peer.host();
     endpoint->port = peer.port();
@@ -309,29 +318,45 @@ void RdmaTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& 
     for (TransferTask* task : tasks) task->fail(kEndpointError);
     return;
   }
-  const size_t local_count = devices_.size(), remote_count = remote_devices.size();
-  // The peer's rkeys of the buffer holding [addr, addr + length), or null.
-  auto rkeysOf = [&](uint64_t addr, uint64_t length, std::vector<uint32_t>& out) {
+  const size_t remote_count = remote_devices.size();
+  // The peer's rkeys of the buffer holding [addr, addr + length), and the
+  // devices nearest it (all of them where it does not say).
+  auto remoteKeysOf = [&](uint64_t addr, uint64_t length, std::vector<uint32_t>& rkeys,
+                          std::vector<uint32_t>* nics) {
     const BufferDescriptor* buffer = d->findBuffer(addr, length);
     if (buffer == nullptr) return false;
     auto it = buffer->attrs.find(rdma::kRkeysAttr);
-    return it != buffer->attrs.end() && rdma::decodeRkeys(it->second, out) && out.size() == remote_count;
+    if (it == buffer->attrs.end() || !rdma::decodeRkeys(it->second, rkeys) || rkeys.size() != remote_count) {
+      return false;
+    }
+    if (nics == nullptr) return true;
+    auto near = buffer->attrs.find(rdma::kNicsAttr);
+    nics->clear();
+    if (near == buffer->attrs.end() || !rdma::decodeNics(near->second, *nics)) {
+      for (uint32_t i = 0; i < remote_count; ++i) nics->push_back(i);
+    }
+    return std::all_of(nics->begin(), nics->end(), [&](uint32_t n) { return n < remote_count; });
   };
   const uint64_t slice_size = std::clamp<uint64_t>(context_.config->rdma_slice_size, 4096, 1u << 30);
-  std::vector<std::vector<Slice>> per_device(local_count);
+  std::map<std::pair<size_t, size_t>, std::vector<Slice>> per_pair;  // by (local, remote) device
   for (TransferTask* task : tasks) {
     const TransferRequest& r = task->request();
     std::vector<rdma::MemoryKeys> lkeys;
+    std::vector<uint32_t> local_nics;
     {
       std::optional<MemoryRegion> region = context_.regions->find(reinterpret_cast<uint64_t>(r.source), r.length);
       std::shared_lock lock(registrations_mutex_);
       auto it = region ? registrations_.find(region->addr) : registrations_.end();
-      if (it != registrations_.end()) lkeys = it->second.keys;
+      if (it != registrations_.end()) {
+        lkeys = it->second.keys;
+        local_nics = it->second.nics;
+      }
     }
-    std::vector<uint32_t> rkeys, trailer_rkeys;
+    std::vector<uint32_t> rkeys, remote_nics, trailer_rkeys;
     const bool trailer = r.trailer_length > 0;
-    if (lkeys.size() != local_count || !rkeysOf(r.target_offset, r.length, rkeys) ||
-        (trailer && !rkeysOf(r.trailer_target, r.trailer_length, trailer_rkeys))) {
+    if (lkeys.size() != devices_.size() || local_nics.empty() ||
+        !remoteKeysOf(r.target_offset, r.length, rkeys, &remote_nics) ||
+        (trailer && !remoteKeysOf(r.trailer_target, r.trailer_length, trailer_rkeys, nullptr))) {
       task->fail(kAddressNotRegistered);
       continue;
     }
@@ -339,40 +364,43 @@ void RdmaTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& 
     task->expectSlices(static_cast<uint32_t>(count + (trailer ? 1 : 0)));
     const net::Deadline deadline = net::after(context_.config->budgetFor(r.length));
     const uint64_t start = next_spread_.fetch_add(1, std::memory_order_relaxed);
-    // A request with a trailer keeps to one queue pair, whose order puts
-    // the trailer after the whole payload.
+    // Slice k goes between the k-th devices nearest each end's memory. A
+    // request with a trailer keeps to one queue pair, whose order puts the
+    // trailer after the whole payload.
+    auto pairOf = [&](uint64_t k) {
+      const uint64_t turn = start + (trailer ? 0 : k);
+      return std::pair<size_t, size_t>{local_nics[turn % local_nics.size()], remote_nics[turn % remote_nics.size()]};
+    };
     for (uint64_t k = 0; k < count; ++k) {
-      const size_t device = (start + (trailer ? 0 : k)) % local_count;
+      const auto [local, remote] = pairOf(k);
       const uint64_t offset = k * slice_size;
       Slice s;
       s.task = task;
       s.read = r.opcode == Opcode::kRead;
       s.local = static_cast<char*>(r.source) + offset;
       s.length = static_cast<uint32_t>(std::min(slice_size, r.length - offset));
-      s.lkey = lkeys[device].lkey;
+      s.lkey = lkeys[local].lkey;
       s.remote = r.target_offset + offset;
-      s.rkey = rkeys[device % remote_count];
+      s.rkey = rkeys[remote];
       s.deadline = deadline;
-      per_device[device].push_back(s);
+      per_pair[{local, remote}].push_back(s);
     }
     if (trailer) {
-      const size_t device = start % local_count;
+      const auto [local, remote] = pairOf(0);
       Slice s;
       s.task = task;
       s.trailer = true;
       s.local = static_cast<char*>(const_cast<void*>(r.trailer));
       s.length = r.trailer_length;
       s.remote = r.trailer_target;
-      s.rkey = trailer_rkeys[device % remote_count];
+      s.rkey = trailer_rkeys[remote];
       s.deadline = deadline;
-      per_device[device].push_back(s);
+      per_pair[{local, remote}].push_back(s);
     }
   }
   std::vector<Outcome> outcomes;
-  for (size_t device = 0; device < local_count; ++device) {
-    std::vector<Slice>& slices = per_device[device];
-    if (slices.empty()) continue;
-    std::shared_ptr<Endpoint> endpoint = endpointFor(peer, device, remote_count);
+  for (auto& [devices, slices] : per_pair) {
+    std::shared_ptr<Endpoint> endpoint = endpointFor(peer, devices.first, devices.second);
     int rc = connect(endpoint);
     std::lock_guard lock(endpoint->mutex);
     if (rc == kOk && !endpoint->qp) rc = kEndpointError;  // failed right after connecting
@@ -587,7 +615,7 @@ void RdmaTransport::forget(SegmentHandle handle) {
   {
     std::lock_guard lock(endpoints_mutex_);
     for (auto it = endpoints_.begin(); it != endpoints_.end();) {
-      if (it->first.first == handle) {
+      if (it->first.peer == handle) {
         removed.push_back(it->second);
         it = endpoints_.erase(it);
       } else {

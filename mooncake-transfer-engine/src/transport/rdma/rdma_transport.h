@@ -9,11 +9,11 @@
 // - Memory: each registration is registered on every device; the rkeys go
 //   to peers in the buffer's "rdma.rkeys" attribute, the devices' addresses
 //   in the segment's "rdma.devices" attribute.
-// - Connections: one queue pair per (peer, local device), made on first use
-//   by a kRdmaConnect handshake on the peer's RPC port (authenticated like
-//   every handshake), and made anew after a failure.
+// - Connections: one queue pair per (peer, local device, peer's device),
+//   made on first use by a kRdmaConnect handshake on the peer's RPC port
+//   (authenticated like every handshake), and made anew after a failure.
 // - Data: requests are split into WRs of at most MC_RDMA_SLICE_SIZE bytes,
-//   spread over the devices; at most MC_MAX_WR are in flight per queue pair
+//   spread over the devices nearest the memory at each end; at most MC_MAX_WR are in flight per queue pair
 //   and one in kSignalEvery asks for a completion (RC completes in order, so
 //   one completion settles every WR before it). A trailer is one more WR on
 //   the payload's queue pair, posted after it (RC places the WRs of one
@@ -93,6 +93,15 @@ class RdmaTransport : public Transport {
   struct Registration {
     uint64_t length;
     std::vector<rdma::MemoryKeys> keys;  // per device, in devices_ order
+    std::vector<uint32_t> nics;          // the devices nearest its memory (rdma/nic_affinity.h)
+  };
+  struct EndpointKey {
+    SegmentHandle peer;
+    size_t device;         // ours
+    size_t remote_device;  // the peer's
+    bool operator<(const EndpointKey& o) const {
+      return std::tie(peer, device, remote_device) < std::tie(o.peer, o.device, o.remote_device);
+    }
   };
   struct ResponderKey {
     std::string requester;
@@ -104,7 +113,7 @@ class RdmaTransport : public Transport {
     }
   };
 
-  std::shared_ptr<Endpoint> endpointFor(PeerSegment& peer, size_t device, size_t remote_devices);
+  std::shared_ptr<Endpoint> endpointFor(PeerSegment& peer, size_t device, size_t remote_device);
   int connect(const std::shared_ptr<Endpoint>& endpoint);
   // Posts what the send queue has room for; fills `failed` if the queue
   // pair refused it. Holds the endpoint's lock.
@@ -128,7 +137,7 @@ class RdmaTransport : public Transport {
   std::map<uint64_t, Registration> registrations_;  // by base address
 
   std::mutex endpoints_mutex_;
-  std::map<std::pair<SegmentHandle, size_t>, std::shared_ptr<Endpoint>> endpoints_;
+  std::map<EndpointKey, std::shared_ptr<Endpoint>> endpoints_;
   std::atomic<uint64_t> next_spread_{0};  // rotates the device a request starts on
 
   std::mutex stale_mutex_;

@@ -66,23 +66,42 @@ bool decodeDevices(const std::string& bytes, std::vector<DeviceAddress>& out) {
   return true;
 }
 
-std::string encodeRkeys(const std::vector<uint32_t>& rkeys) {
+namespace {
+
+std::string encodeWords(const std::vector<uint32_t>& words) {
   wire::Writer w;
-  w.u32(static_cast<uint32_t>(rkeys.size()));
-  for (uint32_t k : rkeys) w.u32(k);
+  w.u32(static_cast<uint32_t>(words.size()));
+  for (uint32_t k : words) w.u32(k);
   return w.take();
 }
 
-bool decodeRkeys(const std::string& bytes, std::vector<uint32_t>& out) {
+bool decodeWords(const std::string& bytes, std::vector<uint32_t>& out) {
   wire::Reader r(bytes);
   uint32_t count = 0;
   if (!r.count(count, 4) || count > kMaxDevices) return false;
-  std::vector<uint32_t> keys(count);
-  for (uint32_t& k : keys) {
+  std::vector<uint32_t> words(count);
+  for (uint32_t& k : words) {
     if (!r.u32(k)) return false;
   }
   if (!r.done()) return false;
-  out = std::move(keys);
+  out = std::move(words);
+  return true;
+}
+
+}  // namespace
+
+std::string encodeRkeys(const std::vector<uint32_t>& rkeys) { return encodeWords(rkeys); }
+bool decodeRkeys(const std::string& bytes, std::vector<uint32_t>& out) { return decodeWords(bytes, out); }
+
+std::string encodeNics(const std::vector<uint32_t>& nics) { return encodeWords(nics); }
+
+bool decodeNics(const std::string& bytes, std::vector<uint32_t>& out) {
+  std::vector<uint32_t> nics;
+  if (!decodeWords(bytes, nics) || nics.empty()) return false;
+  for (uint32_t n : nics) {
+    if (n >= kMaxDevices) return false;
+  }
+  out = std::move(nics);
   return true;
 }
 

@@ -18,6 +18,9 @@ namespace mooncake::te::rdma {
 
 constexpr const char* kDevicesAttr = "rdma.devices";
 constexpr const char* kRkeysAttr = "rdma.rkeys";
+// The devices nearest the buffer's memory (rdma/nic_affinity.h), by index;
+// absent: all of them.
+constexpr const char* kNicsAttr = "rdma.nics";
 constexpr size_t kMaxDevices = 64;
 
 struct DeviceAddress {
@@ -33,6 +36,9 @@ bool decodeDevices(const std::string& bytes, std::vector<DeviceAddress>& out);
 
 std::string encodeRkeys(const std::vector<uint32_t>& rkeys);
 bool decodeRkeys(const std::string& bytes, std::vector<uint32_t>& out);
+// Device indices: each below kMaxDevices, at least one.
+std::string encodeNics(const std::vector<uint32_t>& nics);
+bool decodeNics(const std::string& bytes, std::vector<uint32_t>& out);
 
 struct ConnectRequest {
   std::string requester;       // segment name of the requesting engine
