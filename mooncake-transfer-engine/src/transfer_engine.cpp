@@ -22,11 +22,13 @@
 #include "net/listen_address.h"
 #include "rpc/connection_server.h"
 #include "rpc/rpc.h"
+#include "transport/rdma/nic_affinity.h"
 #include "transport/rdma/rdma_transport.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "wire.h"
 #if MOONCAKE_WITH_CUDA
+#include "cuda/devices.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #endif
 
@@ -73,6 +75,26 @@ std::vector<std::string> builtTransports() {
 std::vector<std::string> rdmaNicNames() {
   std::unique_ptr<rdma::Provider> provider = rdma::makeIbverbsProvider();
   return provider ? provider->deviceNames() : std::vector<std::string>{};
+}
+
+std::vector<NicAffinity> rdmaNicAffinity() {
+  const std::vector<std::string> names = rdmaNicNames();
+  std::vector<rdma::Place> places;
+  for (const std::string& name : names) places.push_back(rdma::nicPlace(name));
+  std::vector<std::string> locations;
+  for (int node : rdma::numaNodes()) locations.push_back("cpu:" + std::to_string(node));
+#if MOONCAKE_WITH_CUDA
+  for (int gpu = 0; gpu < cuda::deviceCount(); ++gpu) locations.push_back("cuda:" + std::to_string(gpu));
+#endif
+  std::vector<NicAffinity> out;
+  for (const std::string& location : locations) {
+    NicAffinity entry{location, {}, {}};
+    std::vector<bool> near(names.size(), false);
+    for (size_t i : rdma::nearestNics(places, rdma::memoryPlace(location))) near[i] = true;
+    for (size_t i = 0; i < names.size(); ++i) (near[i] ? entry.preferred : entry.others).push_back(names[i]);
+    out.push_back(std::move(entry));
+  }
+  return out;
 }
 
 // ---- segment names ----

@@ -5,7 +5,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <dirent.h>
 
 #include <algorithm>
 #include <chrono>
@@ -43,24 +42,15 @@ void checkHint(const std::string& hint) {
 // The JSON the reference returns from get_local_topology: for each memory
 // location, [preferred devices, other devices]: the RDMA NICs of this host.
 std::string localTopologyJson() {
-  std::vector<int> nodes;
-  if (DIR* dir = ::opendir("/sys/devices/system/node")) {
-    while (dirent* e = ::readdir(dir)) {
-      if (std::strncmp(e->d_name, "node", 4) == 0 && e->d_name[4] >= '0' && e->d_name[4] <= '9') {
-        nodes.push_back(std::atoi(e->d_name + 4));
-      }
-    }
-    ::closedir(dir);
-  }
-  if (nodes.empty()) nodes.push_back(0);
-  std::sort(nodes.begin(), nodes.end());
-  // Every NIC is listed as preferred for every node: which NIC is nearest
-  // to which memory is not worked out yet.
-  std::string nics;
-  for (const std::string& name : te::rdmaNicNames()) nics += (nics.empty() ? "\"" : ", \"") + name + "\"";
+  auto names = [](const std::vector<std::string>& list) {
+    std::string out;
+    for (const std::string& name : list) out += (out.empty() ? "\"" : ", \"") + name + "\"";
+    return out;
+  };
   std::string json = "{";
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    json += (i ? ", " : "") + std::string("\"cpu:") + std::to_string(nodes[i]) + "\": [[" + nics + "], []]";
+  for (const te::NicAffinity& entry : te::rdmaNicAffinity()) {
+    json += (json.size() > 1 ? ", \"" : "\"") + entry.location + "\": [[" + names(entry.preferred) + "], [" +
+            names(entry.others) + "]]";
   }
   return json + "}";
 }

@@ -136,6 +136,17 @@ std::vector<std::string> builtTransports();
 // devices are not NICs and are not listed.
 std::vector<std::string> rdmaNicNames();
 
+// For each memory location of this host ("cpu:N" for each NUMA node, then
+// "cuda:K" for each GPU), the RDMA NICs nearest it and the others: what
+// get_local_topology reports, and how the rdma transport spreads a buffer's
+// transfers (transport/rdma/nic_affinity.h).
+struct NicAffinity {
+  std::string location;
+  std::vector<std::string> preferred;
+  std::vector<std::string> others;
+};
+std::vector<NicAffinity> rdmaNicAffinity();
+
 // Splits "host:port" / "[v6]:port" into parts. False when malformed.
 bool parseSegmentName(const std::string& name, std::string& host, uint16_t& port);
 // Formats the inverse, bracketing IPv6 hosts.

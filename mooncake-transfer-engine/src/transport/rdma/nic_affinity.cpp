@@ -1,6 +1,10 @@
 #include "transport/rdma/nic_affinity.h"
 
+#include <dirent.h>
+
+#include <algorithm>
 #include <climits>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 
@@ -65,6 +69,21 @@ std::vector<size_t> nearestNics(const std::vector<Place>& nics, const Place& mem
   }
   for (size_t i = 0; i < nics.size(); ++i) chosen.push_back(i);
   return chosen;
+}
+
+std::vector<int> numaNodes() {
+  std::vector<int> nodes;
+  if (DIR* dir = ::opendir("/sys/devices/system/node")) {
+    while (dirent* e = ::readdir(dir)) {
+      if (std::strncmp(e->d_name, "node", 4) == 0 && e->d_name[4] >= '0' && e->d_name[4] <= '9') {
+        nodes.push_back(std::atoi(e->d_name + 4));
+      }
+    }
+    ::closedir(dir);
+  }
+  if (nodes.empty()) nodes.push_back(0);
+  std::sort(nodes.begin(), nodes.end());
+  return nodes;
 }
 
 Place nicPlace(const std::string& device) { return placeOfSysfs("/sys/class/infiniband/" + device + "/device"); }

@@ -23,6 +23,9 @@ std::vector<size_t> nearestNics(const std::vector<Place>& nics, const Place& mem
 
 // Where a NIC is: /sys/class/infiniband/<device>/device.
 Place nicPlace(const std::string& device);
+// This host's NUMA nodes, in order; {0} where sysfs does not say.
+std::vector<int> numaNodes();
+
 // Where memory at `location` is ("cpu:N": NUMA node N; "cuda:K": GPU K's
 // PCIe function and its node). Unknown parts stay unknown.
 Place memoryPlace(const std::string& location);
