@@ -2,7 +2,9 @@
 // connection on a NIC does, over TCP. Data lands where it should; keys,
 // ranges, queue-pair states and the send queue's depth are enforced; errors
 // complete the failing WR and flush the rest, in post order; a peer that is
-// gone or hung runs out the retries; the completion queue overruns.
+// gone or hung runs out the retries; the completion queue overruns. GPU
+// memory (CUDA builds, where a GPU is) is reached as GPUDirect RDMA would,
+// host and GPU registrations mixed on one queue pair.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -13,8 +15,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
+
+#if MOONCAKE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "mooncake/te/status.h"
 #include "test_pattern.h"
@@ -1112,6 +1119,464 @@ TEST(SoftVerbs, PeerProcessStoppedIsRetryExceededAfterTheWindow) {
   EXPECT_EQ(done[0].vendor_error, soft::kAckTimeout);
   EXPECT_GE(elapsed, std::chrono::microseconds(67108));
   EXPECT_LT(elapsed, 3s);
+}
+
+// ---- GPU memory -------------------------------------------------------------
+// registerDeviceMemory(): the responder and the requester reach GPU memory
+// through CUDA copies, as a NIC reaches it directly with GPUDirect RDMA. The
+// tests that need a GPU skip, and say why, where none is (or in a build
+// without CUDA).
+
+TEST(SoftVerbs, DeviceMemoryNeedsACudaBuildAndGpuMemory) {
+  auto device = openDevice();
+  std::vector<char> host(4096);
+  MemoryKeys keys;
+#if MOONCAKE_WITH_CUDA
+  // Host memory is no device's GPU memory (with a GPU or without one).
+  EXPECT_EQ(device->registerDeviceMemory(host.data(), host.size(), 0, keys), kInvalidArgument);
+  EXPECT_EQ(device->registerDeviceMemory(host.data(), host.size(), -1, keys), kInvalidArgument);
+  EXPECT_EQ(device->registerDeviceMemory(nullptr, 4096, 0, keys), kInvalidArgument);
+#else
+  EXPECT_EQ(device->registerDeviceMemory(host.data(), host.size(), 0, keys), kNotImplemented);
+#endif
+  // Nothing was registered: the base is free for a host registration.
+  EXPECT_EQ(device->registerMemory(host.data(), host.size(), keys), kOk);
+  EXPECT_EQ(device->deregisterMemory(host.data()), kOk);
+}
+
+// Whether this process sees a CUDA GPU; if not, `why`.
+bool gpuPresent(std::string& why) {
+#if MOONCAKE_WITH_CUDA
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaSuccess && count > 0) return true;
+  why = err != cudaSuccess ? std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err)
+                           : std::string("cudaGetDeviceCount found none");
+#else
+  why = "built without CUDA (MOONCAKE_WITH_CUDA=0)";
+#endif
+  return false;
+}
+
+#define REQUIRE_GPU()                                                           \
+  do {                                                                          \
+    std::string why_no_gpu;                                                     \
+    if (!gpuPresent(why_no_gpu)) GTEST_SKIP() << "no CUDA GPU: " << why_no_gpu; \
+  } while (0)
+
+// The CUDA runtime calls of the tests, which reach them only where a GPU is.
+#if MOONCAKE_WITH_CUDA
+int gpuCount() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
+void* gpuAlloc(size_t n) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, n), cudaSuccess) << n << " bytes";
+  return p;
+}
+void gpuFree(void* p) { EXPECT_EQ(cudaFree(p), cudaSuccess); }
+void gpuUpload(void* gpu, const void* host, size_t n) {
+  EXPECT_EQ(cudaMemcpy(gpu, host, n, cudaMemcpyHostToDevice), cudaSuccess);
+}
+void gpuDownload(void* host, const void* gpu, size_t n) {
+  EXPECT_EQ(cudaMemcpy(host, gpu, n, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+#else
+int gpuCount() { return 0; }
+void* gpuAlloc(size_t) {
+  ADD_FAILURE() << "no CUDA in this build";
+  return nullptr;
+}
+void gpuFree(void*) {}
+void gpuUpload(void*, const void*, size_t) { ADD_FAILURE() << "no CUDA in this build"; }
+void gpuDownload(void*, const void*, size_t) { ADD_FAILURE() << "no CUDA in this build"; }
+#endif
+
+// Host memory, or GPU memory of CUDA device 0 starting kGpuOffset bytes
+// into a cudaMalloc allocation (an odd address, as a sub-allocation's may
+// be), registered on one device, with `expected`: what it should hold.
+class Memory {
+ public:
+  enum Kind { kHost, kGpu };
+  static constexpr size_t kGpuOffset = 7;
+
+  Memory(Device& device, Kind kind, size_t n, uint64_t seed = 0) : device_(device), kind_(kind) {
+    expected.resize(n);
+    if (seed != 0) te::testing::fillPattern(expected.data(), n, seed);
+    if (kind == kHost) {
+      host_ = expected;
+      data = host_.data();
+      EXPECT_EQ(device.registerMemory(data, n, keys), kOk);
+    } else {
+      allocation_ = gpuAlloc(kGpuOffset + n + 64);
+      if (allocation_ == nullptr) return;
+      data = static_cast<char*>(allocation_) + kGpuOffset;
+      gpuUpload(data, expected.data(), n);
+      EXPECT_EQ(device.registerDeviceMemory(data, n, 0, keys), kOk);
+    }
+    registered_ = true;
+  }
+  ~Memory() {
+    if (registered_) device_.deregisterMemory(data);
+    if (allocation_ != nullptr) gpuFree(allocation_);
+  }
+  Memory(const Memory&) = delete;
+  Memory& operator=(const Memory&) = delete;
+
+  int deregister() {
+    registered_ = false;
+    return device_.deregisterMemory(data);
+  }
+  uint64_t remote(size_t offset = 0) const { return reinterpret_cast<uint64_t>(data + offset); }
+  size_t size() const { return expected.size(); }
+  // What it holds now.
+  std::vector<char> contents() const {
+    if (kind_ == kHost) return host_;
+    std::vector<char> out(size());
+    gpuDownload(out.data(), data, size());
+    return out;
+  }
+  // Sets every byte, of the memory and of `expected`, to `value`.
+  void fill(char value) {
+    std::fill(expected.begin(), expected.end(), value);
+    if (kind_ == kHost) {
+      std::fill(host_.begin(), host_.end(), value);
+    } else {
+      gpuUpload(data, expected.data(), size());
+    }
+  }
+
+  char* data = nullptr;  // host or GPU address
+  MemoryKeys keys;
+  std::vector<char> expected;
+
+ private:
+  Device& device_;
+  const Kind kind_;
+  std::vector<char> host_;
+  void* allocation_ = nullptr;
+  bool registered_ = false;
+};
+
+// Fails with where `memory` first differs from what it should hold.
+void expectHolds(const Memory& memory, const char* name) {
+  const std::vector<char> got = memory.contents();
+  const auto at = std::mismatch(got.begin(), got.end(), memory.expected.begin()).first;
+  EXPECT_TRUE(at == got.end()) << name << " differs first at byte " << (at - got.begin()) << " of " << got.size();
+}
+
+// One WRITE from `local` into `remote`, or READ from `remote` into `local`.
+struct Transfer {
+  bool is_read = false;
+  Memory* local = nullptr;
+  size_t local_offset = 0;
+  Memory* remote = nullptr;
+  size_t remote_offset = 0;
+  uint32_t length = 0;
+
+  WorkRequest request(uint64_t wr_id, bool signaled) const {
+    WorkRequest wr;
+    wr.wr_id = wr_id;
+    wr.read = is_read;
+    wr.signaled = signaled;
+    wr.local = local->data + local_offset;
+    wr.length = length;
+    wr.lkey = local->keys.lkey;
+    wr.remote = remote->remote(remote_offset);
+    wr.rkey = remote->keys.rkey;
+    return wr;
+  }
+  static Transfer write(Memory& local, size_t local_offset, Memory& remote, size_t remote_offset, uint32_t length) {
+    return Transfer{false, &local, local_offset, &remote, remote_offset, length};
+  }
+  static Transfer read(Memory& local, size_t local_offset, Memory& remote, size_t remote_offset, uint32_t length) {
+    return Transfer{true, &local, local_offset, &remote, remote_offset, length};
+  }
+
+  // What it does to the memories' `expected`, when it succeeds.
+  void apply() const {
+    const char* from = is_read ? remote->expected.data() + remote_offset : local->expected.data() + local_offset;
+    char* to = is_read ? local->expected.data() + local_offset : remote->expected.data() + remote_offset;
+    std::memmove(to, from, length);
+  }
+};
+
+// Posts `transfers` as one chain, each signaled, and expects each to
+// succeed, in order.
+void runAll(Device& device, QueuePair& qp, const std::vector<Transfer>& transfers) {
+  std::vector<WorkRequest> chain;
+  for (size_t i = 0; i < transfers.size(); ++i) chain.push_back(transfers[i].request(i + 1, true));
+  size_t posted = 0;
+  ASSERT_EQ(qp.post(chain.data(), chain.size(), posted), kOk);
+  ASSERT_EQ(posted, chain.size());
+  auto done = waitCompletions(device, chain.size());
+  ASSERT_EQ(done.size(), chain.size());
+  for (size_t i = 0; i < done.size(); ++i) {
+    expectCompletion(done[i], i + 1, Completion::kSuccess, qp.number());
+    transfers[i].apply();
+  }
+}
+
+// Makes every copy into or out of GPU memory fail while in scope.
+struct DeviceCopyFailureGuard {
+  DeviceCopyFailureGuard() { soft::setDeviceCopiesFailing(true); }
+  ~DeviceCopyFailureGuard() { soft::setDeviceCopiesFailing(false); }
+};
+
+TEST(SoftVerbsGpu, RegistrationKeysBaseAddressesAndDeregistration) {
+  REQUIRE_GPU();
+  auto device = openDevice();
+  constexpr size_t kSize = 1 << 20;
+  Memory host(*device, Memory::kHost, kSize), gpu(*device, Memory::kGpu, kSize);
+  ASSERT_NE(gpu.data, nullptr);
+  EXPECT_NE(gpu.keys.lkey, 0u);
+  EXPECT_NE(gpu.keys.rkey, 0u);
+  EXPECT_NE(gpu.keys.lkey, gpu.keys.rkey);
+  for (uint32_t key : {host.keys.lkey, host.keys.rkey}) {
+    EXPECT_NE(gpu.keys.lkey, key);
+    EXPECT_NE(gpu.keys.rkey, key);
+  }
+  // One registration per base address, whichever kind.
+  MemoryKeys ignored;
+  EXPECT_EQ(device->registerDeviceMemory(gpu.data, 100, 0, ignored), kInvalidArgument);
+  EXPECT_EQ(device->registerMemory(gpu.data, 100, ignored), kInvalidArgument);
+  EXPECT_EQ(device->registerDeviceMemory(gpu.data + 8, 0, 0, ignored), kInvalidArgument);
+  // GPU memory of device 0 is not that of another ordinal (one that does
+  // not exist, where there is a single GPU).
+  EXPECT_EQ(device->registerDeviceMemory(gpu.data + 8, 64, gpuCount(), ignored), kInvalidArgument);
+  EXPECT_EQ(device->registerDeviceMemory(gpu.data + 8, 64, -1, ignored), kInvalidArgument);
+  // Inside another registration at another base: allowed, as with ibv_reg_mr.
+  MemoryKeys inner;
+  EXPECT_EQ(device->registerDeviceMemory(gpu.data + 64, 128, 0, inner), kOk);
+  EXPECT_EQ(device->deregisterMemory(gpu.data + 64), kOk);
+
+  EXPECT_EQ(gpu.deregister(), kOk);
+  EXPECT_EQ(device->deregisterMemory(gpu.data), kInvalidArgument);  // once
+  MemoryKeys again;
+  EXPECT_EQ(device->registerDeviceMemory(gpu.data, kSize, 0, again), kOk);  // registrable again
+  EXPECT_EQ(device->deregisterMemory(gpu.data), kOk);
+}
+
+TEST(SoftVerbsGpu, WritesAndReadsBetweenHostAndGpuMemoryMixedOnOneQueuePair) {
+  REQUIRE_GPU();
+  auto a = openDevice(), b = openDevice();
+  constexpr size_t kHalf = 4 << 20;
+  // a: the sources and the READ targets; b: the WRITE targets, each in two
+  // halves (host and GPU sources), and the READ sources.
+  Memory host_source(*a, Memory::kHost, kHalf, 201), gpu_source(*a, Memory::kGpu, kHalf, 202);
+  Memory host_back(*a, Memory::kHost, 2 * kHalf, 203), gpu_back(*a, Memory::kGpu, 2 * kHalf, 204);
+  Memory host_target(*b, Memory::kHost, 2 * kHalf, 205), gpu_target(*b, Memory::kGpu, 2 * kHalf, 206);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  Pair pair = connectedPair(*a, *b);
+  ASSERT_TRUE(pair.requester && pair.responder);
+
+  // 1 B, 4097 B (a page and a byte) and 3 MiB + 5 (a dozen staging chunks
+  // and a piece), at odd offsets 13 bytes apart; the remote side 5 bytes
+  // further on.
+  std::vector<Transfer> chain;
+  size_t offset = 0;
+  for (uint32_t length : {1u, 4097u, (3u << 20) + 5}) {
+    offset += 13;
+    const size_t o = offset, r = offset + 5;
+    chain.push_back(Transfer::write(host_source, o, gpu_target, r, length));           // host -> GPU
+    chain.push_back(Transfer::write(gpu_source, o, gpu_target, kHalf + r, length));    // GPU -> GPU
+    chain.push_back(Transfer::write(gpu_source, o, host_target, r, length));           // GPU -> host
+    chain.push_back(Transfer::write(host_source, o, host_target, kHalf + r, length));  // host -> host
+    offset += length;
+  }
+  // READ each back, behind the WRITEs on the same QP: what they read is
+  // what the WRITEs left.
+  const size_t writes = chain.size();
+  for (size_t i = 0; i < writes; ++i) {
+    const Transfer& w = chain[i];
+    // Into GPU memory what came from the host and the other way round.
+    const bool into_gpu = w.local == &host_source;
+    Memory& back = into_gpu ? gpu_back : host_back;
+    const size_t back_offset = w.local_offset + (w.remote == &host_target ? kHalf : 0);
+    chain.push_back(Transfer::read(back, back_offset, *w.remote, w.remote_offset, w.length));
+  }
+  ASSERT_NO_FATAL_FAILURE(runAll(*a, *pair.requester, chain));
+  expectHolds(gpu_target, "gpu_target");
+  expectHolds(host_target, "host_target");
+  expectHolds(gpu_back, "gpu_back");
+  expectHolds(host_back, "host_back");
+  expectHolds(gpu_source, "gpu_source");  // the sources as they were
+  expectHolds(host_source, "host_source");
+  EXPECT_TRUE(noCompletionWithin(*b, 20ms));
+}
+
+TEST(SoftVerbsGpu, WrongKeysAndRangesOfGpuMemoryAreRefused) {
+  REQUIRE_GPU();
+  auto a = openDevice(), b = openDevice();
+  constexpr uint32_t kSize = 65536;
+  Memory source(*a, Memory::kHost, kSize, 211), gpu_local(*a, Memory::kGpu, kSize, 212);
+  Memory target(*b, Memory::kGpu, kSize, 213);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  {
+    Pair pair = connectedPair(*a, *b);
+    const uint32_t qp = pair.requester->number();
+    const Transfer good = Transfer::write(source, 0, target, 0, 4096);
+    WorkRequest wrong = Transfer::write(source, 0, target, 4096, 4096).request(2, false);
+    wrong.rkey ^= 0x5a5a5a5a;
+    const WorkRequest chain[] = {good.request(1, true), wrong,
+                                 Transfer::write(source, 0, target, 8192, 4096).request(3, true)};
+    size_t posted = 0;
+    ASSERT_EQ(pair.requester->post(chain, 3, posted), kOk);
+    auto done = waitCompletions(*a, 3);
+    ASSERT_EQ(done.size(), 3u);
+    expectCompletion(done[0], 1, Completion::kSuccess, qp);
+    expectCompletion(done[1], 2, Completion::kRemoteAccess, qp);
+    EXPECT_EQ(done[1].vendor_error, soft::kUnknownRkey);
+    expectCompletion(done[2], 3, Completion::kFlushed, qp);
+    good.apply();
+    expectHolds(target, "target");  // the first landed, nothing after it
+  }
+  {
+    // A READ running one byte past the end of the GPU registration.
+    Pair pair = connectedPair(*a, *b);
+    ASSERT_EQ(postOne(*pair.requester, Transfer::read(source, 0, target, kSize - 100, 101).request(4, false)), kOk);
+    auto done = waitCompletions(*a, 1);
+    ASSERT_EQ(done.size(), 1u);
+    expectCompletion(done[0], 4, Completion::kRemoteAccess, pair.requester->number());
+    EXPECT_EQ(done[0].vendor_error, soft::kRemoteOutOfRange);
+    expectHolds(source, "source");
+  }
+  {
+    // A local GPU range under a key that is not its lkey.
+    Pair pair = connectedPair(*a, *b);
+    WorkRequest wr = Transfer::write(gpu_local, 0, target, 0, 4096).request(5, false);
+    wr.lkey = gpu_local.keys.rkey;
+    ASSERT_EQ(postOne(*pair.requester, wr), kOk);
+    auto done = waitCompletions(*a, 1);
+    ASSERT_EQ(done.size(), 1u);
+    expectCompletion(done[0], 5, Completion::kLocalProtection, pair.requester->number());
+    EXPECT_EQ(done[0].vendor_error, soft::kBadLkey);
+    expectHolds(target, "target");
+  }
+}
+
+TEST(SoftVerbsGpu, DeregisteredGpuMemoryIsNoLongerServedOrTouched) {
+  REQUIRE_GPU();
+  auto a = openDevice(), b = openDevice();
+  constexpr uint32_t kPiece = 64 * 1024;
+  constexpr size_t kPieces = 64;
+  Memory source(*a, Memory::kHost, kPiece * kPieces, 221), target(*b, Memory::kGpu, kPiece * kPieces);
+  Memory gpu_back(*a, Memory::kGpu, kPiece, 222);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  {
+    Pair pair = connectedPair(*a, *b);
+    ASSERT_NO_FATAL_FAILURE(runAll(*a, *pair.requester, {Transfer::write(source, 0, target, 0, kPiece)}));
+    expectHolds(target, "target");
+    // Deregistered locally: a READ into it fails at the requester.
+    ASSERT_EQ(gpu_back.deregister(), kOk);
+    ASSERT_EQ(postOne(*pair.requester, Transfer::read(gpu_back, 0, target, 0, 64).request(2, false)), kOk);
+    auto done = waitCompletions(*a, 1);
+    ASSERT_EQ(done.size(), 1u);
+    expectCompletion(done[0], 2, Completion::kLocalProtection, pair.requester->number());
+    expectHolds(gpu_back, "gpu_back");
+  }
+
+  // Deregistered remotely while WRITEs stream into it: refused from then on,
+  // and no byte of it touched once deregisterMemory() returned.
+  Pair pair = connectedPair(*a, *b, 64);
+  std::thread deregistering([&] {
+    std::this_thread::sleep_for(30ms);
+    EXPECT_EQ(target.deregister(), kOk);
+    target.fill(char(0xEE));
+  });
+  bool refused = false;
+  size_t next = 0, outstanding = 0;
+  const auto deadline = Clock::now() + 2s;
+  WorkCompletion batch[16];
+  while (!refused && Clock::now() < deadline) {
+    if (outstanding < 4) {
+      const size_t piece = next % kPieces;
+      const Transfer w = Transfer::write(source, piece * kPiece, target, piece * kPiece, kPiece);
+      if (postOne(*pair.requester, w.request(100 + next, true)) == kOk) {
+        ++outstanding;
+        ++next;
+      }
+      continue;
+    }
+    const int n = a->pollCompletions(batch, 16, 100ms);
+    ASSERT_GE(n, 0);
+    for (int i = 0; i < n; ++i) {
+      --outstanding;
+      if (batch[i].status == Completion::kSuccess) continue;
+      EXPECT_EQ(batch[i].status, refused ? Completion::kFlushed : Completion::kRemoteAccess);
+      refused = true;
+    }
+  }
+  deregistering.join();
+  EXPECT_TRUE(refused);
+  std::this_thread::sleep_for(50ms);
+  expectHolds(target, "target");  // all 0xEE
+}
+
+TEST(SoftVerbsGpu, FailedCudaCopiesFailTheirRequests) {
+  REQUIRE_GPU();
+  auto a = openDevice(), b = openDevice();
+  constexpr uint32_t kSize = 65536;
+  Memory host_source(*a, Memory::kHost, kSize, 231), gpu_source(*a, Memory::kGpu, kSize, 232);
+  Memory host_back(*a, Memory::kHost, kSize), gpu_back(*a, Memory::kGpu, kSize);
+  Memory host_target(*b, Memory::kHost, kSize, 233), gpu_target(*b, Memory::kGpu, kSize, 234);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  {
+    DeviceCopyFailureGuard failing;
+    // At the responder: a WRITE landing in GPU memory, a READ out of it.
+    // Host memory before it on the same QP is unaffected; what follows is
+    // flushed; the responder's QP is in the error state too.
+    for (bool read : {false, true}) {
+      SCOPED_TRACE(read ? "READ" : "WRITE");
+      Pair pair = connectedPair(*a, *b);
+      const uint32_t qp = pair.requester->number();
+      const Transfer host_ok = Transfer::write(host_source, 0, host_target, 0, 4096);
+      const Transfer gpu_failing = read ? Transfer::read(host_back, 0, gpu_target, 0, 4096)
+                                        : Transfer::write(host_source, 0, gpu_target, 0, 4096);
+      const WorkRequest chain[] = {host_ok.request(1, true), gpu_failing.request(2, false), host_ok.request(3, true)};
+      size_t posted = 0;
+      ASSERT_EQ(pair.requester->post(chain, 3, posted), kOk);
+      auto done = waitCompletions(*a, 3);
+      ASSERT_EQ(done.size(), 3u);
+      expectCompletion(done[0], 1, Completion::kSuccess, qp);
+      expectCompletion(done[1], 2, Completion::kRemoteOperation, qp);
+      EXPECT_EQ(done[1].vendor_error, soft::kRemoteCopyFailed);
+      expectCompletion(done[2], 3, Completion::kFlushed, qp);
+      host_ok.apply();
+      expectHolds(host_target, "host_target");
+      if (read) expectHolds(host_back, "host_back");  // nothing came back
+      ASSERT_EQ(postOne(*pair.responder, Transfer::write(host_target, 0, host_back, 0, 64).request(4, true)), kOk);
+      done = waitCompletions(*b, 1);
+      ASSERT_EQ(done.size(), 1u);
+      expectCompletion(done[0], 4, Completion::kFlushed, pair.responder->number());
+    }
+    // At the requester: a WRITE out of GPU memory, a READ into it.
+    for (bool read : {false, true}) {
+      SCOPED_TRACE(read ? "READ" : "WRITE");
+      Pair pair = connectedPair(*a, *b);
+      const Transfer gpu_failing = read ? Transfer::read(gpu_back, 0, host_target, 0, 4096)
+                                        : Transfer::write(gpu_source, 0, host_target, 8192, 4096);
+      ASSERT_EQ(postOne(*pair.requester, gpu_failing.request(5, false)), kOk);
+      auto done = waitCompletions(*a, 1);
+      ASSERT_EQ(done.size(), 1u);
+      expectCompletion(done[0], 5, Completion::kLocalProtection, pair.requester->number());
+      EXPECT_EQ(done[0].vendor_error, soft::kLocalCopyFailed);
+    }
+  }
+  // The copies work again: every direction once more, on a fresh pair.
+  gpu_back.fill(0);
+  host_target.expected = host_target.contents();  // what the failed WRITE left is undefined
+  Pair pair = connectedPair(*a, *b);
+  const std::vector<Transfer> again = {
+      Transfer::write(host_source, 0, gpu_target, 0, 4096),
+      Transfer::write(gpu_source, 0, host_target, 0, 4096),
+      Transfer::read(gpu_back, 0, gpu_target, 0, 4096),
+  };
+  ASSERT_NO_FATAL_FAILURE(runAll(*a, *pair.requester, again));
+  expectHolds(gpu_target, "gpu_target");
+  expectHolds(host_target, "host_target");
+  expectHolds(gpu_back, "gpu_back");
 }
 
 }  // namespace

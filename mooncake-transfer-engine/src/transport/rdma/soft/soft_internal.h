@@ -84,28 +84,35 @@ constexpr uint32_t kQpsPerDevice = 256;  // the low 8 bits of qp_num
 
 enum class KeyKind { kLocal, kRemote };
 
-// The registrations of one device. A copy into or out of a registration runs
-// under a pin, and deregistration waits for the pins to go: once remove()
-// returns nothing touches the range again.
+// The cuda_device of a host-memory registration.
+constexpr int kHostMemory = -1;
+
+// The registrations of one device, host memory or GPU memory of a CUDA
+// device. Every byte moves into or out of a registration through copyIn() or
+// copyOut(): a memcpy for host memory, a synchronous CUDA copy
+// (cuda/host_staging.h) for GPU memory. A copy runs under a pin, and
+// deregistration waits for the pins to go: once remove() returns nothing
+// touches the range again.
 class RegionTable {
  public:
-  int add(void* addr, size_t length, MemoryKeys& keys);
+  // `cuda_device`: kHostMemory, or the CUDA device whose memory [addr, addr +
+  // length) is (the caller has checked that it is).
+  int add(void* addr, size_t length, MemoryKeys& keys, int cuda_device = kHostMemory);
   int remove(void* addr);
 
   enum class Check { kOk, kUnknownKey, kOutOfRange };
   // Whether [addr, addr + length) lies inside a live registration with `key`.
   Check covers(KeyKind kind, uint32_t key, uint64_t addr, uint64_t length) const;
 
-  // Runs copy(pointer) with the registration pinned when it covers the range;
-  // false (and no call) when it does not.
-  template <typename Copy>
-  bool withPinned(KeyKind kind, uint32_t key, uint64_t addr, uint64_t length, Copy&& copy) {
-    std::shared_ptr<Region> region = pin(kind, key, addr, length);
-    if (!region) return false;
-    copy(reinterpret_cast<char*>(static_cast<uintptr_t>(addr)));
-    unpin(*region);
-    return true;
-  }
+  enum class Copy {
+    kOk,
+    kNotCovered,  // no live registration with `key` covers the range: nothing copied
+    kFailed,      // the CUDA copy failed (logged): its destination holds undefined bytes
+  };
+  // n bytes of host memory at `from` into [addr, addr + n) of the
+  // registration with `key`, and out of it into host memory at `to`.
+  Copy copyIn(KeyKind kind, uint32_t key, uint64_t addr, const void* from, size_t n);
+  Copy copyOut(KeyKind kind, uint32_t key, uint64_t addr, void* to, size_t n);
 
  private:
   struct Region {
@@ -113,6 +120,7 @@ class RegionTable {
     size_t length = 0;
     uint32_t lkey = 0;
     uint32_t rkey = 0;
+    int cuda_device = kHostMemory;
     int pins = 0;  // guarded by mutex_
   };
   std::shared_ptr<Region> find(KeyKind kind, uint32_t key) const;  // under mutex_
@@ -195,7 +203,9 @@ class QpCore {
     // Fails when it becomes the oldest, without going out (and stops the
     // sender there): its local range was not covered by its lkey.
     bool prefailed = false;
-    bool local_error = false;  // a local copy failed mid-way: completes with kLocalProtection
+    // Why a local copy failed mid-way (a VendorError; kNoVendorError: none
+    // did): completes with kLocalProtection.
+    uint32_t local_error = 0;
     net::Clock::time_point sent_at{};
   };
 
@@ -209,6 +219,9 @@ class QpCore {
   void failLocked(Completion status, uint32_t reason);
   void failUnlessStopped(Completion status, uint32_t reason);
   Slot* slotLocked(uint64_t seq);
+  // A local copy of WR `seq` did not happen (`outcome`): it completes with
+  // kLocalProtection once answered.
+  void localCopyFailedLocked(uint64_t seq, RegionTable::Copy outcome);
   net::Deadline answerDeadlineLocked(const Slot& oldest) const;
   net::Deadline progressDeadline() const;
   int openConnection(net::Socket& out);

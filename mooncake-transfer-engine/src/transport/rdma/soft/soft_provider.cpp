@@ -15,15 +15,21 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cuda/host_staging.h"
 #include "mooncake/te/log.h"
 #include "mooncake/te/status.h"
 #include "transport/rdma/soft/soft_internal.h"
+
+#if MOONCAKE_WITH_CUDA
+#include "cuda/cuda_driver.h"
+#endif
 
 namespace mooncake::te::rdma {
 namespace soft {
 namespace {
 
 std::atomic<bool> g_responders_stalled{false};
+std::atomic<bool> g_device_copies_failing{false};
 
 constexpr const char* kDeviceCountEnv = "MC_SOFTVERBS_DEVICES";
 constexpr const char* kDevicePrefix = "soft";
@@ -87,6 +93,8 @@ std::vector<GidEntry> hostGids() {
 
 void setResponderStalled(bool stalled) { g_responders_stalled.store(stalled, std::memory_order_release); }
 bool responderStalled() { return g_responders_stalled.load(std::memory_order_acquire); }
+void setDeviceCopiesFailing(bool failing) { g_device_copies_failing.store(failing, std::memory_order_release); }
+bool deviceCopiesFailing() { return g_device_copies_failing.load(std::memory_order_acquire); }
 
 bool ipv4OfGid(const Gid& gid, std::string& out) {
   for (int i = 0; i < 10; ++i) {
@@ -111,7 +119,7 @@ uint32_t RegionTable::freshKey() {
   }
 }
 
-int RegionTable::add(void* addr, size_t length, MemoryKeys& keys) {
+int RegionTable::add(void* addr, size_t length, MemoryKeys& keys, int cuda_device) {
   auto base = reinterpret_cast<uintptr_t>(addr);
   if (addr == nullptr || length == 0 || base + length < base) return kInvalidArgument;
   std::lock_guard lock(mutex_);
@@ -119,6 +127,7 @@ int RegionTable::add(void* addr, size_t length, MemoryKeys& keys) {
   auto region = std::make_shared<Region>();
   region->base = base;
   region->length = length;
+  region->cuda_device = cuda_device;
   region->lkey = freshKey();
   by_lkey_[region->lkey] = region;
   region->rkey = freshKey();
@@ -172,6 +181,34 @@ std::shared_ptr<RegionTable::Region> RegionTable::pin(KeyKind kind, uint32_t key
 void RegionTable::unpin(Region& region) {
   std::lock_guard lock(mutex_);
   if (--region.pins == 0) unpinned_.notify_all();
+}
+
+RegionTable::Copy RegionTable::copyIn(KeyKind kind, uint32_t key, uint64_t addr, const void* from, size_t n) {
+  std::shared_ptr<Region> region = pin(kind, key, addr, n);
+  if (!region) return Copy::kNotCovered;
+  auto* to = reinterpret_cast<void*>(static_cast<uintptr_t>(addr));
+  bool ok = true;
+  if (region->cuda_device == kHostMemory) {
+    std::memcpy(to, from, n);
+  } else {
+    ok = !deviceCopiesFailing() && cuda::copyToDevice(to, from, n, region->cuda_device) == kOk;
+  }
+  unpin(*region);
+  return ok ? Copy::kOk : Copy::kFailed;
+}
+
+RegionTable::Copy RegionTable::copyOut(KeyKind kind, uint32_t key, uint64_t addr, void* to, size_t n) {
+  std::shared_ptr<Region> region = pin(kind, key, addr, n);
+  if (!region) return Copy::kNotCovered;
+  const auto* from = reinterpret_cast<const void*>(static_cast<uintptr_t>(addr));
+  bool ok = true;
+  if (region->cuda_device == kHostMemory) {
+    std::memcpy(to, from, n);
+  } else {
+    ok = !deviceCopiesFailing() && cuda::copyToHost(to, from, n, region->cuda_device) == kOk;
+  }
+  unpin(*region);
+  return ok ? Copy::kOk : Copy::kFailed;
 }
 
 // ---- CompletionQueue --------------------------------------------------------
@@ -428,6 +465,18 @@ class SoftDevice final : public Device {
   int registerMemory(void* addr, size_t length, MemoryKeys& keys) override {
     return core_->regions().add(addr, length, keys);
   }
+#if MOONCAKE_WITH_CUDA
+  int registerDeviceMemory(void* addr, size_t length, int cuda_device, MemoryKeys& keys) override {
+    // Refused where the range is not GPU memory of that device, as far as
+    // its first and last byte tell: a NIC could not map it as such.
+    if (addr == nullptr || length == 0 || cuda_device < 0) return kInvalidArgument;
+    const auto last = reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(addr) + (length - 1));
+    if (cuda::deviceOfPointer(addr) != cuda_device || cuda::deviceOfPointer(last) != cuda_device) {
+      return kInvalidArgument;
+    }
+    return core_->regions().add(addr, length, keys, cuda_device);
+  }
+#endif
   int deregisterMemory(void* addr) override { return core_->regions().remove(addr); }
   int createQueuePair(uint32_t max_send_wr, uint32_t max_inline, std::unique_ptr<QueuePair>& out) override {
     std::shared_ptr<soft::QpCore> qp;

@@ -29,6 +29,19 @@
 //   (the peer process died, its Device or QP was destroyed) or no answer for
 //   4.096 us * 2^timeout * (retry_count + 1) (at least 10 ms; timeout 0:
 //   forever, as on InfiniBand).
+// - GPU memory (registerDeviceMemory(), CUDA builds only; elsewhere
+//   kNotImplemented): [addr, addr + length) must be memory of CUDA device
+//   `cuda_device` (its first and last byte are asked of the driver), else
+//   kInvalidArgument. Keys, base addresses and deregistration as for host
+//   memory. Where a NIC would reach GPU memory directly (GPUDirect RDMA),
+//   every copy into or out of such a registration, at the responder (a
+//   WRITE landing, a READ's answer) and at the requester (a WRITE's source,
+//   a READ's target), is a synchronous CUDA copy (cuda/host_staging.h) of
+//   at most one staging chunk, under the same pin as a host copy. A failed
+//   CUDA copy fails the WR: at the responder kRemoteOperation
+//   (kRemoteCopyFailed), and its QP enters the error state as after an
+//   access violation; at the requester kLocalProtection (kLocalCopyFailed).
+//   Inline WRITEs take host bytes only, as before.
 // - Completion queue overrun (more than cq_entries unpolled completions) makes
 //   every later pollCompletions() fail with kEndpointError.
 // Destroying a Device stops its listener, its responders and every queue pair
@@ -56,12 +69,14 @@ enum VendorError : uint32_t {
   kRemoteGidMismatch = 12,     // ... to another GID than the one this QP sends from
   kRemotePsnMismatch = 13,     // ... expecting another first PSN than this QP's
   kRemoteQpInError = 14,       // the responder's QP is in the error state
+  kRemoteCopyFailed = 15,      // a CUDA copy into or out of the responder's GPU memory failed
   // Requester: kRetryExceeded.
   kConnectFailed = 20,   // the responder's NIC refused or did not answer the connection
   kConnectionLost = 21,  // the connection ended before every answer came
   kAckTimeout = 22,      // the oldest outstanding WR got no answer within the retry window
   // Requester: kLocalProtection.
-  kBadLkey = 30,  // the local range is not inside a registration with this lkey
+  kBadLkey = 30,          // the local range is not inside a registration with this lkey
+  kLocalCopyFailed = 31,  // a CUDA copy out of or into the local GPU memory failed
   // kOther.
   kProtocolError = 40,  // the responder answered something this requester did not ask
 };
@@ -73,5 +88,11 @@ enum VendorError : uint32_t {
 // the responders go on with whatever their connections still hold.
 void setResponderStalled(bool stalled);
 bool responderStalled();
+
+// Test-only fault injection, process-global: while set, every copy into or
+// out of GPU memory registered on any soft Device of this process fails as a
+// failed CUDA copy does (no CUDA call is made). Host memory is unaffected.
+void setDeviceCopiesFailing(bool failing);
+bool deviceCopiesFailing();
 
 }  // namespace mooncake::te::rdma::soft

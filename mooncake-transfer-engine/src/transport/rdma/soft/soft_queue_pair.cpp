@@ -177,6 +177,12 @@ void QpCore::failFromResponder() {
   failLocked(Completion::kFlushed, kNoVendorError);
 }
 
+void QpCore::localCopyFailedLocked(uint64_t seq, RegionTable::Copy outcome) {
+  Slot* slot = slotLocked(seq);
+  if (slot == nullptr || slot->local_error != kNoVendorError) return;  // flushed, or the first reason stays
+  slot->local_error = outcome == RegionTable::Copy::kFailed ? kLocalCopyFailed : kBadLkey;
+}
+
 net::Deadline QpCore::answerDeadlineLocked(const Slot& oldest) const {
   if (!retry_window_bounded_) return net::never();
   // The timer runs from the later of the oldest request going out and the
@@ -284,19 +290,21 @@ bool QpCore::sendWrite(int fd, const Request& header, const Slot& copy, std::vec
                            net::never()) == kOk;
   }
   // Staged through `scratch` chunk by chunk with the local registration
-  // pinned, so that a deregistration waits for the copy and no byte is read
-  // once it returned; the send itself then holds nothing.
+  // pinned (GPU memory: a CUDA copy), so that a deregistration waits for the
+  // copy and no byte is read once it returned; the send itself then holds
+  // nothing.
   const auto local = reinterpret_cast<uintptr_t>(copy.wr.local);
   for (uint64_t offset = 0; offset < copy.wr.length;) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, copy.wr.length - offset));
-    bool copied = device_->regions().withPinned(KeyKind::kLocal, copy.wr.lkey, local + offset, n,
-                                                [&](const char* p) { std::memcpy(scratch.data(), p, n); });
-    if (!copied) {
-      // Deregistered mid-request: the rest goes out as zeros (the stream
-      // stays whole) and the request completes with kLocalProtection.
+    const RegionTable::Copy copied =
+        device_->regions().copyOut(KeyKind::kLocal, copy.wr.lkey, local + offset, scratch.data(), n);
+    if (copied != RegionTable::Copy::kOk) {
+      // Deregistered mid-request, or the CUDA copy failed: the chunk goes
+      // out as zeros (the stream stays whole) and the request completes
+      // with kLocalProtection.
       std::memset(scratch.data(), 0, n);
       std::lock_guard lock(mutex_);
-      if (Slot* slot = slotLocked(copy.seq)) slot->local_error = true;
+      localCopyFailedLocked(copy.seq, copied);
     }
     int rc = offset == 0 ? net::sendPieces(fd, {{&header, sizeof(header)}, {scratch.data(), n}}, net::never())
                          : net::sendAll(fd, scratch.data(), n, net::never());
@@ -370,11 +378,9 @@ bool QpCore::receiveAnswers(int fd, uint64_t seq, const WorkRequest& wr, std::ve
       // Flushed meanwhile (its buffer is the caller's again) or stopped.
       if (stopping_ || state_ != QpState::kReadyToSend) return false;
       const auto local = reinterpret_cast<uintptr_t>(wr.local) + received;
-      bool copied = device_->regions().withPinned(KeyKind::kLocal, wr.lkey, local, answer.length,
-                                                  [&](char* p) { std::memcpy(p, scratch.data(), answer.length); });
-      if (!copied) {
-        if (Slot* slot = slotLocked(seq)) slot->local_error = true;
-      }
+      const RegionTable::Copy copied =
+          device_->regions().copyIn(KeyKind::kLocal, wr.lkey, local, scratch.data(), answer.length);
+      if (copied != RegionTable::Copy::kOk) localCopyFailedLocked(seq, copied);
       received += answer.length;
     }
     if (answer.last != 0) break;
@@ -385,8 +391,8 @@ bool QpCore::receiveAnswers(int fd, uint64_t seq, const WorkRequest& wr, std::ve
   }
   std::lock_guard lock(mutex_);
   if (stopping_ || state_ != QpState::kReadyToSend || queue_.empty() || queue_.front().seq != seq) return false;
-  if (queue_.front().local_error) {
-    failLocked(Completion::kLocalProtection, kBadLkey);
+  if (queue_.front().local_error != kNoVendorError) {
+    failLocked(Completion::kLocalProtection, queue_.front().local_error);
     return false;
   }
   if (queue_.front().wr.signaled) {

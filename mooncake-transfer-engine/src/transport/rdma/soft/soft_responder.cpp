@@ -124,11 +124,20 @@ void DeviceCore::serve(Inbound& in) {
   target.reset();  // the QP's owner decides its lifetime, not this connection
 
   std::vector<char> scratch(kChunk);
-  // An access violation NAKs the request and moves this side's QP to the
-  // error state too, as an RC responder does.
-  auto refuseAccess = [&](uint64_t seq, uint32_t reason) {
+  // An access violation, or a copy into or out of GPU memory that failed,
+  // NAKs the request and moves this side's QP to the error state too, as an
+  // RC responder does.
+  auto fail = [&](uint64_t seq, Completion status, uint32_t reason) {
     if (std::shared_ptr<QpCore> qp = weak_target.lock()) qp->failFromResponder();
-    if (sendAnswer(fd, seq, Completion::kRemoteAccess, reason) == kOk) drain(in, scratch);
+    if (sendAnswer(fd, seq, status, reason) == kOk) drain(in, scratch);
+  };
+  // The NAK of a chunk's copy that did not happen.
+  auto failCopy = [&](uint64_t seq, RegionTable::Copy outcome) {
+    if (outcome == RegionTable::Copy::kFailed) {
+      fail(seq, Completion::kRemoteOperation, kRemoteCopyFailed);
+    } else {
+      fail(seq, Completion::kRemoteAccess, kRegionGone);
+    }
   };
   for (;;) {
     // The stall is checked once a request is there to read, so that one
@@ -158,7 +167,8 @@ void DeviceCore::serve(Inbound& in) {
     // registration goes meanwhile.
     const RegionTable::Check check = regions_.covers(KeyKind::kRemote, request.rkey, request.remote, request.length);
     if (check != RegionTable::Check::kOk) {
-      refuseAccess(request.seq, check == RegionTable::Check::kUnknownKey ? kUnknownRkey : kRemoteOutOfRange);
+      fail(request.seq, Completion::kRemoteAccess,
+           check == RegionTable::Check::kUnknownKey ? kUnknownRkey : kRemoteOutOfRange);
       return;
     }
     if (write) {
@@ -167,9 +177,10 @@ void DeviceCore::serve(Inbound& in) {
         // Received before the pin: a slow requester must not hold up a
         // deregistration.
         if (net::recvAll(fd, scratch.data(), n, net::never()) != kOk) return;
-        if (!regions_.withPinned(KeyKind::kRemote, request.rkey, request.remote + offset, n,
-                                 [&](char* p) { std::memcpy(p, scratch.data(), n); })) {
-          refuseAccess(request.seq, kRegionGone);
+        const RegionTable::Copy copied =
+            regions_.copyIn(KeyKind::kRemote, request.rkey, request.remote + offset, scratch.data(), n);
+        if (copied != RegionTable::Copy::kOk) {
+          failCopy(request.seq, copied);
           return;
         }
         offset += n;
@@ -179,9 +190,10 @@ void DeviceCore::serve(Inbound& in) {
     }
     for (uint64_t offset = 0; offset < request.length;) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, request.length - offset));
-      if (!regions_.withPinned(KeyKind::kRemote, request.rkey, request.remote + offset, n,
-                               [&](const char* p) { std::memcpy(scratch.data(), p, n); })) {
-        refuseAccess(request.seq, kRegionGone);
+      const RegionTable::Copy copied =
+          regions_.copyOut(KeyKind::kRemote, request.rkey, request.remote + offset, scratch.data(), n);
+      if (copied != RegionTable::Copy::kOk) {
+        failCopy(request.seq, copied);
         return;
       }
       Answer answer;
