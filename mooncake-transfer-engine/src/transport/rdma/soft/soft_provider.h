@@ -36,8 +36,9 @@
 //   memory. Where a NIC would reach GPU memory directly (GPUDirect RDMA),
 //   every copy into or out of such a registration, at the responder (a
 //   WRITE landing, a READ's answer) and at the requester (a WRITE's source,
-//   a READ's target), is a synchronous CUDA copy (cuda/host_staging.h) of
-//   at most one staging chunk, under the same pin as a host copy. A failed
+//   a READ's target), is a synchronous CUDA copy (cuda/host_staging.h),
+//   256 KiB at a time through the connection's host buffer, under the same
+//   pin as a host copy (deregisterMemory() waits for it). A failed
 //   CUDA copy fails the WR: at the responder kRemoteOperation
 //   (kRemoteCopyFailed), and its QP enters the error state as after an
 //   access violation; at the requester kLocalProtection (kLocalCopyFailed).
