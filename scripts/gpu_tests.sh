@@ -28,7 +28,7 @@ echo "GPUs: $GPUS"
 [ "$GPUS" -gt 1 ] && nvidia-smi topo -m || true
 PLACEMENTS=${GPU_PLACEMENTS:-$([ "$GPUS" -gt 1 ] && echo "1 all" || echo "1")}
 # Only the GPU suites of the C++ tests (the CPU ones run in CI).
-DEFAULT_CTEST='^(EpIpcGroup|EpReference|EpRegionLayout|CudaIpcGroup|CudaSchedule|CudaIpc)\.'
+DEFAULT_CTEST='^(EpIpcGroup|EpReference|EpRegionLayout|CudaIpcGroup|CudaSchedule|CudaIpc|SoftVerbsGpu)\.'
 CTEST_REGEX=${GPU_CTEST-$DEFAULT_CTEST}
 SELECTION=("$@")
 [ ${#SELECTION[@]} -gt 0 ] || SELECTION=(tests/python/pg/test_cuda.py tests/python/ep/test_ep_cuda.py
