@@ -48,8 +48,7 @@ void TransferTask::settle() {
                         : error == kTimeout  ? TransferState::kTimeout
                         : error == kCanceled ? TransferState::kCanceled
                                              : TransferState::kFailed;
-  state_.store(state, std::memory_order_release);
-  batch_->onTaskSettled();
+  batch_->onTaskSettled(state_, state);
 }
 
 TransferStatus TransferTask::status() const {
@@ -105,8 +104,12 @@ TransferTask* Batch::task(size_t index) {
   return index < tasks_.size() ? &tasks_[index] : nullptr;
 }
 
-void Batch::onTaskSettled() {
+void Batch::onTaskSettled(std::atomic<TransferState>& state, TransferState value) {
+  // The state is published and the count dropped under one lock: a caller
+  // that saw the task end (its status) and then frees the batch finds it
+  // settled, never busy.
   std::lock_guard lock(mutex_);
+  state.store(value, std::memory_order_release);
   if (--unsettled_ == 0) settled_cv_.notify_all();
 }
 

@@ -1,6 +1,7 @@
 // A batch: the requests submitted under one BatchId and their completion.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -23,8 +24,9 @@ class Batch {
   TransferTask* task(size_t index);
   void cancelAll();
 
-  // Called by a task when it reaches a terminal state.
-  void onTaskSettled();
+  // Called by a task when it reaches a terminal state: publishes its final
+  // `state` and counts it settled.
+  void onTaskSettled(std::atomic<TransferState>& state, TransferState value);
   bool settled() const;
   // Waits until every task is terminal; false when `deadline` came first.
   bool waitSettled(net::Deadline deadline);
