@@ -47,12 +47,11 @@ if(NOT MOONCAKE_WITH_CUDA STREQUAL "OFF")
 endif()
 mooncake_resolve_feature(MOONCAKE_WITH_CUDA ${_cuda_found})
 
-# RDMA: rdma-core's libibverbs headers and library.
+# RDMA: rdma-core's libibverbs headers (the library is opened at run time).
 set(_rdma_found OFF)
 if(NOT MOONCAKE_WITH_RDMA STREQUAL "OFF")
   find_path(IBVERBS_INCLUDE_DIR infiniband/verbs.h)
-  find_library(IBVERBS_LIBRARY ibverbs)
-  if(IBVERBS_INCLUDE_DIR AND IBVERBS_LIBRARY)
+  if(IBVERBS_INCLUDE_DIR)
     set(_rdma_found ON)
   endif()
 endif()

@@ -1,9 +1,10 @@
 // The libibverbs provider: verbs.h on a real NIC through rdma-core.
 //
-// Built where rdma-core's headers are (MOONCAKE_WITH_RDMA). No machine this
-// project's CI runs on has an RDMA device, so this file is compiled there
-// but runs only on hosts with a NIC; the transport above it is tested
-// through the software provider, which enforces the same rules (soft/).
+// Built where rdma-core's headers are (MOONCAKE_WITH_RDMA); libibverbs itself
+// is opened at run time (ibverbs_api.h). No machine this project's CI runs
+// on has an RDMA device, so this file is compiled there but runs only on
+// hosts with a NIC; the transport above it is tested through the software
+// provider, which enforces the same rules (soft/).
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <net/if.h>
@@ -19,6 +20,7 @@
 
 #include "mooncake/te/log.h"
 #include "mooncake/te/status.h"
+#include "transport/rdma/ibverbs_api.h"
 #include "transport/rdma/verbs.h"
 #if MOONCAKE_WITH_CUDA
 #include "cuda/cuda_driver.h"
@@ -78,10 +80,10 @@ Completion completionOf(ibv_wc_status status) {
 
 class IbverbsQueuePair : public QueuePair {
  public:
-  IbverbsQueuePair(ibv_qp* qp, uint8_t port, uint32_t path_mtu, const ibv_device_attr& attr)
-      : qp_(qp), port_(port), path_mtu_(path_mtu), max_rd_atomic_(attr.max_qp_rd_atom),
+  IbverbsQueuePair(const IbverbsApi& api, ibv_qp* qp, uint8_t port, uint32_t path_mtu, const ibv_device_attr& attr)
+      : api_(api), qp_(qp), port_(port), path_mtu_(path_mtu), max_rd_atomic_(attr.max_qp_rd_atom),
         max_dest_rd_atomic_(attr.max_qp_init_rd_atom) {}
-  ~IbverbsQueuePair() override { ibv_destroy_qp(qp_); }
+  ~IbverbsQueuePair() override { api_.destroy_qp(qp_); }
 
   uint32_t number() const override { return qp_->qp_num; }
 
@@ -91,7 +93,7 @@ class IbverbsQueuePair : public QueuePair {
     attr.pkey_index = 0;
     attr.port_num = port_;
     attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    if (int e = ibv_modify_qp(qp_, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
+    if (int e = api_.modify_qp(qp_, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
       return fail("INIT", e);
     }
     attr = {};
@@ -111,7 +113,7 @@ class IbverbsQueuePair : public QueuePair {
       attr.ah_attr.grh.hop_limit = options.hop_limit;
       attr.ah_attr.grh.traffic_class = options.traffic_class;
     }
-    if (int e = ibv_modify_qp(qp_, &attr,
+    if (int e = api_.modify_qp(qp_, &attr,
                               IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                                   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)) {
       return fail("RTR", e);
@@ -123,7 +125,7 @@ class IbverbsQueuePair : public QueuePair {
     attr.rnr_retry = options.rnr_retry;
     attr.sq_psn = psn;
     attr.max_rd_atomic = static_cast<uint8_t>(std::min<int>(options.max_rd_atomic, max_rd_atomic_));
-    if (int e = ibv_modify_qp(qp_, &attr,
+    if (int e = api_.modify_qp(qp_, &attr,
                               IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                                   IBV_QP_MAX_QP_RD_ATOMIC)) {
       return fail("RTS", e);
@@ -163,6 +165,7 @@ class IbverbsQueuePair : public QueuePair {
     return errorOfErrno(e);
   }
 
+  const IbverbsApi& api_;
   ibv_qp* const qp_;
   const uint8_t port_;
   const uint32_t path_mtu_;
@@ -174,27 +177,28 @@ class IbverbsQueuePair : public QueuePair {
 
 class IbverbsDevice : public Device {
  public:
+  explicit IbverbsDevice(const IbverbsApi& api) : api_(api) {}
   ~IbverbsDevice() override {
-    for (auto& [addr, mr] : mrs_) ibv_dereg_mr(mr);
+    for (auto& [addr, mr] : mrs_) api_.dereg_mr(mr);
     if (cq_ != nullptr) {
-      if (unacked_ > 0) ibv_ack_cq_events(cq_, unacked_);
-      ibv_destroy_cq(cq_);
+      if (unacked_ > 0) api_.ack_cq_events(cq_, unacked_);
+      api_.destroy_cq(cq_);
     }
-    if (channel_ != nullptr) ibv_destroy_comp_channel(channel_);
-    if (pd_ != nullptr) ibv_dealloc_pd(pd_);
-    if (context_ != nullptr) ibv_close_device(context_);
+    if (channel_ != nullptr) api_.destroy_comp_channel(channel_);
+    if (pd_ != nullptr) api_.dealloc_pd(pd_);
+    if (context_ != nullptr) api_.close_device(context_);
     if (wake_fd_ >= 0) ::close(wake_fd_);
   }
 
   int open(ibv_device* device, const DeviceOptions& options) {
-    port_.device = ibv_get_device_name(device);
-    context_ = ibv_open_device(device);
+    port_.device = api_.get_device_name(device);
+    context_ = api_.open_device(device);
     if (context_ == nullptr) return kDeviceNotFound;
-    if (ibv_query_device(context_, &attr_) != 0) return kDeviceNotFound;
+    if (api_.query_device(context_, &attr_) != 0) return kDeviceNotFound;
     ibv_port_attr port_attr{};
     uint8_t active = 0;
     for (uint8_t p = 1; p <= attr_.phys_port_cnt && active == 0; ++p) {
-      if (ibv_query_port(context_, p, &port_attr) == 0 && port_attr.state == IBV_PORT_ACTIVE) active = p;
+      if (queryPort(api_, context_, p, &port_attr) == 0 && port_attr.state == IBV_PORT_ACTIVE) active = p;
     }
     if (active == 0) return kDeviceNotFound;
     port_.port = active;
@@ -203,7 +207,7 @@ class IbverbsDevice : public Device {
     port_.mtu = mtuBytes(port_attr.active_mtu);
     for (int index = 0; index < port_attr.gid_tbl_len; ++index) {
       ibv_gid_entry entry{};
-      if (ibv_query_gid_ex(context_, active, static_cast<uint32_t>(index), &entry, 0) != 0) continue;
+      if (api_.query_gid_ex(context_, active, static_cast<uint32_t>(index), &entry, 0, sizeof(entry)) != 0) continue;
       GidEntry g;
       g.index = index;
       std::memcpy(g.gid.raw.data(), entry.gid.raw, g.gid.raw.size());
@@ -213,11 +217,11 @@ class IbverbsDevice : public Device {
       if (entry.ndev_ifindex != 0 && if_indextoname(entry.ndev_ifindex, name) != nullptr) g.interface = name;
       port_.gids.push_back(g);
     }
-    pd_ = ibv_alloc_pd(context_);
-    channel_ = ibv_create_comp_channel(context_);
+    pd_ = api_.alloc_pd(context_);
+    channel_ = api_.create_comp_channel(context_);
     if (pd_ == nullptr || channel_ == nullptr) return kEndpointError;
     const int cqe = static_cast<int>(std::min<uint32_t>(options.cq_entries, static_cast<uint32_t>(attr_.max_cqe)));
-    cq_ = ibv_create_cq(context_, cqe, nullptr, channel_, 0);
+    cq_ = api_.create_cq(context_, cqe, nullptr, channel_, 0);
     if (cq_ == nullptr) return kEndpointError;
     const int flags = ::fcntl(channel_->fd, F_GETFL);
     if (flags < 0 || ::fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) < 0) return kEndpointError;
@@ -230,7 +234,7 @@ class IbverbsDevice : public Device {
   int registerMemory(void* addr, size_t length, MemoryKeys& keys) override {
     std::lock_guard lock(mrs_mutex_);
     if (addr == nullptr || length == 0 || mrs_.count(addr) != 0) return kInvalidArgument;
-    ibv_mr* mr = ibv_reg_mr(pd_, addr, length, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+    ibv_mr* mr = api_.reg_mr(pd_, addr, length, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                                    IBV_ACCESS_REMOTE_READ);
     if (mr == nullptr) return errorOfErrno(errno);
     keys = MemoryKeys{mr->lkey, mr->rkey};
@@ -251,12 +255,12 @@ class IbverbsDevice : public Device {
     uint64_t offset = 0;
     {
       cuda::DeviceScope scope(cuda_device);
-      if (scope.ok() && cuda::exportDmabuf(addr, length, fd, offset)) {
-        mr = ibv_reg_dmabuf_mr(pd_, offset, length, reinterpret_cast<uint64_t>(addr), fd, kAccess);
+      if (scope.ok() && api_.reg_dmabuf_mr != nullptr && cuda::exportDmabuf(addr, length, fd, offset)) {
+        mr = api_.reg_dmabuf_mr(pd_, offset, length, reinterpret_cast<uint64_t>(addr), fd, kAccess);
         ::close(fd);  // the registration holds its own reference
       }
     }
-    if (mr == nullptr) mr = ibv_reg_mr(pd_, addr, length, kAccess);
+    if (mr == nullptr) mr = api_.reg_mr(pd_, addr, length, kAccess);
     if (mr == nullptr) return kNotImplemented;
     keys = MemoryKeys{mr->lkey, mr->rkey};
     mrs_.emplace(addr, mr);
@@ -271,7 +275,7 @@ class IbverbsDevice : public Device {
     std::lock_guard lock(mrs_mutex_);
     auto it = mrs_.find(addr);
     if (it == mrs_.end()) return kInvalidArgument;
-    ibv_dereg_mr(it->second);
+    api_.dereg_mr(it->second);
     mrs_.erase(it);
     return kOk;
   }
@@ -287,9 +291,9 @@ class IbverbsDevice : public Device {
     init.cap.max_send_sge = 1;
     init.cap.max_recv_sge = 1;
     init.cap.max_inline_data = max_inline;
-    ibv_qp* qp = ibv_create_qp(pd_, &init);
+    ibv_qp* qp = api_.create_qp(pd_, &init);
     if (qp == nullptr) return errorOfErrno(errno);
-    out = std::make_unique<IbverbsQueuePair>(qp, port_.port, port_.mtu, attr_);
+    out = std::make_unique<IbverbsQueuePair>(api_, qp, port_.port, port_.mtu, attr_);
     return kOk;
   }
 
@@ -311,8 +315,8 @@ class IbverbsDevice : public Device {
     if (fds[0].revents != 0) {
       ibv_cq* cq = nullptr;
       void* cq_context = nullptr;
-      if (ibv_get_cq_event(channel_, &cq, &cq_context) == 0 && ++unacked_ >= 64) {
-        ibv_ack_cq_events(cq_, unacked_);
+      if (api_.get_cq_event(channel_, &cq, &cq_context) == 0 && ++unacked_ >= 64) {
+        api_.ack_cq_events(cq_, unacked_);
         unacked_ = 0;
       }
     }
@@ -337,6 +341,7 @@ class IbverbsDevice : public Device {
     return n;
   }
 
+  const IbverbsApi& api_;
   PortInfo port_;
   ibv_context* context_ = nullptr;
   ibv_device_attr attr_{};
@@ -351,37 +356,45 @@ class IbverbsDevice : public Device {
 
 class IbverbsProvider : public Provider {
  public:
+  explicit IbverbsProvider(const IbverbsApi& api) : api_(api) {}
   const char* name() const override { return "libibverbs"; }
 
   std::vector<std::string> deviceNames() override {
     std::vector<std::string> names;
     int count = 0;
-    ibv_device** list = ibv_get_device_list(&count);
+    ibv_device** list = api_.get_device_list(&count);
     if (list == nullptr) return names;
-    for (int i = 0; i < count; ++i) names.emplace_back(ibv_get_device_name(list[i]));
-    ibv_free_device_list(list);
+    for (int i = 0; i < count; ++i) names.emplace_back(api_.get_device_name(list[i]));
+    api_.free_device_list(list);
     return names;
   }
 
   int open(const std::string& device, const DeviceOptions& options, std::unique_ptr<Device>& out) override {
     int count = 0;
-    ibv_device** list = ibv_get_device_list(&count);
+    ibv_device** list = api_.get_device_list(&count);
     if (list == nullptr) return kDeviceNotFound;
     int rc = kDeviceNotFound;
     for (int i = 0; i < count; ++i) {
-      if (device != ibv_get_device_name(list[i])) continue;
-      auto opened = std::make_unique<IbverbsDevice>();
+      if (device != api_.get_device_name(list[i])) continue;
+      auto opened = std::make_unique<IbverbsDevice>(api_);
       rc = opened->open(list[i], options);
       if (rc == kOk) out = std::move(opened);
       break;
     }
-    ibv_free_device_list(list);
+    api_.free_device_list(list);
     return rc;
   }
+
+ private:
+  const IbverbsApi& api_;
 };
 
 }  // namespace
 
-std::unique_ptr<Provider> makeIbverbsProvider() { return std::make_unique<IbverbsProvider>(); }
+// Null where libibverbs cannot be opened (no rdma-core on this host).
+std::unique_ptr<Provider> makeIbverbsProvider() {
+  const IbverbsApi* api = ibverbsApi();
+  return api != nullptr ? std::make_unique<IbverbsProvider>(*api) : nullptr;
+}
 
 }  // namespace mooncake::te::rdma
