@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,25 +65,42 @@ QpAddress addressOf(const Device& device, const QueuePair& qp, uint32_t psn) {
   return address;
 }
 
-// A requester QP on `a` and its responder QP on `b`, connected to each other
-// over the loopback GID.
+// A requester QP on `a` and its responder QP on `b`.
 struct Pair {
   std::unique_ptr<QueuePair> requester;
   std::unique_ptr<QueuePair> responder;
 };
 
-Pair connectedPair(Device& a, Device& b, uint32_t max_send_wr = 128, uint32_t max_inline = 64, uint8_t timeout = 14,
-                   uint8_t retry_count = 7) {
+// The PSNs each side of a Pair starts from.
+constexpr uint32_t kRequesterPsn = 1000;
+constexpr uint32_t kResponderPsn = 2000;
+
+// The two QPs of a Pair, not connected yet.
+Pair createdPair(Device& a, Device& b, uint32_t max_send_wr, uint32_t max_inline) {
   Pair pair;
   EXPECT_EQ(a.createQueuePair(max_send_wr, max_inline, pair.requester), kOk);
   EXPECT_EQ(b.createQueuePair(max_send_wr, max_inline, pair.responder), kOk);
+  return pair;
+}
+
+// Aims the requester at the responder, which is on `b`.
+int connectRequester(Pair& pair, Device& b, const ConnectOptions& options) {
+  return pair.requester->connect(addressOf(b, *pair.responder, kResponderPsn), kRequesterPsn, options);
+}
+
+// Aims the responder at the requester, which is on `a` and (so the
+// responder is told) starts from `requester_psn`.
+int connectResponder(Pair& pair, Device& a, const ConnectOptions& options, uint32_t requester_psn = kRequesterPsn) {
+  return pair.responder->connect(addressOf(a, *pair.requester, requester_psn), kResponderPsn, options);
+}
+
+// A Pair connected to each other over the loopback GID.
+Pair connectedPair(Device& a, Device& b, uint32_t max_send_wr = 128, uint32_t max_inline = 64, uint8_t timeout = 14,
+                   uint8_t retry_count = 7) {
+  Pair pair = createdPair(a, b, max_send_wr, max_inline);
   if (!pair.requester || !pair.responder) return pair;
-  EXPECT_EQ(
-      pair.responder->connect(addressOf(a, *pair.requester, 1000), 2000, loopbackOptions(b, timeout, retry_count)),
-      kOk);
-  EXPECT_EQ(
-      pair.requester->connect(addressOf(b, *pair.responder, 2000), 1000, loopbackOptions(a, timeout, retry_count)),
-      kOk);
+  EXPECT_EQ(connectResponder(pair, a, loopbackOptions(b, timeout, retry_count)), kOk);
+  EXPECT_EQ(connectRequester(pair, b, loopbackOptions(a, timeout, retry_count)), kOk);
   return pair;
 }
 
@@ -102,6 +120,7 @@ struct Buffer {
   }
   char* at(size_t offset) { return bytes.data() + offset; }
   uint64_t remote(size_t offset = 0) { return reinterpret_cast<uint64_t>(bytes.data() + offset); }
+  void fill(char value) { std::fill(bytes.begin(), bytes.end(), value); }
 
   Device& device;
   std::vector<char> bytes;
@@ -109,17 +128,35 @@ struct Buffer {
   bool registered = true;
 };
 
-WorkRequest writeRequest(uint64_t wr_id, Buffer& from, size_t from_offset, Buffer& to, size_t to_offset,
-                         uint32_t length, bool signaled) {
+// Whether every byte of [begin, end) is `value`.
+bool allBytesAre(const char* begin, const char* end, char value) {
+  return std::all_of(begin, end, [value](char c) { return c == value; });
+}
+
+WorkRequest workRequest(uint64_t wr_id, bool read, bool signaled, const void* local, uint32_t lkey, uint64_t remote,
+                        uint32_t rkey, uint32_t length) {
   WorkRequest wr;
   wr.wr_id = wr_id;
+  wr.read = read;
   wr.signaled = signaled;
-  wr.local = from.at(from_offset);
+  wr.local = local;
   wr.length = length;
-  wr.lkey = from.keys.lkey;
-  wr.remote = to.remote(to_offset);
-  wr.rkey = to.keys.rkey;
+  wr.lkey = lkey;
+  wr.remote = remote;
+  wr.rkey = rkey;
   return wr;
+}
+
+// A WRITE from `from` to an address of another process's (or a gone)
+// registration, under its rkey.
+WorkRequest writeTo(uint64_t wr_id, Buffer& from, size_t from_offset, uint64_t remote, uint32_t rkey, uint32_t length,
+                    bool signaled) {
+  return workRequest(wr_id, false, signaled, from.at(from_offset), from.keys.lkey, remote, rkey, length);
+}
+
+WorkRequest writeRequest(uint64_t wr_id, Buffer& from, size_t from_offset, Buffer& to, size_t to_offset,
+                         uint32_t length, bool signaled) {
+  return writeTo(wr_id, from, from_offset, to.remote(to_offset), to.keys.rkey, length, signaled);
 }
 
 WorkRequest readRequest(uint64_t wr_id, Buffer& into, size_t into_offset, Buffer& from, size_t from_offset,
@@ -159,6 +196,77 @@ void expectCompletion(const WorkCompletion& c, uint64_t wr_id, Completion status
   EXPECT_EQ(c.wr_id, wr_id);
   EXPECT_EQ(c.status, status) << completionName(c.status) << " instead of " << completionName(status);
   EXPECT_EQ(c.qp_num, qp_num);
+}
+
+// What one completion should say; its vendor_error is checked where given.
+struct Expected {
+  uint64_t wr_id;
+  Completion status;
+  std::optional<soft::VendorError> vendor_error = std::nullopt;
+};
+
+// Waits for as many completions on `device` as `expected` lists, and
+// expects them to be those, of QP `qp_num`, in that order. (Fatal when
+// fewer came: call it inside ASSERT_NO_FATAL_FAILURE.)
+void expectCompletions(Device& device, uint32_t qp_num, const std::vector<Expected>& expected) {
+  const auto done = waitCompletions(device, expected.size());
+  ASSERT_EQ(done.size(), expected.size());
+  for (size_t i = 0; i < done.size(); ++i) {
+    expectCompletion(done[i], expected[i].wr_id, expected[i].status, qp_num);
+    if (expected[i].vendor_error) EXPECT_EQ(done[i].vendor_error, *expected[i].vendor_error);
+  }
+}
+
+// Posts `wr` on its own and expects its one completion, on `device`, to
+// have `status` (and `vendor_error`, where given).
+void postExpecting(Device& device, QueuePair& qp, const WorkRequest& wr, Completion status,
+                   std::optional<soft::VendorError> vendor_error = std::nullopt) {
+  ASSERT_EQ(postOne(qp, wr), kOk);
+  expectCompletions(device, qp.number(), {{wr.wr_id, status, vendor_error}});
+}
+
+// Streams WRITEs (`write(n)` makes the n-th, each signaled) on `qp`, no
+// more than 4 outstanding, while another thread deregisters `target` after
+// 30 ms and then fills it with 0xEE; until one is refused or `budget`
+// passed. The first failure must be the refusal (kRemoteAccess); flushes
+// follow it. `refused`: whether one was.
+template <class Region, class MakeWrite>
+void streamWhileDeregistering(Device& device, QueuePair& qp, Region& target, std::chrono::milliseconds budget,
+                              MakeWrite write, bool& refused) {
+  std::thread deregistering([&] {
+    std::this_thread::sleep_for(30ms);
+    EXPECT_EQ(target.deregister(), kOk);
+    target.fill(char(0xEE));
+  });
+  refused = false;
+  size_t next = 0, outstanding_signaled = 0;
+  const auto deadline = Clock::now() + budget;
+  WorkCompletion batch[16];
+  while (!refused && Clock::now() < deadline) {
+    if (outstanding_signaled < 4) {
+      if (postOne(qp, write(next)) == kOk) {
+        ++outstanding_signaled;
+        ++next;
+      }
+      continue;
+    }
+    const int n = device.pollCompletions(batch, 16, 100ms);
+    ASSERT_GE(n, 0);
+    for (int i = 0; i < n; ++i) {
+      --outstanding_signaled;
+      if (batch[i].status == Completion::kSuccess) continue;
+      EXPECT_EQ(batch[i].status, refused ? Completion::kFlushed : Completion::kRemoteAccess);
+      refused = true;
+    }
+  }
+  deregistering.join();
+}
+
+// One signaled WRITE (wr_id 1, 4096 bytes) that completes: the connection
+// works before the test breaks it.
+void writeOnce(Device& device, QueuePair& qp, Buffer& source, Buffer& target) {
+  ASSERT_EQ(postOne(qp, writeRequest(1, source, 0, target, 0, 4096, true)), kOk);
+  ASSERT_EQ(waitCompletions(device, 1).size(), 1u);
 }
 
 // Clears the stall even when an assertion leaves the test early.
@@ -264,10 +372,10 @@ TEST(SoftVerbs, RegistrationKeysAreDistinctAndChecked) {
 
 TEST(SoftVerbs, ConnectValidatesItsArgumentsAndHappensOnce) {
   auto a = openDevice(), b = openDevice();
-  std::unique_ptr<QueuePair> qp, peer;
-  ASSERT_EQ(a->createQueuePair(8, 0, qp), kOk);
-  ASSERT_EQ(b->createQueuePair(8, 0, peer), kOk);
-  const QpAddress good = addressOf(*b, *peer, 7);
+  Pair pair = createdPair(*a, *b, 8, 0);
+  ASSERT_TRUE(pair.requester && pair.responder);
+  QueuePair* qp = pair.requester.get();
+  const QpAddress good = addressOf(*b, *pair.responder, 7);
   const ConnectOptions options = loopbackOptions(*a);
 
   QpAddress bad = good;
@@ -330,9 +438,7 @@ TEST(SoftVerbs, WriteAndReadBetweenTwoDevicesOfOneProcess) {
   size_t posted = 0;
   ASSERT_EQ(pair.requester->post(chain, 4, posted), kOk);
   EXPECT_EQ(posted, 4u);
-  auto done = waitCompletions(*a, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 4, Completion::kSuccess, pair.requester->number());
+  ASSERT_NO_FATAL_FAILURE(expectCompletions(*a, pair.requester->number(), {{4, Completion::kSuccess}}));
   EXPECT_TRUE(noCompletionWithin(*a, 100ms));  // the unsignaled ones said nothing
   EXPECT_EQ(target.bytes, source.bytes);
 
@@ -343,9 +449,7 @@ TEST(SoftVerbs, WriteAndReadBetweenTwoDevicesOfOneProcess) {
       readRequest(6, back, 1000000, target, 1000000, kSize - 1000000, true),
   };
   ASSERT_EQ(pair.requester->post(reads, 2, posted), kOk);
-  done = waitCompletions(*a, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 6, Completion::kSuccess, pair.requester->number());
+  ASSERT_NO_FATAL_FAILURE(expectCompletions(*a, pair.requester->number(), {{6, Completion::kSuccess}}));
   EXPECT_EQ(back.bytes, target.bytes);
   EXPECT_TRUE(noCompletionWithin(*b, 20ms));  // the responder's side has nothing to report
 }
@@ -365,9 +469,9 @@ TEST(SoftVerbs, RequestsOfOneQueuePairRunAndCompleteInPostOrder) {
   };
   size_t posted = 0;
   ASSERT_EQ(pair.requester->post(chain, 4, posted), kOk);
-  auto done = waitCompletions(*a, 4);
-  ASSERT_EQ(done.size(), 4u);
-  for (uint64_t i = 0; i < 4; ++i) expectCompletion(done[i], i + 1, Completion::kSuccess, pair.requester->number());
+  ASSERT_NO_FATAL_FAILURE(expectCompletions(
+      *a, pair.requester->number(),
+      {{1, Completion::kSuccess}, {2, Completion::kSuccess}, {3, Completion::kSuccess}, {4, Completion::kSuccess}}));
   EXPECT_EQ(seen_first.bytes, first.bytes);
   EXPECT_EQ(seen_second.bytes, second.bytes);
   EXPECT_EQ(target.bytes, second.bytes);
@@ -434,31 +538,25 @@ TEST(SoftVerbs, WrongRkeyFailsThatRequestAndFlushesEveryLaterOne) {
   };
   size_t posted = 0;
   ASSERT_EQ(pair.requester->post(chain, 5, posted), kOk);
-  auto done = waitCompletions(*a, 5);
-  ASSERT_EQ(done.size(), 5u);
-  expectCompletion(done[0], 1, Completion::kSuccess, qp);
-  expectCompletion(done[1], 2, Completion::kRemoteAccess, qp);
-  EXPECT_EQ(done[1].vendor_error, soft::kUnknownRkey);
-  expectCompletion(done[2], 3, Completion::kFlushed, qp);
-  expectCompletion(done[3], 4, Completion::kFlushed, qp);
-  expectCompletion(done[4], 5, Completion::kFlushed, qp);
+  ASSERT_NO_FATAL_FAILURE(expectCompletions(*a, qp,
+                                            {{1, Completion::kSuccess},
+                                             {2, Completion::kRemoteAccess, soft::kUnknownRkey},
+                                             {3, Completion::kFlushed},
+                                             {4, Completion::kFlushed},
+                                             {5, Completion::kFlushed}}));
   EXPECT_TRUE(noCompletionWithin(*a, 50ms));
   EXPECT_TRUE(std::equal(source.at(0), source.at(4096), target.at(0)));
   // Nothing of the refused WRITE landed; flushed ones did not run either.
-  EXPECT_TRUE(std::all_of(target.at(4096), target.at(65536), [](char c) { return c == 0; }));
+  EXPECT_TRUE(allBytesAre(target.at(4096), target.at(65536), 0));
 
   // In the error state a post is accepted and flushed, signaled or not.
-  ASSERT_EQ(postOne(*pair.requester, writeRequest(6, source, 0, target, 0, 64, false)), kOk);
-  done = waitCompletions(*a, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 6, Completion::kFlushed, qp);
+  ASSERT_NO_FATAL_FAILURE(
+      postExpecting(*a, *pair.requester, writeRequest(6, source, 0, target, 0, 64, false), Completion::kFlushed));
   // The responder's QP went to the error state with it, as an RC responder
   // does on an access violation.
   Buffer back(*b, 4096);
-  ASSERT_EQ(postOne(*pair.responder, writeRequest(7, back, 0, source, 0, 64, true)), kOk);
-  done = waitCompletions(*b, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 7, Completion::kFlushed, pair.responder->number());
+  ASSERT_NO_FATAL_FAILURE(
+      postExpecting(*b, *pair.responder, writeRequest(7, back, 0, source, 0, 64, true), Completion::kFlushed));
 }
 
 TEST(SoftVerbs, RemoteRangeOutsideTheRegistrationIsRemoteAccess) {
@@ -468,23 +566,18 @@ TEST(SoftVerbs, RemoteRangeOutsideTheRegistrationIsRemoteAccess) {
   {
     Pair pair = connectedPair(*a, *b);
     // One byte past the end.
-    ASSERT_EQ(postOne(*pair.requester, writeRequest(1, source, 0, target, kSize - 100, 101, false)), kOk);
-    auto done = waitCompletions(*a, 1);
-    ASSERT_EQ(done.size(), 1u);
-    expectCompletion(done[0], 1, Completion::kRemoteAccess, pair.requester->number());
-    EXPECT_EQ(done[0].vendor_error, soft::kRemoteOutOfRange);
-    EXPECT_TRUE(std::all_of(target.at(0), target.at(kSize), [](char c) { return c == 0; }));
+    ASSERT_NO_FATAL_FAILURE(postExpecting(*a, *pair.requester,
+                                          writeRequest(1, source, 0, target, kSize - 100, 101, false),
+                                          Completion::kRemoteAccess, soft::kRemoteOutOfRange));
+    EXPECT_TRUE(allBytesAre(target.at(0), target.at(kSize), 0));
   }
   {
     Pair pair = connectedPair(*a, *b);
     // A READ starting before the registration.
     WorkRequest before = readRequest(2, source, 0, target, 0, 64, true);
     before.remote -= 1;
-    ASSERT_EQ(postOne(*pair.requester, before), kOk);
-    auto done = waitCompletions(*a, 1);
-    ASSERT_EQ(done.size(), 1u);
-    expectCompletion(done[0], 2, Completion::kRemoteAccess, pair.requester->number());
-    EXPECT_EQ(done[0].vendor_error, soft::kRemoteOutOfRange);
+    ASSERT_NO_FATAL_FAILURE(
+        postExpecting(*a, *pair.requester, before, Completion::kRemoteAccess, soft::kRemoteOutOfRange));
   }
 }
 
@@ -503,20 +596,15 @@ TEST(SoftVerbs, WrongLkeyIsLocalProtectionInItsTurn) {
   size_t posted = 0;
   ASSERT_EQ(pair.requester->post(chain, 3, posted), kOk);
   EXPECT_EQ(posted, 3u);
-  auto done = waitCompletions(*a, 3);
-  ASSERT_EQ(done.size(), 3u);
-  expectCompletion(done[0], 1, Completion::kSuccess, qp);
-  expectCompletion(done[1], 2, Completion::kLocalProtection, qp);
-  EXPECT_EQ(done[1].vendor_error, soft::kBadLkey);
-  expectCompletion(done[2], 3, Completion::kFlushed, qp);
-  EXPECT_TRUE(std::all_of(target.at(4096), target.at(65536), [](char c) { return c == 0; }));
+  ASSERT_NO_FATAL_FAILURE(expectCompletions(
+      *a, qp,
+      {{1, Completion::kSuccess}, {2, Completion::kLocalProtection, soft::kBadLkey}, {3, Completion::kFlushed}}));
+  EXPECT_TRUE(allBytesAre(target.at(4096), target.at(65536), 0));
 
   // A local range running past its registration, on a fresh pair.
   Pair fresh = connectedPair(*a, *b);
-  ASSERT_EQ(postOne(*fresh.requester, writeRequest(4, source, 65536 - 10, target, 0, 11, false)), kOk);
-  done = waitCompletions(*a, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 4, Completion::kLocalProtection, fresh.requester->number());
+  ASSERT_NO_FATAL_FAILURE(postExpecting(*a, *fresh.requester, writeRequest(4, source, 65536 - 10, target, 0, 11, false),
+                                        Completion::kLocalProtection));
 }
 
 TEST(SoftVerbs, PostRulesOfTheSendQueueAndInlineData) {
@@ -538,9 +626,7 @@ TEST(SoftVerbs, PostRulesOfTheSendQueueAndInlineData) {
   chain[kDepth - 1].signaled = true;
   EXPECT_EQ(pair.requester->post(chain.data(), chain.size(), posted), kTooManyRequests);
   EXPECT_EQ(posted, kDepth);
-  auto done = waitCompletions(*a, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 10 + kDepth - 1, Completion::kSuccess, qp);
+  ASSERT_NO_FATAL_FAILURE(expectCompletions(*a, qp, {{10 + kDepth - 1, Completion::kSuccess}}));
 
   // Refused at post: zero length, an inline READ, inline past max_inline.
   std::vector<char> bytes(kInline + 1, 'x');
@@ -563,9 +649,7 @@ TEST(SoftVerbs, PostRulesOfTheSendQueueAndInlineData) {
                                writeRequest(41, source, 0, target, 0, 32, true), empty};
   EXPECT_EQ(pair.requester->post(mixed, 3, posted), kInvalidArgument);
   EXPECT_EQ(posted, 2u);
-  done = waitCompletions(*a, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 41, Completion::kSuccess, qp);
+  ASSERT_NO_FATAL_FAILURE(expectCompletions(*a, qp, {{41, Completion::kSuccess}}));
 
   // Inline bytes are taken at post: overwriting them right after changes nothing.
   std::vector<char> original(kInline);
@@ -580,9 +664,7 @@ TEST(SoftVerbs, PostRulesOfTheSendQueueAndInlineData) {
   inline_write.remote = target.remote(1000);
   ASSERT_EQ(postOne(*pair.requester, inline_write), kOk);
   std::fill(reused.begin(), reused.end(), 0);
-  done = waitCompletions(*a, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 50, Completion::kSuccess, qp);
+  ASSERT_NO_FATAL_FAILURE(expectCompletions(*a, qp, {{50, Completion::kSuccess}}));
   EXPECT_TRUE(std::equal(original.begin(), original.end(), target.at(1000)));
 }
 
@@ -591,23 +673,16 @@ TEST(SoftVerbs, DeregisteredRemoteRegionIsRemoteAccess) {
   Buffer source(*a, 65536, 81), target(*b, 65536), back(*a, 65536);
   {
     Pair pair = connectedPair(*a, *b);
-    ASSERT_EQ(postOne(*pair.requester, writeRequest(1, source, 0, target, 0, 65536, true)), kOk);
-    auto done = waitCompletions(*a, 1);
-    ASSERT_EQ(done.size(), 1u);
-    expectCompletion(done[0], 1, Completion::kSuccess, pair.requester->number());
+    ASSERT_NO_FATAL_FAILURE(
+        postExpecting(*a, *pair.requester, writeRequest(1, source, 0, target, 0, 65536, true), Completion::kSuccess));
     ASSERT_EQ(target.deregister(), kOk);
-    ASSERT_EQ(postOne(*pair.requester, writeRequest(2, source, 0, target, 0, 64, false)), kOk);
-    done = waitCompletions(*a, 1);
-    ASSERT_EQ(done.size(), 1u);
-    expectCompletion(done[0], 2, Completion::kRemoteAccess, pair.requester->number());
-    EXPECT_EQ(done[0].vendor_error, soft::kUnknownRkey);
+    ASSERT_NO_FATAL_FAILURE(postExpecting(*a, *pair.requester, writeRequest(2, source, 0, target, 0, 64, false),
+                                          Completion::kRemoteAccess, soft::kUnknownRkey));
   }
   Pair pair = connectedPair(*a, *b);
-  ASSERT_EQ(postOne(*pair.requester, readRequest(3, back, 0, target, 0, 64, false)), kOk);
-  auto done = waitCompletions(*a, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 3, Completion::kRemoteAccess, pair.requester->number());
-  EXPECT_TRUE(std::all_of(back.at(0), back.at(64), [](char c) { return c == 0; }));
+  ASSERT_NO_FATAL_FAILURE(
+      postExpecting(*a, *pair.requester, readRequest(3, back, 0, target, 0, 64, false), Completion::kRemoteAccess));
+  EXPECT_TRUE(allBytesAre(back.at(0), back.at(64), 0));
 }
 
 TEST(SoftVerbs, NoByteOfARegionIsTouchedOnceDeregisterReturned) {
@@ -616,41 +691,19 @@ TEST(SoftVerbs, NoByteOfARegionIsTouchedOnceDeregisterReturned) {
   constexpr size_t kPieces = 64;
   Buffer source(*a, kPiece * kPieces, 91), target(*b, kPiece * kPieces);
   Pair pair = connectedPair(*a, *b, 64);
-  std::thread deregistering([&] {
-    std::this_thread::sleep_for(30ms);
-    EXPECT_EQ(target.deregister(), kOk);
-    std::memset(target.at(0), 0xEE, target.bytes.size());
-  });
-  // WRITEs into the region until one is refused.
+  // WRITEs into the region until one is refused. Every WR signaled: the
+  // refused one and the flushed ones are told apart from successes.
   bool refused = false;
-  size_t next = 0, outstanding_signaled = 0;
-  const auto deadline = Clock::now() + 4s;
-  WorkCompletion batch[16];
-  while (!refused && Clock::now() < deadline) {
-    if (outstanding_signaled < 4) {
-      const size_t piece = next % kPieces;
-      // Every WR signaled: the refused one and the flushed ones are told apart from successes.
-      if (postOne(*pair.requester, writeRequest(next, source, piece * kPiece, target, piece * kPiece, kPiece, true)) ==
-          kOk) {
-        ++outstanding_signaled;
-        ++next;
-      }
-      continue;
-    }
-    const int n = a->pollCompletions(batch, 16, 100ms);
-    ASSERT_GE(n, 0);
-    for (int i = 0; i < n; ++i) {
-      --outstanding_signaled;
-      // The first failure is the refusal; flushes follow it.
-      if (batch[i].status == Completion::kSuccess) continue;
-      EXPECT_EQ(batch[i].status, refused ? Completion::kFlushed : Completion::kRemoteAccess);
-      refused = true;
-    }
-  }
-  deregistering.join();
+  ASSERT_NO_FATAL_FAILURE(streamWhileDeregistering(
+      *a, *pair.requester, target, 4s,
+      [&](size_t next) {
+        const size_t piece = next % kPieces;
+        return writeRequest(next, source, piece * kPiece, target, piece * kPiece, kPiece, true);
+      },
+      refused));
   EXPECT_TRUE(refused);
   std::this_thread::sleep_for(50ms);
-  EXPECT_TRUE(std::all_of(target.bytes.begin(), target.bytes.end(), [](char c) { return c == char(0xEE); }));
+  EXPECT_TRUE(allBytesAre(target.at(0), target.at(target.bytes.size()), char(0xEE)));
 }
 
 // ---- a responder that is gone or hung ---------------------------------------
@@ -664,21 +717,14 @@ TEST(SoftVerbs, DestroyedRemoteDeviceIsRetryExceeded) {
   // A long retry window (timeout 18: about 1 s per try, 8 tries): what ends
   // the WR is the lost connection, not the timer.
   Pair pair = connectedPair(*a, *b, 16, 0, 18, 7);
-  const QpAddress dead_address = addressOf(*b, *pair.responder, 2000);
-  ASSERT_EQ(postOne(*pair.requester, writeRequest(1, source, 0, *target, 0, 4096, true)), kOk);
-  ASSERT_EQ(waitCompletions(*a, 1).size(), 1u);
+  const QpAddress dead_address = addressOf(*b, *pair.responder, kResponderPsn);
+  ASSERT_NO_FATAL_FAILURE(writeOnce(*a, *pair.requester, source, *target));
 
   target.reset();
   b.reset();  // its responder QP is still open: the device stops it
-  WorkRequest wr = writeRequest(2, source, 0, source, 0, 64, false);
-  wr.remote = target_addr;
-  wr.rkey = target_rkey;
+  WorkRequest wr = writeTo(2, source, 0, target_addr, target_rkey, 64, false);
   const auto start = Clock::now();
-  ASSERT_EQ(postOne(*pair.requester, wr), kOk);
-  auto done = waitCompletions(*a, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 2, Completion::kRetryExceeded, pair.requester->number());
-  EXPECT_EQ(done[0].vendor_error, soft::kConnectionLost);
+  ASSERT_NO_FATAL_FAILURE(postExpecting(*a, *pair.requester, wr, Completion::kRetryExceeded, soft::kConnectionLost));
   EXPECT_LT(Clock::now() - start, 2s);
   size_t posted = 0;
   EXPECT_EQ(pair.responder->post(&wr, 1, posted), kEndpointError);  // stopped with its device
@@ -687,27 +733,20 @@ TEST(SoftVerbs, DestroyedRemoteDeviceIsRetryExceeded) {
   // A QP aimed at the NIC that is gone: the connection is refused.
   std::unique_ptr<QueuePair> late;
   ASSERT_EQ(a->createQueuePair(16, 0, late), kOk);
-  ASSERT_EQ(late->connect(dead_address, 1000, loopbackOptions(*a, 18, 7)), kOk);
+  ASSERT_EQ(late->connect(dead_address, kRequesterPsn, loopbackOptions(*a, 18, 7)), kOk);
   wr.wr_id = 3;
-  ASSERT_EQ(postOne(*late, wr), kOk);
-  done = waitCompletions(*a, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 3, Completion::kRetryExceeded, late->number());
-  EXPECT_EQ(done[0].vendor_error, soft::kConnectFailed);
+  ASSERT_NO_FATAL_FAILURE(postExpecting(*a, *late, wr, Completion::kRetryExceeded, soft::kConnectFailed));
 }
 
 TEST(SoftVerbs, DestroyedRemoteQueuePairIsRetryExceeded) {
   auto a = openDevice(), b = openDevice();
   Buffer source(*a, 4096, 111), target(*b, 4096);
   Pair pair = connectedPair(*a, *b, 16, 0, 18, 7);
-  ASSERT_EQ(postOne(*pair.requester, writeRequest(1, source, 0, target, 0, 4096, true)), kOk);
-  ASSERT_EQ(waitCompletions(*a, 1).size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(writeOnce(*a, *pair.requester, source, target));
   pair.responder.reset();
   const auto start = Clock::now();
-  ASSERT_EQ(postOne(*pair.requester, writeRequest(2, source, 0, target, 0, 64, false)), kOk);
-  auto done = waitCompletions(*a, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 2, Completion::kRetryExceeded, pair.requester->number());
+  ASSERT_NO_FATAL_FAILURE(
+      postExpecting(*a, *pair.requester, writeRequest(2, source, 0, target, 0, 64, false), Completion::kRetryExceeded));
   EXPECT_LT(Clock::now() - start, 2s);
 }
 
@@ -717,8 +756,7 @@ TEST(SoftVerbs, StalledResponderRunsOutTheRetryWindow) {
   // timeout 12, 3 retries: 4.096 us * 4096 * 4 = 67.1 ms.
   const auto window = std::chrono::microseconds(4096 * 4 * 4096 / 1000);
   Pair pair = connectedPair(*a, *b, 16, 0, 12, 3);
-  ASSERT_EQ(postOne(*pair.requester, writeRequest(1, source, 0, target, 0, 4096, true)), kOk);
-  ASSERT_EQ(waitCompletions(*a, 1).size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(writeOnce(*a, *pair.requester, source, target));
   {
     StallGuard stalled;
     const auto start = Clock::now();
@@ -726,12 +764,9 @@ TEST(SoftVerbs, StalledResponderRunsOutTheRetryWindow) {
                                  writeRequest(3, source, 0, target, 0, 65536, true)};
     size_t posted = 0;
     ASSERT_EQ(pair.requester->post(chain, 2, posted), kOk);
-    auto done = waitCompletions(*a, 2);
+    ASSERT_NO_FATAL_FAILURE(expectCompletions(
+        *a, pair.requester->number(), {{2, Completion::kRetryExceeded, soft::kAckTimeout}, {3, Completion::kFlushed}}));
     const auto elapsed = Clock::now() - start;
-    ASSERT_EQ(done.size(), 2u);
-    expectCompletion(done[0], 2, Completion::kRetryExceeded, pair.requester->number());
-    EXPECT_EQ(done[0].vendor_error, soft::kAckTimeout);
-    expectCompletion(done[1], 3, Completion::kFlushed, pair.requester->number());
     EXPECT_GE(elapsed, window);
     EXPECT_LT(elapsed, 3s);
   }
@@ -739,10 +774,8 @@ TEST(SoftVerbs, StalledResponderRunsOutTheRetryWindow) {
   Pair quick = connectedPair(*a, *b, 16, 0, 1, 0);
   StallGuard stalled;
   const auto start = Clock::now();
-  ASSERT_EQ(postOne(*quick.requester, writeRequest(4, source, 0, target, 0, 64, false)), kOk);
-  auto done = waitCompletions(*a, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 4, Completion::kRetryExceeded, quick.requester->number());
+  ASSERT_NO_FATAL_FAILURE(postExpecting(*a, *quick.requester, writeRequest(4, source, 0, target, 0, 64, false),
+                                        Completion::kRetryExceeded));
   EXPECT_GE(Clock::now() - start, 10ms);
 }
 
@@ -768,54 +801,44 @@ TEST(SoftVerbs, DestroyingAQueuePairStopsItsCompletions) {
 TEST(SoftVerbs, ResponderQpConnectedElsewhereIsRemoteOperation) {
   auto a = openDevice(), b = openDevice();
   Buffer source(*a, 4096, 141), target(*b, 4096);
-  std::unique_ptr<QueuePair> requester, responder, bystander;
-  ASSERT_EQ(a->createQueuePair(16, 0, requester), kOk);
+  Pair pair = createdPair(*a, *b, 16, 0);
+  std::unique_ptr<QueuePair> bystander;
+  ASSERT_TRUE(pair.requester && pair.responder);
   ASSERT_EQ(a->createQueuePair(16, 0, bystander), kOk);
-  ASSERT_EQ(b->createQueuePair(16, 0, responder), kOk);
   // The responder is aimed at the bystander, the requester at the responder.
-  ASSERT_EQ(responder->connect(addressOf(*a, *bystander, 1000), 2000, loopbackOptions(*b)), kOk);
-  ASSERT_EQ(requester->connect(addressOf(*b, *responder, 2000), 1000, loopbackOptions(*a)), kOk);
+  ASSERT_EQ(pair.responder->connect(addressOf(*a, *bystander, kRequesterPsn), kResponderPsn, loopbackOptions(*b)), kOk);
+  ASSERT_EQ(connectRequester(pair, *b, loopbackOptions(*a)), kOk);
   const WorkRequest chain[] = {writeRequest(1, source, 0, target, 0, 64, false),
                                writeRequest(2, source, 0, target, 0, 64, false)};
   size_t posted = 0;
-  ASSERT_EQ(requester->post(chain, 2, posted), kOk);
-  auto done = waitCompletions(*a, 2);
-  ASSERT_EQ(done.size(), 2u);
-  expectCompletion(done[0], 1, Completion::kRemoteOperation, requester->number());
-  EXPECT_EQ(done[0].vendor_error, soft::kRemoteQpMismatch);
-  expectCompletion(done[1], 2, Completion::kFlushed, requester->number());
-  EXPECT_TRUE(std::all_of(target.bytes.begin(), target.bytes.end(), [](char c) { return c == 0; }));
+  ASSERT_EQ(pair.requester->post(chain, 2, posted), kOk);
+  ASSERT_NO_FATAL_FAILURE(
+      expectCompletions(*a, pair.requester->number(),
+                        {{1, Completion::kRemoteOperation, soft::kRemoteQpMismatch}, {2, Completion::kFlushed}}));
+  EXPECT_TRUE(allBytesAre(target.at(0), target.at(target.bytes.size()), 0));
 }
 
 TEST(SoftVerbs, ResponderExpectingAnotherPsnOrNeverConnectedIsRemoteOperation) {
   auto a = openDevice(), b = openDevice();
   Buffer source(*a, 4096, 151), target(*b, 4096);
   {
-    std::unique_ptr<QueuePair> requester, responder;
-    ASSERT_EQ(a->createQueuePair(16, 0, requester), kOk);
-    ASSERT_EQ(b->createQueuePair(16, 0, responder), kOk);
-    ASSERT_EQ(responder->connect(addressOf(*a, *requester, 1001), 2000, loopbackOptions(*b)), kOk);
-    ASSERT_EQ(requester->connect(addressOf(*b, *responder, 2000), 1000, loopbackOptions(*a)), kOk);
-    ASSERT_EQ(postOne(*requester, writeRequest(1, source, 0, target, 0, 64, false)), kOk);
-    auto done = waitCompletions(*a, 1);
-    ASSERT_EQ(done.size(), 1u);
-    expectCompletion(done[0], 1, Completion::kRemoteOperation, requester->number());
-    EXPECT_EQ(done[0].vendor_error, soft::kRemotePsnMismatch);
+    Pair pair = createdPair(*a, *b, 16, 0);
+    ASSERT_TRUE(pair.requester && pair.responder);
+    ASSERT_EQ(connectResponder(pair, *a, loopbackOptions(*b), kRequesterPsn + 1), kOk);
+    ASSERT_EQ(connectRequester(pair, *b, loopbackOptions(*a)), kOk);
+    ASSERT_NO_FATAL_FAILURE(postExpecting(*a, *pair.requester, writeRequest(1, source, 0, target, 0, 64, false),
+                                          Completion::kRemoteOperation, soft::kRemotePsnMismatch));
   }
   {
     // The responder's QP stays in RESET: refused once half the requester's
     // retry window (timeout 12, 1 retry: 33.6 ms) has passed, before the
     // requester's own timer would give up.
-    std::unique_ptr<QueuePair> requester, responder;
-    ASSERT_EQ(a->createQueuePair(16, 0, requester), kOk);
-    ASSERT_EQ(b->createQueuePair(16, 0, responder), kOk);
-    ASSERT_EQ(requester->connect(addressOf(*b, *responder, 2000), 1000, loopbackOptions(*a, 12, 1)), kOk);
+    Pair pair = createdPair(*a, *b, 16, 0);
+    ASSERT_TRUE(pair.requester && pair.responder);
+    ASSERT_EQ(connectRequester(pair, *b, loopbackOptions(*a, 12, 1)), kOk);
     const auto start = Clock::now();
-    ASSERT_EQ(postOne(*requester, writeRequest(2, source, 0, target, 0, 64, false)), kOk);
-    auto done = waitCompletions(*a, 1);
-    ASSERT_EQ(done.size(), 1u);
-    expectCompletion(done[0], 2, Completion::kRemoteOperation, requester->number());
-    EXPECT_EQ(done[0].vendor_error, soft::kRemoteQpNotConnected);
+    ASSERT_NO_FATAL_FAILURE(postExpecting(*a, *pair.requester, writeRequest(2, source, 0, target, 0, 64, false),
+                                          Completion::kRemoteOperation, soft::kRemoteQpNotConnected));
     EXPECT_GE(Clock::now() - start, 15ms);
   }
 }
@@ -823,18 +846,14 @@ TEST(SoftVerbs, ResponderExpectingAnotherPsnOrNeverConnectedIsRemoteOperation) {
 TEST(SoftVerbs, ResponderAimedAtAnotherGidIsRemoteOperation) {
   auto a = openDevice(), b = openDevice();
   Buffer source(*a, 4096, 155), target(*b, 4096);
-  std::unique_ptr<QueuePair> requester, responder;
-  ASSERT_EQ(a->createQueuePair(16, 0, requester), kOk);
-  ASSERT_EQ(b->createQueuePair(16, 0, responder), kOk);
-  QpAddress elsewhere = addressOf(*a, *requester, 1000);
+  Pair pair = createdPair(*a, *b, 16, 0);
+  ASSERT_TRUE(pair.requester && pair.responder);
+  QpAddress elsewhere = addressOf(*a, *pair.requester, kRequesterPsn);
   elsewhere.gid.raw[15] ^= 0x03;  // 127.0.0.2: not the GID the requester sends from
-  ASSERT_EQ(responder->connect(elsewhere, 2000, loopbackOptions(*b)), kOk);
-  ASSERT_EQ(requester->connect(addressOf(*b, *responder, 2000), 1000, loopbackOptions(*a)), kOk);
-  ASSERT_EQ(postOne(*requester, writeRequest(1, source, 0, target, 0, 64, false)), kOk);
-  auto done = waitCompletions(*a, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 1, Completion::kRemoteOperation, requester->number());
-  EXPECT_EQ(done[0].vendor_error, soft::kRemoteGidMismatch);
+  ASSERT_EQ(pair.responder->connect(elsewhere, kResponderPsn, loopbackOptions(*b)), kOk);
+  ASSERT_EQ(connectRequester(pair, *b, loopbackOptions(*a)), kOk);
+  ASSERT_NO_FATAL_FAILURE(postExpecting(*a, *pair.requester, writeRequest(1, source, 0, target, 0, 64, false),
+                                        Completion::kRemoteOperation, soft::kRemoteGidMismatch));
 }
 
 TEST(SoftVerbs, ResponderQpInTheErrorStateIsRemoteOperation) {
@@ -844,35 +863,26 @@ TEST(SoftVerbs, ResponderQpInTheErrorStateIsRemoteOperation) {
   // The QP on b fails on its own (a WR of its own with a wrong lkey)...
   WorkRequest wrong = writeRequest(1, on_b, 0, on_a, 0, 64, false);
   wrong.lkey ^= 1;
-  ASSERT_EQ(postOne(*pair.responder, wrong), kOk);
-  auto done = waitCompletions(*b, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 1, Completion::kLocalProtection, pair.responder->number());
+  ASSERT_NO_FATAL_FAILURE(postExpecting(*b, *pair.responder, wrong, Completion::kLocalProtection));
   // ... and then serves nothing: a's WRITE to it is refused, nothing lands.
   const std::vector<char> before = on_b.bytes;
-  ASSERT_EQ(postOne(*pair.requester, writeRequest(2, on_a, 0, on_b, 0, 64, false)), kOk);
-  done = waitCompletions(*a, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 2, Completion::kRemoteOperation, pair.requester->number());
-  EXPECT_EQ(done[0].vendor_error, soft::kRemoteQpInError);
+  ASSERT_NO_FATAL_FAILURE(postExpecting(*a, *pair.requester, writeRequest(2, on_a, 0, on_b, 0, 64, false),
+                                        Completion::kRemoteOperation, soft::kRemoteQpInError));
   EXPECT_EQ(on_b.bytes, before);
 }
 
 TEST(SoftVerbs, ResponderConnectingLateWithinTheWindowIsServed) {
   auto a = openDevice(), b = openDevice();
   Buffer source(*a, 4096, 161), target(*b, 4096);
-  std::unique_ptr<QueuePair> requester, responder;
-  ASSERT_EQ(a->createQueuePair(16, 0, requester), kOk);
-  ASSERT_EQ(b->createQueuePair(16, 0, responder), kOk);
+  Pair pair = createdPair(*a, *b, 16, 0);
+  ASSERT_TRUE(pair.requester && pair.responder);
   // The requester posts before the responder's QP is connected (as a NIC
   // retransmits until it is).
-  ASSERT_EQ(requester->connect(addressOf(*b, *responder, 2000), 1000, loopbackOptions(*a)), kOk);
-  ASSERT_EQ(postOne(*requester, writeRequest(1, source, 0, target, 0, 4096, true)), kOk);
+  ASSERT_EQ(connectRequester(pair, *b, loopbackOptions(*a)), kOk);
+  ASSERT_EQ(postOne(*pair.requester, writeRequest(1, source, 0, target, 0, 4096, true)), kOk);
   std::this_thread::sleep_for(50ms);
-  ASSERT_EQ(responder->connect(addressOf(*a, *requester, 1000), 2000, loopbackOptions(*b)), kOk);
-  auto done = waitCompletions(*a, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 1, Completion::kSuccess, requester->number());
+  ASSERT_EQ(connectResponder(pair, *a, loopbackOptions(*b)), kOk);
+  ASSERT_NO_FATAL_FAILURE(expectCompletions(*a, pair.requester->number(), {{1, Completion::kSuccess}}));
   EXPECT_EQ(target.bytes, source.bytes);
 }
 
@@ -999,25 +1009,21 @@ class PeerChild {
   }
 
  private:
-  static bool readAll(int fd, void* data, size_t n) {
-    auto* p = static_cast<char*>(data);
+  // Calls `io` (::read or ::write) until all `n` bytes went through; false
+  // at an error or the end of the pipe.
+  template <class Byte, class Io>
+  static bool allBytes(Io io, int fd, Byte* p, size_t n) {
     while (n > 0) {
-      ssize_t got = ::read(fd, p, n);
-      if (got <= 0) return false;
-      p += got;
-      n -= static_cast<size_t>(got);
+      const ssize_t moved = io(fd, p, n);
+      if (moved <= 0) return false;
+      p += moved;
+      n -= static_cast<size_t>(moved);
     }
     return true;
   }
+  static bool readAll(int fd, void* data, size_t n) { return allBytes(::read, fd, static_cast<char*>(data), n); }
   static bool writeAll(int fd, const void* data, size_t n) {
-    auto* p = static_cast<const char*>(data);
-    while (n > 0) {
-      ssize_t put = ::write(fd, p, n);
-      if (put <= 0) return false;
-      p += put;
-      n -= static_cast<size_t>(put);
-    }
-    return true;
+    return allBytes(::write, fd, static_cast<const char*>(data), n);
   }
 
   static int runChild(int in, int out) {
@@ -1046,77 +1052,63 @@ class PeerChild {
   int from_child_ = -1;
 };
 
-// Connects `qp` on `device` to the child's and checks a WRITE and a READ
-// through it land.
-void connectAndCheck(PeerChild& child, Device& device, QueuePair& qp, const ConnectOptions& options,
-                     PeerChild::Published& published) {
-  ASSERT_TRUE(child.readPublished(published));
-  ASSERT_TRUE(child.connectTo(addressOf(device, qp, 4000)));
-  ASSERT_EQ(qp.connect(published.address, 4000, options), kOk);
-  Buffer source(device, 4096, 181), back(device, 4096);
-  WorkRequest write = writeRequest(1, source, 0, source, 0, 4096, false);
-  write.remote = published.buffer;
-  write.rkey = published.rkey;
-  WorkRequest read = write;
-  read.wr_id = 2;
-  read.read = true;
-  read.signaled = true;
-  read.local = back.at(0);
-  read.lkey = back.keys.lkey;
-  const WorkRequest chain[] = {write, read};
-  size_t posted = 0;
-  ASSERT_EQ(qp.post(chain, 2, posted), kOk);
-  auto done = waitCompletions(device, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 2, Completion::kSuccess, qp.number());
-  EXPECT_EQ(back.bytes, source.bytes);
-}
+// The parent's side of the peer-process tests: the child (forked first,
+// before the device starts threads of its own) and a QP on a device of this
+// process, connected to the child's.
+struct PeerConnection {
+  PeerChild child;
+  std::unique_ptr<Device> device;
+  std::unique_ptr<QueuePair> qp;
+  PeerChild::Published published;
+
+  // Connects, with the retry window of `timeout` and `retry_count`, and
+  // checks a WRITE and a READ through it land.
+  void connectAndCheck(uint8_t timeout, uint8_t retry_count) {
+    ASSERT_TRUE(child.started());
+    device = openDevice();
+    ASSERT_EQ(device->createQueuePair(16, 0, qp), kOk);
+    ASSERT_TRUE(child.readPublished(published));
+    ASSERT_TRUE(child.connectTo(addressOf(*device, *qp, 4000)));
+    ASSERT_EQ(qp->connect(published.address, 4000, loopbackOptions(*device, timeout, retry_count)), kOk);
+    Buffer source(*device, 4096, 181), back(*device, 4096);
+    WorkRequest read = writeToChild(2, back, 4096, true);
+    read.read = true;
+    const WorkRequest chain[] = {writeToChild(1, source, 4096, false), read};
+    size_t posted = 0;
+    ASSERT_EQ(qp->post(chain, 2, posted), kOk);
+    ASSERT_NO_FATAL_FAILURE(expectCompletions(*device, qp->number(), {{2, Completion::kSuccess}}));
+    EXPECT_EQ(back.bytes, source.bytes);
+  }
+
+  // A WRITE from the start of `from` into the child's buffer.
+  WorkRequest writeToChild(uint64_t wr_id, Buffer& from, uint32_t length, bool signaled) const {
+    return writeTo(wr_id, from, 0, published.buffer, published.rkey, length, signaled);
+  }
+};
 
 TEST(SoftVerbs, PeerProcessKilledIsRetryExceededAtOnce) {
-  PeerChild child;
-  ASSERT_TRUE(child.started());
-  auto device = openDevice();
-  std::unique_ptr<QueuePair> qp;
-  ASSERT_EQ(device->createQueuePair(16, 0, qp), kOk);
-  PeerChild::Published published;
+  PeerConnection peer;
   // A retry window of about 8.6 s (timeout 18, 7 retries): the dead peer's
   // closed connection ends the WR long before it.
-  ASSERT_NO_FATAL_FAILURE(connectAndCheck(child, *device, *qp, loopbackOptions(*device, 18, 7), published));
-  child.kill();
-  Buffer local(*device, 64, 182);
-  WorkRequest wr = writeRequest(3, local, 0, local, 0, 64, false);
-  wr.remote = published.buffer;
-  wr.rkey = published.rkey;
+  ASSERT_NO_FATAL_FAILURE(peer.connectAndCheck(18, 7));
+  peer.child.kill();
+  Buffer local(*peer.device, 64, 182);
+  const WorkRequest wr = peer.writeToChild(3, local, 64, false);
   const auto start = Clock::now();
-  ASSERT_EQ(postOne(*qp, wr), kOk);
-  auto done = waitCompletions(*device, 1);
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 3, Completion::kRetryExceeded, qp->number());
-  EXPECT_EQ(done[0].vendor_error, soft::kConnectionLost);
+  ASSERT_NO_FATAL_FAILURE(postExpecting(*peer.device, *peer.qp, wr, Completion::kRetryExceeded, soft::kConnectionLost));
   EXPECT_LT(Clock::now() - start, 2s);
 }
 
 TEST(SoftVerbs, PeerProcessStoppedIsRetryExceededAfterTheWindow) {
-  PeerChild child;
-  ASSERT_TRUE(child.started());
-  auto device = openDevice();
-  std::unique_ptr<QueuePair> qp;
-  ASSERT_EQ(device->createQueuePair(16, 0, qp), kOk);
-  PeerChild::Published published;
+  PeerConnection peer;
   // timeout 12, 3 retries: 67.1 ms.
-  ASSERT_NO_FATAL_FAILURE(connectAndCheck(child, *device, *qp, loopbackOptions(*device, 12, 3), published));
-  ASSERT_TRUE(child.stop());
-  Buffer local(*device, 64, 191);
-  WorkRequest wr = writeRequest(3, local, 0, local, 0, 64, true);
-  wr.remote = published.buffer;
-  wr.rkey = published.rkey;
+  ASSERT_NO_FATAL_FAILURE(peer.connectAndCheck(12, 3));
+  ASSERT_TRUE(peer.child.stop());
+  Buffer local(*peer.device, 64, 191);
+  const WorkRequest wr = peer.writeToChild(3, local, 64, true);
   const auto start = Clock::now();
-  ASSERT_EQ(postOne(*qp, wr), kOk);
-  auto done = waitCompletions(*device, 1);
+  ASSERT_NO_FATAL_FAILURE(postExpecting(*peer.device, *peer.qp, wr, Completion::kRetryExceeded, soft::kAckTimeout));
   const auto elapsed = Clock::now() - start;
-  ASSERT_EQ(done.size(), 1u);
-  expectCompletion(done[0], 3, Completion::kRetryExceeded, qp->number());
-  EXPECT_EQ(done[0].vendor_error, soft::kAckTimeout);
   EXPECT_GE(elapsed, std::chrono::microseconds(67108));
   EXPECT_LT(elapsed, 3s);
 }
@@ -1276,16 +1268,8 @@ struct Transfer {
   uint32_t length = 0;
 
   WorkRequest request(uint64_t wr_id, bool signaled) const {
-    WorkRequest wr;
-    wr.wr_id = wr_id;
-    wr.read = is_read;
-    wr.signaled = signaled;
-    wr.local = local->data + local_offset;
-    wr.length = length;
-    wr.lkey = local->keys.lkey;
-    wr.remote = remote->remote(remote_offset);
-    wr.rkey = remote->keys.rkey;
-    return wr;
+    return workRequest(wr_id, is_read, signaled, local->data + local_offset, local->keys.lkey,
+                       remote->remote(remote_offset), remote->keys.rkey, length);
   }
   static Transfer write(Memory& local, size_t local_offset, Memory& remote, size_t remote_offset, uint32_t length) {
     return Transfer{false, &local, local_offset, &remote, remote_offset, length};
@@ -1306,16 +1290,16 @@ struct Transfer {
 // succeed, in order.
 void runAll(Device& device, QueuePair& qp, const std::vector<Transfer>& transfers) {
   std::vector<WorkRequest> chain;
-  for (size_t i = 0; i < transfers.size(); ++i) chain.push_back(transfers[i].request(i + 1, true));
+  std::vector<Expected> expected;
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    chain.push_back(transfers[i].request(i + 1, true));
+    expected.push_back({i + 1, Completion::kSuccess});
+  }
   size_t posted = 0;
   ASSERT_EQ(qp.post(chain.data(), chain.size(), posted), kOk);
   ASSERT_EQ(posted, chain.size());
-  auto done = waitCompletions(device, chain.size());
-  ASSERT_EQ(done.size(), chain.size());
-  for (size_t i = 0; i < done.size(); ++i) {
-    expectCompletion(done[i], i + 1, Completion::kSuccess, qp.number());
-    transfers[i].apply();
-  }
+  ASSERT_NO_FATAL_FAILURE(expectCompletions(device, qp.number(), expected));
+  for (const Transfer& transfer : transfers) transfer.apply();
 }
 
 // Makes every copy into or out of GPU memory fail while in scope.
@@ -1423,23 +1407,18 @@ TEST(SoftVerbsGpu, WrongKeysAndRangesOfGpuMemoryAreRefused) {
                                  Transfer::write(source, 0, target, 8192, 4096).request(3, true)};
     size_t posted = 0;
     ASSERT_EQ(pair.requester->post(chain, 3, posted), kOk);
-    auto done = waitCompletions(*a, 3);
-    ASSERT_EQ(done.size(), 3u);
-    expectCompletion(done[0], 1, Completion::kSuccess, qp);
-    expectCompletion(done[1], 2, Completion::kRemoteAccess, qp);
-    EXPECT_EQ(done[1].vendor_error, soft::kUnknownRkey);
-    expectCompletion(done[2], 3, Completion::kFlushed, qp);
+    ASSERT_NO_FATAL_FAILURE(expectCompletions(
+        *a, qp,
+        {{1, Completion::kSuccess}, {2, Completion::kRemoteAccess, soft::kUnknownRkey}, {3, Completion::kFlushed}}));
     good.apply();
     expectHolds(target, "target");  // the first landed, nothing after it
   }
   {
     // A READ running one byte past the end of the GPU registration.
     Pair pair = connectedPair(*a, *b);
-    ASSERT_EQ(postOne(*pair.requester, Transfer::read(source, 0, target, kSize - 100, 101).request(4, false)), kOk);
-    auto done = waitCompletions(*a, 1);
-    ASSERT_EQ(done.size(), 1u);
-    expectCompletion(done[0], 4, Completion::kRemoteAccess, pair.requester->number());
-    EXPECT_EQ(done[0].vendor_error, soft::kRemoteOutOfRange);
+    ASSERT_NO_FATAL_FAILURE(postExpecting(*a, *pair.requester,
+                                          Transfer::read(source, 0, target, kSize - 100, 101).request(4, false),
+                                          Completion::kRemoteAccess, soft::kRemoteOutOfRange));
     expectHolds(source, "source");
   }
   {
@@ -1447,11 +1426,7 @@ TEST(SoftVerbsGpu, WrongKeysAndRangesOfGpuMemoryAreRefused) {
     Pair pair = connectedPair(*a, *b);
     WorkRequest wr = Transfer::write(gpu_local, 0, target, 0, 4096).request(5, false);
     wr.lkey = gpu_local.keys.rkey;
-    ASSERT_EQ(postOne(*pair.requester, wr), kOk);
-    auto done = waitCompletions(*a, 1);
-    ASSERT_EQ(done.size(), 1u);
-    expectCompletion(done[0], 5, Completion::kLocalProtection, pair.requester->number());
-    EXPECT_EQ(done[0].vendor_error, soft::kBadLkey);
+    ASSERT_NO_FATAL_FAILURE(postExpecting(*a, *pair.requester, wr, Completion::kLocalProtection, soft::kBadLkey));
     expectHolds(target, "target");
   }
 }
@@ -1470,45 +1445,23 @@ TEST(SoftVerbsGpu, DeregisteredGpuMemoryIsNoLongerServedOrTouched) {
     expectHolds(target, "target");
     // Deregistered locally: a READ into it fails at the requester.
     ASSERT_EQ(gpu_back.deregister(), kOk);
-    ASSERT_EQ(postOne(*pair.requester, Transfer::read(gpu_back, 0, target, 0, 64).request(2, false)), kOk);
-    auto done = waitCompletions(*a, 1);
-    ASSERT_EQ(done.size(), 1u);
-    expectCompletion(done[0], 2, Completion::kLocalProtection, pair.requester->number());
+    ASSERT_NO_FATAL_FAILURE(postExpecting(*a, *pair.requester,
+                                          Transfer::read(gpu_back, 0, target, 0, 64).request(2, false),
+                                          Completion::kLocalProtection));
     expectHolds(gpu_back, "gpu_back");
   }
 
   // Deregistered remotely while WRITEs stream into it: refused from then on,
   // and no byte of it touched once deregisterMemory() returned.
   Pair pair = connectedPair(*a, *b, 64);
-  std::thread deregistering([&] {
-    std::this_thread::sleep_for(30ms);
-    EXPECT_EQ(target.deregister(), kOk);
-    target.fill(char(0xEE));
-  });
   bool refused = false;
-  size_t next = 0, outstanding = 0;
-  const auto deadline = Clock::now() + 2s;
-  WorkCompletion batch[16];
-  while (!refused && Clock::now() < deadline) {
-    if (outstanding < 4) {
-      const size_t piece = next % kPieces;
-      const Transfer w = Transfer::write(source, piece * kPiece, target, piece * kPiece, kPiece);
-      if (postOne(*pair.requester, w.request(100 + next, true)) == kOk) {
-        ++outstanding;
-        ++next;
-      }
-      continue;
-    }
-    const int n = a->pollCompletions(batch, 16, 100ms);
-    ASSERT_GE(n, 0);
-    for (int i = 0; i < n; ++i) {
-      --outstanding;
-      if (batch[i].status == Completion::kSuccess) continue;
-      EXPECT_EQ(batch[i].status, refused ? Completion::kFlushed : Completion::kRemoteAccess);
-      refused = true;
-    }
-  }
-  deregistering.join();
+  ASSERT_NO_FATAL_FAILURE(streamWhileDeregistering(
+      *a, *pair.requester, target, 2s,
+      [&](size_t next) {
+        const size_t piece = next % kPieces;
+        return Transfer::write(source, piece * kPiece, target, piece * kPiece, kPiece).request(100 + next, true);
+      },
+      refused));
   EXPECT_TRUE(refused);
   std::this_thread::sleep_for(50ms);
   expectHolds(target, "target");  // all 0xEE
@@ -1537,19 +1490,16 @@ TEST(SoftVerbsGpu, FailedCudaCopiesFailTheirRequests) {
       const WorkRequest chain[] = {host_ok.request(1, true), gpu_failing.request(2, false), host_ok.request(3, true)};
       size_t posted = 0;
       ASSERT_EQ(pair.requester->post(chain, 3, posted), kOk);
-      auto done = waitCompletions(*a, 3);
-      ASSERT_EQ(done.size(), 3u);
-      expectCompletion(done[0], 1, Completion::kSuccess, qp);
-      expectCompletion(done[1], 2, Completion::kRemoteOperation, qp);
-      EXPECT_EQ(done[1].vendor_error, soft::kRemoteCopyFailed);
-      expectCompletion(done[2], 3, Completion::kFlushed, qp);
+      ASSERT_NO_FATAL_FAILURE(expectCompletions(*a, qp,
+                                                {{1, Completion::kSuccess},
+                                                 {2, Completion::kRemoteOperation, soft::kRemoteCopyFailed},
+                                                 {3, Completion::kFlushed}}));
       host_ok.apply();
       expectHolds(host_target, "host_target");
       if (read) expectHolds(host_back, "host_back");  // nothing came back
-      ASSERT_EQ(postOne(*pair.responder, Transfer::write(host_target, 0, host_back, 0, 64).request(4, true)), kOk);
-      done = waitCompletions(*b, 1);
-      ASSERT_EQ(done.size(), 1u);
-      expectCompletion(done[0], 4, Completion::kFlushed, pair.responder->number());
+      ASSERT_NO_FATAL_FAILURE(postExpecting(*b, *pair.responder,
+                                            Transfer::write(host_target, 0, host_back, 0, 64).request(4, true),
+                                            Completion::kFlushed));
     }
     // At the requester: a WRITE out of GPU memory, a READ into it.
     for (bool read : {false, true}) {
@@ -1557,11 +1507,8 @@ TEST(SoftVerbsGpu, FailedCudaCopiesFailTheirRequests) {
       Pair pair = connectedPair(*a, *b);
       const Transfer gpu_failing = read ? Transfer::read(gpu_back, 0, host_target, 0, 4096)
                                         : Transfer::write(gpu_source, 0, host_target, 8192, 4096);
-      ASSERT_EQ(postOne(*pair.requester, gpu_failing.request(5, false)), kOk);
-      auto done = waitCompletions(*a, 1);
-      ASSERT_EQ(done.size(), 1u);
-      expectCompletion(done[0], 5, Completion::kLocalProtection, pair.requester->number());
-      EXPECT_EQ(done[0].vendor_error, soft::kLocalCopyFailed);
+      ASSERT_NO_FATAL_FAILURE(postExpecting(*a, *pair.requester, gpu_failing.request(5, false),
+                                            Completion::kLocalProtection, soft::kLocalCopyFailed));
     }
   }
   // The copies work again: every direction once more, on a fresh pair.
