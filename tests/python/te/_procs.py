@@ -15,8 +15,10 @@ import numpy as np
 HOST = "127.0.0.1"
 
 # "" is the automatic choice: shm (cross-memory attach) for a same-host peer.
-PROTOCOLS = ["tcp", "shm", ""]
-PROTOCOL_IDS = ["tcp", "shm", "auto"]
+# "rdma" runs over the software verbs provider (the protocol fixture sets
+# MC_RDMA_PROVIDER=software): no machine here has an RDMA NIC.
+PROTOCOLS = ["tcp", "shm", "", "rdma"]
+PROTOCOL_IDS = ["tcp", "shm", "auto", "rdma"]
 
 
 def session_of(engine):

@@ -62,7 +62,9 @@ def factory():
 
 
 @pytest.fixture(params=PROTOCOLS, ids=PROTOCOL_IDS)
-def protocol(request):
+def protocol(request, monkeypatch):
+    if request.param == "rdma":
+        monkeypatch.setenv("MC_RDMA_PROVIDER", "software")  # read when an engine initializes
     return request.param
 
 
