@@ -224,6 +224,11 @@ int Listener::open(uint16_t min_port, uint16_t max_port, const std::string& addr
       continue;  // taken (or reserved): try the next port
     }
     if (::listen(s.fd(), 512) != 0) continue;
+    if (port == 0) {  // the kernel's pick
+      socklen_t length = bound_length;
+      if (::getsockname(s.fd(), reinterpret_cast<sockaddr*>(&bound), &length) != 0) return kSocketFailed;
+      port = ntohs(ipv6 ? v6->sin6_port : v4->sin_port);
+    }
     socket_ = std::move(s);
     port_ = port;
     return kOk;

@@ -69,7 +69,8 @@ class Listener {
  public:
   // `address`: an IPv4 or IPv6 literal; "0.0.0.0" is every IPv4 interface,
   // "::" every interface (dual-stack). kInvalidArgument for anything else,
-  // kSocketFailed (logged) when the address is not this host's.
+  // kSocketFailed (logged) when the address is not this host's. A range of
+  // [0, 0] takes any free port the kernel picks (port() says which).
   int open(uint16_t min_port, uint16_t max_port, const std::string& address);
   uint16_t port() const { return port_; }
   // Blocks until a connection arrives: kOk; kTooManyRequests when the

@@ -305,7 +305,7 @@ class DeviceCore : public std::enable_shared_from_this<DeviceCore> {
   PortInfo port_;
   RegionTable regions_;
   CompletionQueue completions_;
-  net::Socket listener_;
+  net::Listener listener_;
   uint16_t listen_port_ = 0;
   std::thread acceptor_;
 

@@ -18,6 +18,7 @@
 #include "cuda/host_staging.h"
 #include "mooncake/te/log.h"
 #include "mooncake/te/status.h"
+#include "transport/rdma/gid_choice.h"
 #include "transport/rdma/soft/soft_internal.h"
 
 #if MOONCAKE_WITH_CUDA
@@ -97,10 +98,7 @@ void setDeviceCopiesFailing(bool failing) { g_device_copies_failing.store(failin
 bool deviceCopiesFailing() { return g_device_copies_failing.load(std::memory_order_acquire); }
 
 bool ipv4OfGid(const Gid& gid, std::string& out) {
-  for (int i = 0; i < 10; ++i) {
-    if (gid.raw[i] != 0) return false;
-  }
-  if (gid.raw[10] != 0xff || gid.raw[11] != 0xff) return false;
+  if (!isIpv4Mapped(gid)) return false;
   char text[INET_ADDRSTRLEN];
   if (::inet_ntop(AF_INET, gid.raw.data() + 12, text, sizeof(text)) == nullptr) return false;
   out = text;
@@ -282,23 +280,12 @@ int DeviceCore::open(const std::string& name, const DeviceOptions& options, std:
 }
 
 int DeviceCore::startListening() {
-  net::Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!s.valid()) {
-    MC_LOG(Error) << name() << ": socket: " << std::strerror(errno);
+  // Every interface, on a port of the kernel's choosing: any number of NICs per host.
+  if (listener_.open(0, 0, "0.0.0.0") != kOk) {
+    MC_LOG(Error) << name() << ": cannot listen";
     return kEndpointError;
   }
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_ANY);
-  address.sin_port = 0;  // ephemeral: any number of NICs per host
-  socklen_t length = sizeof(address);
-  if (::bind(s.fd(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 || ::listen(s.fd(), 512) != 0 ||
-      ::getsockname(s.fd(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    MC_LOG(Error) << name() << ": cannot listen: " << std::strerror(errno);
-    return kEndpointError;
-  }
-  listen_port_ = ntohs(address.sin_port);
-  listener_ = std::move(s);
+  listen_port_ = listener_.port();
   return kOk;
 }
 
@@ -315,28 +302,25 @@ void DeviceCore::reapFinishedLocked(std::list<std::unique_ptr<Inbound>>& finishe
 
 void DeviceCore::acceptLoop() {
   for (;;) {
-    int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
-      if (shut_down_.load(std::memory_order_acquire)) return;  // shutdown() ended the listener
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // out of descriptors for now
-        continue;
-      }
-      MC_LOG(Error) << name() << ": accept: " << std::strerror(errno) << ": the device stops answering";
-      return;
+    net::Socket socket;
+    const int rc = listener_.accept(socket);
+    if (rc == kTooManyRequests) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // out of descriptors for now
+      continue;
     }
-    net::setNoDelay(fd);
+    if (rc != kOk) {
+      if (!shut_down_.load(std::memory_order_acquire)) {
+        MC_LOG(Error) << name() << ": accept failed: the device stops answering";
+      }
+      return;  // shutdown() ended the listener, or a fatal error
+    }
     std::list<std::unique_ptr<Inbound>> finished;
     {
       std::lock_guard lock(inbound_mutex_);
-      if (stopping_) {
-        ::close(fd);
-        return;
-      }
+      if (stopping_) return;
       reapFinishedLocked(finished);
       auto in = std::make_unique<Inbound>();
-      in->socket = net::Socket(fd);
+      in->socket = std::move(socket);
       Inbound* raw = in.get();
       try {
         raw->thread = std::thread([this, raw] {
@@ -362,7 +346,7 @@ void DeviceCore::shutdown() {
     std::lock_guard lock(inbound_mutex_);
     stopping_ = true;
   }
-  listener_.shutdownBoth();
+  listener_.stop();
   if (acceptor_.joinable()) acceptor_.join();
   // Queue pairs still open: stopped, so that none of them touches the CQ or
   // the keys of a device that is going away.
@@ -386,7 +370,6 @@ void DeviceCore::shutdown() {
   }
   qp_state_changed_.notify_all();
   for (auto& in : all) in->thread.join();
-  listener_.close();
   completions_.wake();
 }
 
