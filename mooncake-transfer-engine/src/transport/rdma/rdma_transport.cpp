@@ -31,6 +31,14 @@ std::vector<std::string> splitNames(const std::string& list) {
   return names;
 }
 
+// How many devices a peer's descriptor says it serves (0: none, or an
+// attribute that does not decode).
+size_t remoteDeviceCount(const SegmentDescriptor& d) {
+  auto it = d.attrs.find(rdma::kDevicesAttr);
+  std::vector<rdma::DeviceAddress> devices;
+  return it != d.attrs.end() && rdma::decodeDevices(it->second, devices) ? devices.size() : 0;
+}
+
 uint32_t randomPsn() {
   static thread_local std::mt19937 generator{std::random_device{}()};
   return generator() & 0xffffff;
@@ -48,6 +56,7 @@ struct RdmaTransport::LocalDevice {
   std::atomic<uint64_t> next_wr_id{1};  // unique per device: a late completion of a torn-down QP matches nothing
   std::atomic<uint32_t> in_flight{0};   // WRs posted on the device, not yet settled
   std::atomic<bool> failed{false};      // its completion queue overran: it serves nothing more
+  std::atomic<bool> starved{false};     // a queue pair has WRs waiting for room on the device
   std::mutex endpoints_mutex;
   std::unordered_map<uint32_t, std::weak_ptr<Endpoint>> by_qp;  // connected endpoints by queue pair number
 };
@@ -76,6 +85,8 @@ RdmaTransport::~RdmaTransport() { shutdown(); }
 
 int RdmaTransport::install(const TransportContext& context) {
   context_ = context;
+  max_wr_ = static_cast<uint32_t>(std::clamp(context.config->rdma_max_wr, 1, 16384));
+  slice_size_ = std::clamp<uint64_t>(context.config->rdma_slice_size, 4096, 1u << 30);
   provider_ = rdma::makeConfiguredProvider();
   if (!provider_) return kOk;  // not built with a provider: idle
   const std::vector<std::string> listed = provider_->deviceNames();
@@ -219,10 +230,7 @@ int RdmaTransport::unregisterMemory(const MemoryRegion& region) {
 bool RdmaTransport::reaches(PeerSegment& peer) {
   if (devices_.empty()) return false;
   std::shared_ptr<const SegmentDescriptor> d = peer.descriptor();
-  if (!d->servesTransport(name())) return false;
-  auto it = d->attrs.find(rdma::kDevicesAttr);
-  std::vector<rdma::DeviceAddress> remote;
-  return it != d->attrs.end() && rdma::decodeDevices(it->second, remote) && !remote.empty();
+  return d->servesTransport(name()) && remoteDeviceCount(*d) > 0;
 }
 
 bool RdmaTransport::carries(PeerSegment&, const MemoryRegion& local, const BufferDescriptor& remote) {
@@ -267,8 +275,7 @@ int RdmaTransport::connect(const std::shared_ptr<Endpoint>& shared) {
   LocalDevice& device = *endpoint.device;
   if (device.failed.load(std::memory_order_acquire)) return kEndpointError;
   std::unique_ptr<rdma::QueuePair> qp;
-  const uint32_t max_wr = static_cast<uint32_t>(std::clamp(context_.config->rdma_max_wr, 1, 16384));
-  if (int rc = device.device->createQueuePair(max_wr, kMaxTrailerBytes, qp); rc != kOk) {
+  if (int rc = device.device->createQueuePair(max_wr_, kMaxTrailerBytes, qp); rc != kOk) {
     MC_LOG(Warning) << "rdma: cannot create a queue pair on " << device.address.name << ": " << errorName(rc);
     return rc;
   }
@@ -311,14 +318,11 @@ void RdmaTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& 
   }
   if (stale) peer.refresh();  // a refused rkey: the peer registered its memory anew
   std::shared_ptr<const SegmentDescriptor> d = peer.descriptor();
-  std::vector<rdma::DeviceAddress> remote_devices;
-  auto devices_attr = d->attrs.find(rdma::kDevicesAttr);
-  if (devices_.empty() || stopping_.load() || devices_attr == d->attrs.end() ||
-      !rdma::decodeDevices(devices_attr->second, remote_devices) || remote_devices.empty()) {
+  const size_t remote_count = remoteDeviceCount(*d);
+  if (devices_.empty() || stopping_.load() || remote_count == 0) {
     for (TransferTask* task : tasks) task->fail(kEndpointError);
     return;
   }
-  const size_t remote_count = remote_devices.size();
   // The peer's rkeys of the buffer holding [addr, addr + length), and the
   // devices nearest it (all of them where it does not say).
   auto remoteKeysOf = [&](uint64_t addr, uint64_t length, std::vector<uint32_t>& rkeys,
@@ -337,7 +341,6 @@ void RdmaTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& 
     }
     return std::all_of(nics->begin(), nics->end(), [&](uint32_t n) { return n < remote_count; });
   };
-  const uint64_t slice_size = std::clamp<uint64_t>(context_.config->rdma_slice_size, 4096, 1u << 30);
   std::map<std::pair<size_t, size_t>, std::vector<Slice>> per_pair;  // by (local, remote) device
   for (TransferTask* task : tasks) {
     const TransferRequest& r = task->request();
@@ -360,7 +363,7 @@ void RdmaTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& 
       task->fail(kAddressNotRegistered);
       continue;
     }
-    const uint64_t count = (r.length + slice_size - 1) / slice_size;
+    const uint64_t count = (r.length + slice_size_ - 1) / slice_size_;
     task->expectSlices(static_cast<uint32_t>(count + (trailer ? 1 : 0)));
     const net::Deadline deadline = net::after(context_.config->budgetFor(r.length));
     const uint64_t start = next_spread_.fetch_add(1, std::memory_order_relaxed);
@@ -373,12 +376,12 @@ void RdmaTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& 
     };
     for (uint64_t k = 0; k < count; ++k) {
       const auto [local, remote] = pairOf(k);
-      const uint64_t offset = k * slice_size;
+      const uint64_t offset = k * slice_size_;
       Slice s;
       s.task = task;
       s.read = r.opcode == Opcode::kRead;
       s.local = static_cast<char*>(r.source) + offset;
-      s.length = static_cast<uint32_t>(std::min(slice_size, r.length - offset));
+      s.length = static_cast<uint32_t>(std::min(slice_size_, r.length - offset));
       s.lkey = lkeys[local].lkey;
       s.remote = r.target_offset + offset;
       s.rkey = rkeys[remote];
@@ -417,9 +420,8 @@ void RdmaTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& 
 void RdmaTransport::pumpLocked(Endpoint& endpoint, std::vector<Outcome>& failed) {
   if (!endpoint.qp || endpoint.waiting.empty()) return;
   LocalDevice& device = *endpoint.device;
-  const size_t max_wr = static_cast<size_t>(std::clamp(context_.config->rdma_max_wr, 1, 16384));
   std::vector<rdma::WorkRequest> chain;
-  while (!endpoint.waiting.empty() && endpoint.posted.size() < max_wr &&
+  while (!endpoint.waiting.empty() && endpoint.posted.size() < max_wr_ &&
          device.in_flight.load(std::memory_order_relaxed) < kInFlightPerDevice) {
     const Slice& s = endpoint.waiting.front();
     rdma::WorkRequest wr;
@@ -438,6 +440,7 @@ void RdmaTransport::pumpLocked(Endpoint& endpoint, std::vector<Outcome>& failed)
     endpoint.waiting.pop_front();
     device.in_flight.fetch_add(1, std::memory_order_relaxed);
   }
+  if (!endpoint.waiting.empty() && endpoint.posted.size() < max_wr_) device.starved.store(true);
   if (chain.empty()) return;
   // The last WR of every chain asks for a completion, so that nothing
   // posted waits on WRs that may never come.
@@ -534,7 +537,8 @@ void RdmaTransport::onCompletion(LocalDevice& device, const rdma::WorkCompletion
   report(outcomes);
 }
 
-void RdmaTransport::expireDeadlines(LocalDevice& device) {
+void RdmaTransport::forEachEndpoint(LocalDevice& device,
+                                    const std::function<void(Endpoint&, std::vector<Outcome>&)>& visit) {
   std::vector<std::shared_ptr<Endpoint>> endpoints;
   {
     std::lock_guard lock(device.endpoints_mutex);
@@ -542,26 +546,30 @@ void RdmaTransport::expireDeadlines(LocalDevice& device) {
       if (auto e = weak.lock()) endpoints.push_back(std::move(e));
     }
   }
-  const net::Deadline now = net::Clock::now();
   std::vector<Outcome> outcomes;
   for (auto& endpoint : endpoints) {
     std::lock_guard lock(endpoint->mutex);
-    if (device.failed.load(std::memory_order_relaxed)) {
-      breakLocked(*endpoint, kEndpointError, outcomes);
-      continue;
-    }
-    // WRs past the device's budget wait in `waiting`: their deadlines count too.
-    const bool late = (!endpoint->posted.empty() && endpoint->posted.front().slice.deadline < now) ||
-                      (!endpoint->waiting.empty() && endpoint->waiting.front().deadline < now);
-    if (late) {
-      MC_LOG(Warning) << "rdma: " << endpoint->peer_name << " did not complete " << endpoint->posted.size()
-                      << " WRs by their deadline; failing them with " << errorName(kTimeout);
-      breakLocked(*endpoint, kTimeout, outcomes);
-      continue;
-    }
-    pumpLocked(*endpoint, outcomes);  // room freed on the device by other queue pairs
+    visit(*endpoint, outcomes);
   }
   report(outcomes);
+}
+
+void RdmaTransport::expireDeadlines(LocalDevice& device) {
+  const net::Deadline now = net::Clock::now();
+  forEachEndpoint(device, [&](Endpoint& endpoint, std::vector<Outcome>& outcomes) {
+    if (device.failed.load(std::memory_order_relaxed)) {
+      breakLocked(endpoint, kEndpointError, outcomes);
+      return;
+    }
+    // WRs past the device's budget wait in `waiting`: their deadlines count too.
+    const bool late = (!endpoint.posted.empty() && endpoint.posted.front().slice.deadline < now) ||
+                      (!endpoint.waiting.empty() && endpoint.waiting.front().deadline < now);
+    if (late) {
+      MC_LOG(Warning) << "rdma: " << endpoint.peer_name << " did not complete " << endpoint.posted.size()
+                      << " WRs by their deadline; failing them with " << errorName(kTimeout);
+      breakLocked(endpoint, kTimeout, outcomes);
+    }
+  });
 }
 
 void RdmaTransport::progressLoop(LocalDevice& device) {
@@ -579,7 +587,13 @@ void RdmaTransport::progressLoop(LocalDevice& device) {
       continue;
     }
     for (int i = 0; i < n; ++i) onCompletion(device, completions[i]);
-    if (n > 0 || net::Clock::now() >= next_scan) {
+    // Queue pairs held back by the device's budget: the completions made
+    // room (and the tick covers a flag raised just after they were seen).
+    const bool tick = net::Clock::now() >= next_scan;
+    if ((n > 0 || tick) && device.starved.exchange(false)) {
+      forEachEndpoint(device, [&](Endpoint& e, std::vector<Outcome>& outcomes) { pumpLocked(e, outcomes); });
+    }
+    if (tick) {
       expireDeadlines(device);
       next_scan = net::after(kDeadlineScan);
     }

@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -123,11 +124,16 @@ class RdmaTransport : public Transport {
   void breakLocked(Endpoint& endpoint, int error, std::vector<Outcome>& failed);
   void progressLoop(LocalDevice& device);
   void onCompletion(LocalDevice& device, const rdma::WorkCompletion& completion);
+  // Runs `visit` on each connected endpoint of `device`, under its lock;
+  // reports what the visits ended.
+  void forEachEndpoint(LocalDevice& device, const std::function<void(Endpoint&, std::vector<Outcome>&)>& visit);
   void expireDeadlines(LocalDevice& device);
   static void report(const std::vector<Outcome>& outcomes);
   static int errorOf(rdma::Completion status);
 
   TransportContext context_;
+  uint32_t max_wr_ = 1;        // MC_MAX_WR, within what a queue pair can hold
+  uint64_t slice_size_ = 4096;  // MC_RDMA_SLICE_SIZE, within what one WR can carry
   std::unique_ptr<rdma::Provider> provider_;
   std::vector<std::unique_ptr<LocalDevice>> devices_;
   std::vector<rdma::DeviceAddress> addresses_;  // devices_ as peers see them
