@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <atomic>
 #include <list>
 #include <map>
@@ -164,9 +163,7 @@ std::string stripPort(const std::string& text) {
 // clients register beside their GPU ones.
 constexpr const char* kCudaIpcProtocols[] = {"cuda_ipc", "nvlink", "nvlink_intra"};
 // Protocol names users pass that this build cannot serve yet: fall back to
-// the automatic choice with one warning, as clients pass "rdma" by default.
-// "rdma" selects the automatic choice as well, which puts rdma first for
-// peers on other hosts wherever this host has a device (see init()).
+// the automatic choice with one warning. ("rdma" is served: see init().)
 constexpr const char* kFallbackProtocols[] = {"efa", "hip", "musa", "ascend", "cxl"};
 
 template <size_t N>
@@ -629,15 +626,12 @@ Transport* EngineImpl::chooseTransport(PeerSegment& peer, const std::string& hin
   }
   // carries() first: it is the cheap test, and keeps reaches() from starting
   // anything (CUDA) for memory a transport would refuse anyway.
-  if (rdma_first_) {
-    Transport* t = transportByName("rdma");
-    if (t != nullptr && t->carries(peer, local, remote) && t->reaches(peer)) return t;
-  }
-  const bool same_host = peer.descriptor()->host_id == local_.host_id;
+  Transport* rdma = transportByName("rdma");
+  if (rdma_first_ && rdma != nullptr && rdma->carries(peer, local, remote) && rdma->reaches(peer)) return rdma;
   for (auto& t : transports_) {
     // Same-host peers go over rdma only when asked to (protocol "rdma", a
     // hint): the same-host transports copy once, without the NIC.
-    if (same_host && std::strcmp(t->name(), "rdma") == 0) continue;
+    if (t.get() == rdma && peer.descriptor()->host_id == local_.host_id) continue;
     if (t->carries(peer, local, remote) && t->reaches(peer)) return t.get();
   }
   MC_LOG(Warning) << "no transport reaches " << peer.name() << " for memory " << local.location << " -> "

@@ -5,7 +5,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
