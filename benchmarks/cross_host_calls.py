@@ -71,7 +71,7 @@ def _rank(args) -> None:
                 print(f"{op} {args.bytes} B: {late * 1e6:.1f} us per receive beyond the busy wait", flush=True)
             dist.barrier()
         elif rank == 0:
-            print(f"{op} {args.bytes} B: {each * 1e3:.2f} ms, {args.bytes / each / 1e9:.2f} GB/s", flush=True)
+            print(f"{op} {args.bytes} B: {each * 1e3:.3f} ms, {args.bytes / each / 1e9:.3f} GB/s", flush=True)
     dist.destroy_process_group()
 
 
