@@ -19,24 +19,20 @@
 //                                  [--staging-mib 64] [--one-shot-kib 256] [--csv FILE]
 //                                  [--ops all_reduce,all_gather,broadcast]
 #include <cuda_runtime_api.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/spawn.h"
+#include "common/test_gpus.h"
 #include "mooncake/pg/cuda/cuda_ipc_group.h"
-#include "test_gpus.h"
 
-extern char** environ;
 using namespace mooncake::pg;
 using namespace mooncake::pg::cuda;
 
@@ -230,8 +226,7 @@ int runRank(const Args& args) {
 
 // Starts this program `world` times as ranks and waits for them.
 int runWorld(const Args& args, int world) {
-  const std::string name = "/mc-pg-cuda-bench-" + std::to_string(::getpid()) + "-" + std::to_string(world) + "-" +
-                           std::to_string(std::random_device{}());
+  const std::string name = mooncake::testing::uniqueShmName("mc-pg-cuda-bench-" + std::to_string(world));
   std::vector<pid_t> pids;
   std::string worlds;
   for (int w : args.worlds) worlds += (worlds.empty() ? "" : ",") + std::to_string(w);
@@ -243,19 +238,12 @@ int runWorld(const Args& args, int world) {
                                        "--one-shot-kib", std::to_string(args.one_shot_bytes >> 10),
                                        "--sync", args.sync, "--worlds", worlds, "--ops", args.ops};
     if (!args.csv.empty()) argv_s.insert(argv_s.end(), {"--csv", args.csv});
-    std::vector<char*> argv;
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid;
-    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) return 1;
+    const pid_t pid = mooncake::testing::spawnProgram("/proc/self/exe", argv_s);
+    if (pid < 0) return 1;
     pids.push_back(pid);
   }
   int failed = 0;
-  for (pid_t pid : pids) {
-    int st = 0;
-    waitpid(pid, &st, 0);
-    failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
+  for (int status : mooncake::testing::waitAll(pids)) failed += status != 0;  // no deadline: a benchmark may run long
   return failed;
 }
 

@@ -20,11 +20,8 @@
 //
 //   build/benchmarks/te_bench [--max-mib 64] [--seconds 0.3] [--csv docs/benchmarks/te.csv]
 //   build/benchmarks/te_bench --cuda [--max-mib 256] [--csv docs/benchmarks/te_cuda.csv]
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,10 +40,10 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "common/piped_child.h"
 #include "mooncake/te/shared_memory.h"
 #include "mooncake/te/transfer_engine.h"
 
-extern char** environ;
 using namespace mooncake::te;
 using Clock = std::chrono::steady_clock;
 
@@ -167,29 +164,15 @@ std::string sizeLabel(size_t n) {
   return std::to_string(n) + " B";
 }
 
-// Starts the target: this program again with `args`, talking over a pipe.
-// Returns its first line of output ("" on failure); `to_child` is the pipe
-// whose closing tells it to exit.
-std::string spawnTarget(char* self, std::vector<std::string> args, pid_t& child, int& to_child_fd) {
-  // Close-on-exec, so that the child holds no copy of the write end of its
-  // own stdin (it would never see the end of input) and we none of its.
-  int to_child[2], from_child[2];
-  if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) return "";
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
-  posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
-  std::vector<char*> argv = {self};
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  if (posix_spawn(&child, "/proc/self/exe", &actions, nullptr, argv.data(), environ) != 0) return "";
-  close(to_child[0]);
-  close(from_child[1]);
-  to_child_fd = to_child[1];
-  FILE* child_out = fdopen(from_child[0], "r");
-  char line[512];
-  if (!fgets(line, sizeof(line), child_out)) return "";
-  return line;
+// Starts the target: this program again with `args`, talking over a pipe;
+// `ready` gets its first line of output ("" on failure). Closing the pipe to
+// it (closeAndWait) tells it to exit.
+mooncake::testing::PipedChild spawnTarget(char* self, const std::vector<std::string>& args, std::string& ready) {
+  std::vector<std::string> argv = {self};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto target = mooncake::testing::PipedChild::spawn("/proc/self/exe", argv);
+  ready = target.started() ? target.readLine().value_or("") : "";
+  return target;
 }
 
 #if MOONCAKE_WITH_CUDA
@@ -200,9 +183,9 @@ int runCudaBench(char* self, size_t max_bytes, double seconds, const std::string
   };
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) return fail("no CUDA device");
-  pid_t child = 0;
-  int to_child = -1;
-  std::istringstream ready(spawnTarget(self, {"--target", std::to_string(max_bytes), "--gpu"}, child, to_child));
+  std::string first_line;
+  auto target = spawnTarget(self, {"--target", std::to_string(max_bytes), "--gpu"}, first_line);
+  std::istringstream ready(first_line);
   std::string segment;
   uint64_t remote = 0;
   ready >> segment >> remote;
@@ -274,8 +257,7 @@ int runCudaBench(char* self, size_t max_bytes, double seconds, const std::string
     }
   }
   if (csv) std::fclose(csv);
-  close(to_child);
-  waitpid(child, nullptr, 0);
+  target.closeAndWait();  // the target exits at end of input
   return 0;
 }
 #endif
@@ -315,9 +297,9 @@ int main(int argc, char** argv) {
 #endif
   }
 
-  pid_t child = 0;
-  int to_child = -1;
-  std::istringstream ready(spawnTarget(argv[0], {"--target", std::to_string(max_bytes)}, child, to_child));
+  std::string first_line;
+  auto target = spawnTarget(argv[0], {"--target", std::to_string(max_bytes)}, first_line);
+  std::istringstream ready(first_line);
   std::string segment;
   uint64_t remote_addr = 0, remote_shared = 0;
   int sink_port = 0;
@@ -389,7 +371,6 @@ int main(int argc, char** argv) {
   }
   if (csv) std::fclose(csv);
   ::close(raw);
-  close(to_child);  // the target exits at end of input
-  waitpid(child, nullptr, 0);
+  target.closeAndWait();  // the target exits at end of input
   return 0;
 }

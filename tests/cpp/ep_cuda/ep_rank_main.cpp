@@ -11,9 +11,9 @@
 #include <cstdio>
 #include <string>
 
+#include "common/rank_programs.h"
+#include "common/test_gpus.h"
 #include "ep_rank_scenarios.h"
-#include "rank_args.h"
-#include "test_gpus.h"
 
 using namespace mooncake::ep::cuda;
 using namespace mooncake::ep::cuda::testing;

@@ -8,14 +8,14 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/cuda_rank_helpers.h"
 #include "ep_reference.h"
-#include "rank_support.h"  // DeviceBuffer, Stream, RANK_CHECK (tests/cpp/pg_cuda)
 
 namespace mooncake::ep::cuda::testing {
 namespace {
 
-using mooncake::pg::cuda::testing::DeviceBuffer;
-using mooncake::pg::cuda::testing::Stream;
+using mooncake::testing::DeviceBuffer;
+using mooncake::testing::Stream;
 using Clock = std::chrono::steady_clock;
 
 // Device memory for one rank's calls, sized for the most tokens.

@@ -1,13 +1,15 @@
 // EpIpcGroup dispatch/combine across real processes, all ranks on one GPU:
 // each rank is ep_cuda_rank (ep_rank_main.cpp), started by the helpers the
-// CudaIpcGroup tests use (tests/cpp/pg_cuda/rank_spawn.h). Every rank checks
+// CudaIpcGroup tests use (tests/cpp/common/rank_programs.h). Every rank checks
 // its own outputs against the CPU reference (ep_reference.h). Without a GPU
 // every test skips and says why.
 #include <csignal>
 #include <string>
 #include <vector>
 
-#include "rank_spawn.h"
+#include "common/gpu_test_support.h"
+#include "common/rank_programs.h"
+#include "common/spawn.h"
 
 namespace {
 
@@ -16,7 +18,7 @@ using mooncake::testing::expectAllPassed;
 std::vector<int> runRanks(const std::string& scenario, int world, const std::vector<std::string>& options = {},
                           std::chrono::seconds limit = std::chrono::seconds(60)) {
   return mooncake::testing::runRankPrograms(mooncake::testing::programBesideSelf("ep_cuda_rank", EP_CUDA_RANK_PATH),
-                                            mooncake::testing::uniqueName("mc-ep-cuda-test"), scenario, world,
+                                            mooncake::testing::uniqueShmName("mc-ep-cuda-test"), scenario, world,
                                             options, limit);
 }
 

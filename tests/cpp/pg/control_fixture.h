@@ -6,10 +6,8 @@
 // hang. Included by the test_control_*.cpp files, each a part of the suite.
 #pragma once
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -21,6 +19,7 @@
 #include <random>
 #include <thread>
 
+#include "common/piped_child.h"
 #include "control/coordinator_state.h"
 #include "control/protocol.h"
 #include "control/reconciliation.h"
@@ -118,38 +117,21 @@ class ChildProcess {
   using Body = std::function<void(const std::string& address, ChildProcess& self)>;
 
   explicit ChildProcess(Body body) {
-    int to_child[2];
-    int from_child[2];
-    if (::pipe(to_child) != 0 || ::pipe(from_child) != 0) std::abort();
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::close(to_child[1]);
-      ::close(from_child[0]);
-      report_fd_ = from_child[1];
+    child_ = testing::PipedChild::fork([&](int from_parent, int to_parent) {
+      report_fd_ = to_parent;
       std::string address;
       char c;
-      while (::read(to_child[0], &c, 1) == 1 && c != '\n') address += c;
-      if (address.empty()) ::_exit(1);  // the parent gave up
+      while (::read(from_parent, &c, 1) == 1 && c != '\n') address += c;
+      if (address.empty()) return 1;  // the parent gave up
       body(address, *this);
-      ::_exit(0);
-    }
-    ::close(to_child[0]);
-    ::close(from_child[1]);
-    command_fd_ = to_child[1];
-    report_fd_ = from_child[0];
-  }
-  ~ChildProcess() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    ::close(command_fd_);
-    ::close(report_fd_);
+      return 0;
+    });
+    if (!child_.started()) std::abort();
   }
 
   void go(const std::string& address) {
     std::string line = address + "\n";
-    if (::write(command_fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) ADD_FAILURE();
+    if (!child_.writeAll(line.data(), line.size())) ADD_FAILURE();
   }
   // In the child.
   void report(const std::string& line) {
@@ -157,33 +139,13 @@ class ChildProcess {
     if (::write(report_fd_, text.data(), text.size()) < 0) ::_exit(1);
   }
   // In the parent: the next reported line, "" if none came within `limit`.
-  std::string nextReport(Ms limit) {
-    std::string line;
-    auto deadline = SteadyClock::now() + limit;
-    char c;
-    for (;;) {
-      pollfd p{report_fd_, POLLIN, 0};
-      if (::poll(&p, 1, control::pollTimeoutMs(deadline)) <= 0) return "";
-      if (::read(report_fd_, &c, 1) != 1) return line;
-      if (c == '\n') return line;
-      line += c;
-    }
-  }
-  void signal(int sig) { ::kill(pid_, sig); }
-  bool waitStopped(Ms limit) {
-    auto deadline = SteadyClock::now() + limit;
-    while (SteadyClock::now() < deadline) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WUNTRACED | WNOHANG) == pid_ && WIFSTOPPED(status)) return true;
-      std::this_thread::sleep_for(1ms);
-    }
-    return false;
-  }
+  std::string nextReport(Ms limit) { return child_.readLine(limit).value_or(""); }
+  void signal(int sig) { child_.signal(sig); }
+  bool waitStopped(Ms limit) { return child_.waitStopped(limit); }
 
  private:
-  pid_t pid_ = -1;
-  int command_fd_ = -1;
-  int report_fd_ = -1;
+  testing::PipedChild child_;  // killed and reaped when this goes
+  int report_fd_ = -1;         // in the child: its end of the pipe to the parent
 };
 
 // In a child: connects as founder `seat` of `key`, registers, reports

@@ -4,7 +4,6 @@
 // hosts whose ranks interleave, one rank per host (the ring), and uneven
 // hosts. Results by closed formula; failures must end in errors, not hangs.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -17,8 +16,8 @@
 #include <random>
 #include <thread>
 
-#include "child_processes.h"
 #include "collective_checks.h"
+#include "common/spawn.h"
 #include "mooncake/pg/host_spanning_group.h"
 #include "mooncake/te/transfer_engine.h"
 
@@ -61,44 +60,42 @@ std::vector<int> runSpanning(const std::vector<std::string>& hosts, const SpanOp
                              const std::function<int(HostSpanningGroup&)>& body,
                              std::chrono::seconds limit = 90s) {
   const int world = static_cast<int>(hosts.size());
-  const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}());
-  const fs::path dir = fs::temp_directory_path() / ("mc-span-" + tag);
+  // One name for the endpoint folder and, with the host appended, each host's shm group.
+  const std::string tag = testing::uniqueName("mc-span");
+  const fs::path dir = fs::temp_directory_path() / tag;
   fs::create_directories(dir);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      HostLayout layout = HostLayout::fromIdentities(hosts);
-      te::TransferEngine engine;
-      if (engine.init("P2PHANDSHAKE", "127.0.0.1", "tcp") != te::kOk) _exit(101);
-      P2pOptions p2p;
-      p2p.chunk_bytes = 64 * 1024;
-      p2p.pool_chunks = 4;
-      p2p.timeout = options.timeout;
-      auto channel = std::make_unique<P2pChannel>(engine, r, world, p2p);
-      std::vector<P2pEndpoint> endpoints;
-      if (!exchangeEndpoints(dir, r, world, channel->localEndpoint(), endpoints)) _exit(102);
-      channel->connect(endpoints);
-      const int host = layout.hostOf(r);
-      ShmGroupOptions shm;
-      shm.slot_bytes = options.slot_bytes;
-      shm.timeout = options.timeout;
-      shm.rank_names = layout.ranksOn(host);
-      std::string error;
-      auto local = ShmGroup::open("/mc-span-" + tag + "-" + std::to_string(host), layout.localIndexOf(r),
-                                  static_cast<int>(layout.ranksOn(host).size()), shm, &error);
-      if (!local) {
-        std::fprintf(stderr, "rank %d: %s\n", r, error.c_str());
-        _exit(103);
-      }
-      HostSpanningGroup group(r, layout, std::move(local), std::move(channel));
-      int status = body(group);
-      std::fflush(stderr);
-      _exit(status);
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> status = waitForChildren(pids, limit);
+  std::vector<int> status = testing::runForkedRanks(
+      world,
+      [&](int r) -> int {
+        HostLayout layout = HostLayout::fromIdentities(hosts);
+        te::TransferEngine engine;
+        if (engine.init("P2PHANDSHAKE", "127.0.0.1", "tcp") != te::kOk) ::_exit(101);
+        P2pOptions p2p;
+        p2p.chunk_bytes = 64 * 1024;
+        p2p.pool_chunks = 4;
+        p2p.timeout = options.timeout;
+        auto channel = std::make_unique<P2pChannel>(engine, r, world, p2p);
+        std::vector<P2pEndpoint> endpoints;
+        if (!exchangeEndpoints(dir, r, world, channel->localEndpoint(), endpoints)) ::_exit(102);
+        channel->connect(endpoints);
+        const int host = layout.hostOf(r);
+        ShmGroupOptions shm;
+        shm.slot_bytes = options.slot_bytes;
+        shm.timeout = options.timeout;
+        shm.rank_names = layout.ranksOn(host);
+        std::string error;
+        auto local = ShmGroup::open("/" + tag + "-" + std::to_string(host), layout.localIndexOf(r),
+                                    static_cast<int>(layout.ranksOn(host).size()), shm, &error);
+        if (!local) {
+          std::fprintf(stderr, "rank %d: %s\n", r, error.c_str());
+          ::_exit(103);
+        }
+        HostSpanningGroup group(r, layout, std::move(local), std::move(channel));
+        const int status = body(group);
+        std::fflush(stderr);
+        ::_exit(status);  // the group, channel and engine left open: no destructor runs in a rank
+      },
+      limit);
   fs::remove_all(dir);
   return status;
 }

@@ -3,16 +3,14 @@
 // ShmGroup over the active seats; results by closed formula, and the blocks
 // of holes must stay untouched.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <functional>
-#include <random>
 #include <thread>
 
-#include "child_processes.h"
+#include "common/spawn.h"
 #include "mooncake/pg/member_collectives.h"
 #include "mooncake/pg/shm_group.h"
 
@@ -23,24 +21,22 @@ using namespace std::chrono_literals;
 
 // Runs body(group) in one process per active seat; returns exit statuses.
 std::vector<int> runSeats(const std::vector<int>& active, const std::function<int(MemberCollectives&)>& body) {
-  const std::string name = "/mc-member-" + std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}());
-  std::vector<pid_t> pids;
-  for (size_t i = 0; i < active.size(); ++i) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      ShmGroupOptions options;
-      options.slot_bytes = 64 * 1024;
-      options.timeout = 10s;
-      options.rank_names = active;
-      std::string error;
-      auto inner = ShmGroup::open(name, static_cast<int>(i), static_cast<int>(active.size()), options, &error);
-      if (!inner) _exit(100);
-      MemberCollectives group(active, active[i], std::move(inner));
-      _exit(body(group));
-    }
-    pids.push_back(pid);
-  }
-  return waitForChildren(pids, 60s);
+  const std::string name = testing::uniqueShmName("mc-member");
+  const int world = static_cast<int>(active.size());
+  return testing::runForkedRanks(
+      world,
+      [&](int i) {
+        ShmGroupOptions options;
+        options.slot_bytes = 64 * 1024;
+        options.timeout = 10s;
+        options.rank_names = active;
+        std::string error;
+        auto inner = ShmGroup::open(name, i, world, options, &error);
+        if (!inner) return 100;
+        MemberCollectives group(active, active[i], std::move(inner));
+        ::_exit(body(group));  // the group left open: no destructor runs in a rank
+      },
+      60s);
 }
 
 #define EXPECT_OR_EXIT(cond)                                                                      \
@@ -140,7 +136,7 @@ TEST(MemberCollectives, FailuresNameSeatsNotInnerRanks) {
 
 TEST(MemberCollectives, RefusesAnInnerGroupThatDoesNotMatch) {
   std::string error;
-  auto inner = ShmGroup::open("/mc-member-mismatch-" + std::to_string(::getpid()), 0, 1, ShmGroupOptions{}, &error);
+  auto inner = ShmGroup::open(testing::uniqueShmName("mc-member-mismatch"), 0, 1, ShmGroupOptions{}, &error);
   ASSERT_NE(inner, nullptr) << error;
   EXPECT_THROW(MemberCollectives({0, 2}, 0, std::move(inner)), std::invalid_argument);
 }

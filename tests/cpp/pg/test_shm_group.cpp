@@ -3,50 +3,39 @@
 // and the failure cases: a rank that dies, one that stalls past the
 // deadline, and ranks that disagree on the operation.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <numeric>
-#include <random>
 #include <thread>
 
-#include "child_processes.h"
 #include "collective_checks.h"
+#include "common/spawn.h"
 #include "mooncake/pg/shm_group.h"
 
 namespace mooncake::pg {
 namespace {
-
-std::string uniqueName() {
-  static int counter = 0;
-  return "/mc-pg-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
-         std::to_string(std::random_device{}());
-}
 
 // Runs body(group) in `world` forked processes; returns each child's exit
 // status (0 = all checks passed). Children that outlive `limit` are killed.
 std::vector<int> runRanks(int world, const ShmGroupOptions& options,
                           const std::function<int(ShmGroup&)>& body,
                           std::chrono::seconds limit = std::chrono::seconds(60)) {
-  std::string name = uniqueName();
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      std::string error;
-      auto group = ShmGroup::open(name, r, world, options, &error);
-      if (!group) {
-        std::fprintf(stderr, "rank %d: %s\n", r, error.c_str());
-        _exit(100);
-      }
-      _exit(body(*group));
-    }
-    pids.push_back(pid);
-  }
-  return waitForChildren(pids, limit);
+  const std::string name = testing::uniqueShmName("mc-pg-test");
+  return testing::runForkedRanks(
+      world,
+      [&](int r) {
+        std::string error;
+        auto group = ShmGroup::open(name, r, world, options, &error);
+        if (!group) {
+          std::fprintf(stderr, "rank %d: %s\n", r, error.c_str());
+          return 100;
+        }
+        ::_exit(body(*group));  // the group left open: no destructor runs in a rank
+      },
+      limit);
 }
 
 class ShmGroupWorld : public ::testing::TestWithParam<int> {};
@@ -141,7 +130,7 @@ TEST(ShmGroupFailure, RanksDisagreeingOnTheOperationGetAnErrorNotCorruption) {
 // broken arena still fails every call, and the output is left alone.
 TEST(ShmGroupFailure, AGroupOfOneThatWasAbortedFailsItsCalls) {
   std::string error;
-  auto g = ShmGroup::open(uniqueName(), 0, 1, ShmGroupOptions{}, &error);
+  auto g = ShmGroup::open(testing::uniqueShmName("mc-pg-test"), 0, 1, ShmGroupOptions{}, &error);
   ASSERT_NE(g, nullptr) << error;
   std::vector<float> in(1000, 2.5f), out(1000, -1.0f);
   ASSERT_TRUE(g->allgather(in.data(), out.data(), in.size() * sizeof(float)).ok);

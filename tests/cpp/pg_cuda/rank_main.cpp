@@ -11,8 +11,8 @@
 #include <cstdio>
 #include <string>
 
-#include "rank_args.h"
-#include "test_gpus.h"
+#include "common/rank_programs.h"
+#include "common/test_gpus.h"
 #include "rank_support.h"
 
 using namespace mooncake::pg::cuda;

@@ -1,5 +1,6 @@
-// What the rank programs' scenarios share: device buffers, element types on
-// the host, running an operation to completion, and checks that report.
+// What the CudaIpcGroup rank programs' scenarios share: element types on the
+// host and running an operation to completion; device buffers, streams and
+// RANK_CHECK come from tests/cpp/common (the EP rank programs use them too).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,47 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda_rank_helpers.h"
 #include "mooncake/pg/cuda/cuda_ipc_group.h"
 
 namespace mooncake::pg::cuda::testing {
 
-// Prints why on stderr and counts a failure; `g` is the group in scope.
-#define RANK_CHECK(cond, ...)                                                              \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      std::fprintf(stderr, "rank %d: line %d: check failed: %s: ", g.rank(), __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                                   \
-      std::fprintf(stderr, "\n");                                                          \
-      ++failures;                                                                          \
-    }                                                                                      \
-  } while (0)
-
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) { cudaMalloc(&data_, bytes == 0 ? 16 : bytes); }
-  ~DeviceBuffer() { cudaFree(data_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  char* get() const { return static_cast<char*>(data_); }
-  size_t bytes() const { return bytes_; }
-  // Both complete before returning (ordered on `stream`, then synchronized).
-  template <typename T>
-  void upload(const std::vector<T>& host, cudaStream_t stream, size_t offset_bytes = 0) {
-    cudaMemcpyAsync(get() + offset_bytes, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream);
-    cudaStreamSynchronize(stream);
-  }
-  template <typename T>
-  std::vector<T> download(size_t count, cudaStream_t stream, size_t offset_bytes = 0) const {
-    std::vector<T> host(count);
-    cudaMemcpyAsync(host.data(), get() + offset_bytes, count * sizeof(T), cudaMemcpyDeviceToHost, stream);
-    cudaStreamSynchronize(stream);
-    return host;
-  }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_;
-};
+using ::mooncake::testing::DeviceBuffer;
+using ::mooncake::testing::Stream;
 
 // Element types as the host makes and reads them (exact for the small
 // integers the closed formulas produce).
@@ -80,18 +47,6 @@ struct Host<__nv_bfloat16> {
   static constexpr DataType kType = DataType::kBFloat16;
   static __nv_bfloat16 make(double v) { return __float2bfloat16(static_cast<float>(v)); }
   static double read(__nv_bfloat16 v) { return __bfloat162float(v); }
-};
-
-class Stream {
- public:
-  Stream() { cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); }
-  ~Stream() { cudaStreamDestroy(stream_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  operator cudaStream_t() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
 };
 
 // Waits for the operation on the host and says whether it succeeded.

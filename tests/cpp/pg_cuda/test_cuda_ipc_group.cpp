@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "rank_spawn.h"
+#include "common/gpu_test_support.h"
+#include "common/rank_programs.h"
+#include "common/spawn.h"
 
 namespace {
 
@@ -16,7 +18,7 @@ std::vector<int> runRanks(const std::string& scenario, int world, const std::vec
                           std::chrono::seconds limit = std::chrono::seconds(240)) {
   return mooncake::testing::runRankPrograms(
       mooncake::testing::programBesideSelf("pg_cuda_rank", PG_CUDA_RANK_PATH),
-      mooncake::testing::uniqueName("mc-pg-cuda-test"), scenario, world, options, limit);
+      mooncake::testing::uniqueShmName("mc-pg-cuda-test"), scenario, world, options, limit);
 }
 
 TEST(CudaIpcGroup, EveryCollectiveOneRank) {

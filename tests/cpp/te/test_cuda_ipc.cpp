@@ -13,6 +13,8 @@
 
 #if MOONCAKE_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "common/gpu_test_support.h"  // REQUIRE_GPU
 #endif
 
 #include "engine_fixture.h"
@@ -28,16 +30,6 @@ using testing::fillPattern;
 using testing::PeerProcess;
 
 #if MOONCAKE_WITH_CUDA
-
-bool haveGpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-#define REQUIRE_GPU()                                 \
-  do {                                                \
-    if (!haveGpu()) GTEST_SKIP() << "no CUDA device"; \
-  } while (0)
 
 // `bytes` of GPU memory starting `offset` bytes into a larger cudaMalloc
 // allocation: a sub-allocation, as torch's caching allocator hands out.

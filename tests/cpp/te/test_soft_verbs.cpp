@@ -6,8 +6,6 @@
 // memory (CUDA builds, where a GPU is) is reached as GPUDirect RDMA would,
 // host and GPU registrations mixed on one queue pair.
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +22,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "common/piped_child.h"
 #include "mooncake/te/status.h"
 #include "test_pattern.h"
 #include "transport/rdma/soft/soft_provider.h"
@@ -967,66 +966,22 @@ class PeerChild {
     uint32_t rkey = 0;
   };
 
-  PeerChild() {
-    int to_child[2], from_child[2];
-    if (::pipe(to_child) != 0 || ::pipe(from_child) != 0) return;
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::close(to_child[1]);
-      ::close(from_child[0]);
-      ::_exit(runChild(to_child[0], from_child[1]));
-    }
-    ::close(to_child[0]);
-    ::close(from_child[1]);
-    to_child_ = to_child[1];
-    from_child_ = from_child[0];
-  }
-  ~PeerChild() {
-    if (to_child_ >= 0) ::close(to_child_);
-    if (from_child_ >= 0) ::close(from_child_);
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::kill(pid_, SIGCONT);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
+  PeerChild() : child_(::mooncake::testing::PipedChild::fork(runChild)) {}
 
-  bool started() const { return pid_ > 0; }
-  bool readPublished(Published& out) { return readAll(from_child_, &out, sizeof(out)); }
+  bool started() const { return child_.started(); }
+  bool readPublished(Published& out) { return child_.readAll(&out, sizeof(out)); }
   // Gives the child the parent's address; true once it is connected.
   bool connectTo(const QpAddress& parent) {
     char ready = 0;
-    return writeAll(to_child_, &parent, sizeof(parent)) && readAll(from_child_, &ready, 1) && ready == 'R';
+    return child_.writeAll(&parent, sizeof(parent)) && child_.readAll(&ready, 1) && ready == 'R';
   }
-  void kill() {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  bool stop() {
-    int status = 0;
-    return ::kill(pid_, SIGSTOP) == 0 && ::waitpid(pid_, &status, WUNTRACED) == pid_ && WIFSTOPPED(status);
-  }
+  void kill() { child_.kill(); }
+  bool stop() { return child_.stop(); }
 
  private:
-  // Calls `io` (::read or ::write) until all `n` bytes went through; false
-  // at an error or the end of the pipe.
-  template <class Byte, class Io>
-  static bool allBytes(Io io, int fd, Byte* p, size_t n) {
-    while (n > 0) {
-      const ssize_t moved = io(fd, p, n);
-      if (moved <= 0) return false;
-      p += moved;
-      n -= static_cast<size_t>(moved);
-    }
-    return true;
-  }
-  static bool readAll(int fd, void* data, size_t n) { return allBytes(::read, fd, static_cast<char*>(data), n); }
-  static bool writeAll(int fd, const void* data, size_t n) {
-    return allBytes(::write, fd, static_cast<const char*>(data), n);
-  }
-
   static int runChild(int in, int out) {
+    using ::mooncake::testing::readAllFrom;
+    using ::mooncake::testing::writeAllTo;
     std::unique_ptr<Device> device;
     if (makeSoftwareProvider()->open("soft0", DeviceOptions{}, device) != kOk) return 1;
     std::vector<char> buffer(65536);
@@ -1038,18 +993,16 @@ class PeerChild {
     }
     Published published{addressOf(*device, *qp, 3000), reinterpret_cast<uint64_t>(buffer.data()), keys.rkey};
     QpAddress parent;
-    if (!writeAll(out, &published, sizeof(published)) || !readAll(in, &parent, sizeof(parent))) return 3;
+    if (!writeAllTo(out, &published, sizeof(published)) || !readAllFrom(in, &parent, sizeof(parent))) return 3;
     if (qp->connect(parent, 3000, loopbackOptions(*device)) != kOk) return 4;
-    if (!writeAll(out, "R", 1)) return 5;
+    if (!writeAllTo(out, "R", 1)) return 5;
     char ignored;
     while (::read(in, &ignored, 1) > 0) {
     }
     return 0;  // the parent closed: the end
   }
 
-  pid_t pid_ = -1;
-  int to_child_ = -1;
-  int from_child_ = -1;
+  ::mooncake::testing::PipedChild child_;  // killed and reaped when this goes
 };
 
 // The parent's side of the peer-process tests: the child (forked first,
