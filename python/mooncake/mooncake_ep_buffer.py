@@ -152,11 +152,22 @@ class Buffer:
     get_rdma_size_hint = get_low_latency_buffer_size_hint
 
     @classmethod
-    def create_elastic(cls, *args, **kwargs):
-        raise NotImplementedError(
-            "Buffer.create_elastic (the 0.3.14 wheel's fixed-capacity buffer connected through a TCPStore, with "
-            "connect_ranks / update_mask_buffer) is not implemented here. Use Buffer(group) with active_ranks, "
-            "timeout_us and update_ep_member(), or mooncake.mooncake_elastic_buffer.ElasticBuffer (docs/ep.md)")
+    def create_elastic(cls, disable_ll_nvlink: bool = False, explicitly_destroy: bool = False, rank: int = 0,
+                       tcp_store_group: dist.TCPStore | None = None, timeout_ms: int = 30000,
+                       metadata_timeout_ms: int = 300000) -> "Buffer":
+        """A fixed-capacity Buffer that joins no process group (the reference's
+        elastic mode): ``update_memory_buffers`` sizes it, ``connect_ranks``
+        connects it to peers through ``tcp_store_group``, and its own mask
+        (``update_mask_buffer``, ``query_mask_buffer``, ``clean_mask_buffer``)
+        says which ranks it exchanges with. ``timeout_ms`` bounds each wait
+        for a peer (one that misses it is masked; 0: no bound, a dead peer is
+        still found); ``metadata_timeout_ms`` the wait for peers' metadata.
+        See docs/ep.md, "Elastic mode"."""
+        from mooncake._ep_peers.buffer import create  # noqa: PLC0415
+
+        return create(cls, disable_ll_nvlink=disable_ll_nvlink, explicitly_destroy=explicitly_destroy, rank=rank,
+                      tcp_store_group=tcp_store_group, timeout_ms=timeout_ms,
+                      metadata_timeout_ms=metadata_timeout_ms)
 
     @staticmethod
     def capture() -> EventOverlap:

@@ -128,12 +128,7 @@ def run_round(ctx, case: Case, *, active=None, timeout_us: int = -1, device: str
     else:
         outputs = torch.full((L, slots, case.hidden), float("nan"), dtype=torch.bfloat16, device=dev)
         x_arg = outputs
-    counts = recv_count.tolist()
-    for le in range(L):
-        n = counts[le]
-        if n:
-            rows = dequantized(recv_x, le, n).to(torch.bfloat16) if case.fp8 else recv_x[le, :n]
-            outputs[le, :n] = expert_fn(rank * L + le, rows)
+    run_experts(case, rank, recv_x, recv_count, outputs)
     combined, event, hook = buffer.combine(x_arg, topk_idx, topk_weights, mask, timeout_us, handle,
                                            zero_copy=case.zero_copy, async_finish=async_finish,
                                            return_recv_hook=with_hook)
@@ -144,20 +139,36 @@ def run_round(ctx, case: Case, *, active=None, timeout_us: int = -1, device: str
     if expect_after_combine is not None:
         expect = expect_after_combine
     assert after_combine == expect, f"rank {rank}: active_ranks after combine {after_combine}, want {expect}"
-    want = expected_combine(case, world, rank, expect)
+    check_combine(case, world, rank, expect, combined)
+    return after_dispatch, after_combine
+
+
+def run_experts(case: Case, rank: int, recv_x, recv_count, outputs: torch.Tensor) -> None:
+    """The mock experts of this rank on what it received, into ``outputs`` [L, R * T, hidden]."""
+    L = case.experts_per_rank
+    counts = recv_count.tolist()
+    for le in range(L):
+        n = counts[le]
+        if n:
+            rows = dequantized(recv_x, le, n).to(torch.bfloat16) if case.fp8 else recv_x[le, :n]
+            outputs[le, :n] = expert_fn(rank * L + le, rows)
+
+
+def check_combine(case: Case, world: int, rank: int, active: list[int], combined: torch.Tensor) -> None:
+    """combine's output against the dense MoE over the ``active`` ranks."""
+    want = expected_combine(case, world, rank, active)
     got = combined.cpu()
     where = f"rank {rank} of {world}, {case}"
     assert got.dtype == torch.bfloat16 and tuple(got.shape) == tuple(want.shape), where
     assert not bool(got.isnan().any()), f"{where}: NaN in combine output"
     if case.fp8:
         # Same FP8 rounding of the tokens as the reference; only bf16 rounding may differ.
-        scale = float(want.float().abs().max().clamp_min(1))
+        scale = float(want.float().abs().max().clamp_min(1)) if want.numel() else 1.0
         torch.testing.assert_close(got.float(), want.float(), rtol=2.0 ** -7, atol=2.0 ** -7 * scale,
                                    msg=lambda m: f"{where}: {m}")
     else:
         assert torch.equal(got, want), f"{where}: combine differs from the dense MoE by up to " \
                                        f"{float((got.float() - want.float()).abs().max())}"
-    return after_dispatch, after_combine
 
 
 # Grid rounds use a finite timeout: when one rank fails a check and stops,

@@ -216,8 +216,8 @@ def test_the_reference_buffers_static_helpers():
     assert Buffer.get_rdma_size_hint(128, 7168, 8, 288) == 2118652480
     with pytest.raises(ValueError, match="num_experts: must divide evenly across num_ranks=8"):
         Buffer.get_low_latency_buffer_size_hint(128, 7168, 8, 100)
-    with pytest.raises(NotImplementedError, match="create_elastic"):
-        Buffer.create_elastic(rank=0)
+    elastic = Buffer.create_elastic(rank=0)  # its own rules: test_ep_elastic_mode.py
+    assert isinstance(elastic, Buffer) and elastic.runtime is None
     event = Buffer.capture()
     event.current_stream_wait()  # a no-op without CUDA, a stream wait with it
 
