@@ -37,7 +37,7 @@ import atexit
 import logging
 import secrets
 import weakref
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
@@ -53,6 +53,9 @@ from mooncake._ep_collective.presence import Presence, bits_of, mask_of, ranks_o
 from mooncake._ep_collective.sizes import ep_buffer_size_hint, ep_elastic_buffer_size_hint
 from mooncake._ep_ipc_path import IpcPath, PathChoice, choose_path, local_statement
 from mooncake._ep_ipc_path.path import FastPathUnavailable, IpcDispatchState
+
+if TYPE_CHECKING:
+    from mooncake._ep_peers.buffer import ElasticModeBuffer
 
 __all__ = ["Buffer", "EventOverlap", "EventHandle"]
 
@@ -153,8 +156,8 @@ class Buffer:
 
     @classmethod
     def create_elastic(cls, disable_ll_nvlink: bool = False, explicitly_destroy: bool = False, rank: int = 0,
-                       tcp_store_group: dist.TCPStore | None = None, timeout_ms: int = 30000,
-                       metadata_timeout_ms: int = 300000) -> "Buffer":
+                       tcp_store_group: dist.Store | None = None, timeout_ms: int = 30000,
+                       metadata_timeout_ms: int = 300000) -> ElasticModeBuffer:
         """A fixed-capacity Buffer that joins no process group (the reference's
         elastic mode): ``update_memory_buffers`` sizes it, ``connect_ranks``
         connects it to peers through ``tcp_store_group``, and its own mask

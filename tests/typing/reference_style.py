@@ -5,6 +5,8 @@ Type-checked only, never run."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -80,3 +82,24 @@ def elastic_buffer(x: torch.Tensor, topk_idx: torch.Tensor, weights: torch.Tenso
     event.current_stream_wait()
     buffer.destroy()
     return out
+
+
+def elastic_mode_buffer(store: Any, rank: int, x: torch.Tensor, topk_idx: torch.Tensor,
+                        weights: torch.Tensor) -> torch.Tensor:
+    # `store` is a dist.TCPStore, a name torch does not export to type checkers.
+    buffer = Buffer.create_elastic(rank=rank, tcp_store_group=store, timeout_ms=30000, explicitly_destroy=True)
+    buffer.update_memory_buffers(8, 36, Buffer.get_low_latency_buffer_size_hint(128, 7168, 8, 288))
+    buffer.connect_ranks([r for r in range(8) if r != rank])
+    recv_x, recv_count, handle, event, hook = buffer.dispatch(x, topk_idx, 128, use_fp8=False)
+    event.current_stream_wait()
+    del recv_count, hook
+    y = recv_x if isinstance(recv_x, torch.Tensor) else recv_x[0].to(torch.bfloat16)
+    combined, _, _ = buffer.combine(y, topk_idx, weights, handle)
+    status = torch.zeros(8, dtype=torch.int32)
+    buffer.update_mask_buffer(3, True)
+    buffer.query_mask_buffer(status)
+    buffer.clean_mask_buffer()
+    buffer.disconnect_ranks([3])
+    buffer.barrier()
+    buffer.destroy()
+    return combined

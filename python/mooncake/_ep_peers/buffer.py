@@ -23,6 +23,7 @@ from mooncake._ep_collective import checks
 from mooncake._ep_collective.events import EventOverlap
 from mooncake._ep_collective.handle import DispatchHandle, DispatchState
 from mooncake._ep_collective.path import CollectivePath
+from mooncake.mooncake_ep_buffer import Buffer
 
 from .connection import PeerConnection
 from .links import PeerLinks
@@ -347,12 +348,19 @@ class ElasticMode:
         return self._links
 
 
+class ElasticModeBuffer(ElasticMode, Buffer):
+    """What ``Buffer.create_elastic`` returns: a ``Buffer`` whose calls are the elastic mode's."""
+
+
 @functools.cache
 def _mixed(cls) -> type:
+    """The elastic class for ``cls`` (a subclass of Buffer gets its own, as the reference's classmethod would)."""
+    if cls is Buffer:
+        return ElasticModeBuffer
     return type("ElasticMode" + cls.__name__, (ElasticMode, cls), {"__module__": cls.__module__})
 
 
-def create(cls, **kwargs):
+def create(cls, **kwargs) -> ElasticModeBuffer:
     """An elastic-mode instance of ``cls`` (``Buffer``): its own methods
     where the modes differ, the Buffer's (size hints, ``capture``) elsewhere."""
     instance = object.__new__(_mixed(cls))
