@@ -1,4 +1,4 @@
-"""Plot the CudaIpcGroup all_reduce figures of docs/pg-cuda.md
+"""Plot the CudaIpcGroup all_reduce figures of docs/benchmarks/pg_cuda.md
 (docs/benchmarks/pg_cuda_all_reduce.csv, H200, ranks sharing one GPU): time
 against size before and after the per-kernel fix, and under MPS, per world.
 
