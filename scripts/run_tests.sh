@@ -5,19 +5,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+# Each phase says how long it took: the whole run must stay well under CI's limit.
+phase_start=$SECONDS
+took() { echo "== $1 took $((SECONDS - phase_start)) s"; phase_start=$SECONDS; }
 scripts/setup.sh
+took "setup and build"
 
 echo "== C++ tests (ctest)"
 ctest --test-dir build --output-on-failure -j2 --timeout 300
+took "ctest"
 
 echo "== Python tests (pytest)"
-PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -q -ra tests/python
+PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -q -ra --durations=15 tests/python
+took "pytest"
 
 # The install users type: an isolated `pip wheel .`, installed into a fresh
 # virtual environment, runs the quick start (WHEEL_SMOKE=0 skips it).
 if [ "${WHEEL_SMOKE:-1}" != 0 ]; then
   echo "== pip wheel . into a fresh environment"
   scripts/wheel_smoke.sh
+  took "wheel smoke"
 fi
 
 # The wire-facing decoders under libFuzzer with ASan/UBSan, from their seed
@@ -25,6 +32,8 @@ fi
 if command -v clang++ >/dev/null; then
   echo "== fuzz targets (${FUZZ_SECONDS:-30} s each)"
   FUZZ_SECONDS=${FUZZ_SECONDS:-30} scripts/fuzz.sh
+  took "fuzz targets"
 else
   echo "== fuzz targets skipped: clang++ not found (Debian: clang)"
 fi
+echo "== all tests took $SECONDS s"
