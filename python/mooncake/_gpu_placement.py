@@ -3,7 +3,7 @@
 rank % G, where G is ``MOONCAKE_TEST_GPUS`` when set (1: every rank on GPU 0,
 the mode of a one-GPU host; N: spread over the first N GPUs) and otherwise
 every visible device. The C++ rank programs follow the same rule
-(tests/cpp/pg_cuda/test_gpus.h), so both place ranks alike.
+(tests/cpp/common/test_gpus.h), so both place ranks alike.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Where the multi-process GPU tests and benchmarks put their ranks
-(python/mooncake/_gpu_placement.py; tests/cpp/pg_cuda/test_gpus.h follows the
+(python/mooncake/_gpu_placement.py; tests/cpp/common/test_gpus.h follows the
 same rule): rank r on GPU r % G, G from MOONCAKE_TEST_GPUS or every visible
 GPU. The device count is made up, so no GPU is needed."""
 
