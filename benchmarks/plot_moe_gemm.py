@@ -1,7 +1,7 @@
 """Plot the CSV of benchmarks/moe_gemm_bench.py: TFLOP/s of each implementation
-of one rank's expert compute (grouped GEMM, the per-expert loop, torch.mm and
+of one rank's expert compute (the layer's forms, the per-expert loop, torch.mm and
 torch.bmm of the same GEMMs) per emulated world size, with the issue's bar
-(half of torch.mm's TFLOP/s) drawn over the grouped bar.
+(half of torch.mm's TFLOP/s) drawn over the bar of the layer's blocks.
 
     python3 benchmarks/plot_moe_gemm.py docs/benchmarks/moe_gemm_cuda.csv docs/benchmarks/moe_gemm_cuda.png
 """
@@ -14,7 +14,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-IMPLS = (("grouped", "grouped GEMM (the layer)", "C2"), ("loop", "per-expert loop (MoEEpLayer)", "C3"),
+IMPLS = (("blocks", "the layer, expert-major blocks", "C2"), ("grouped", "the layer, sorted rows", "C8"),
+         ("grouped_mm", "torch._grouped_mm form", "C0"),
+         ("loop", "per-expert loop (MoEEpLayer)", "C3"),
          ("mm", "torch.mm, same FLOPs (the bound)", "0.5"), ("bmm", "torch.bmm, per-expert shapes", "0.75"))
 
 
@@ -30,7 +32,7 @@ def main(src: str, dst: str) -> None:
         xs = [w + (i - (len(IMPLS) - 1) / 2) * width for w in range(len(worlds))]
         ys = [float(by[(w, impl)]["tflops"]) if (w, impl) in by else 0.0 for w in worlds]
         ax.bar(xs, ys, width, color=color, label=label)
-        if impl == "grouped":
+        if impl == "blocks":
             for x, w, y in zip(xs, worlds, ys):
                 bar = 0.5 * float(by[(w, "mm")]["tflops"])
                 ax.hlines(bar, x - width / 2, x + width / 2, colors="k", linestyles="--",
@@ -43,7 +45,7 @@ def main(src: str, dst: str) -> None:
     ax.set_ylabel("TFLOP/s (the two GEMMs; SwiGLU excluded)")
     ax.set_title(f"One rank's expert compute: E={shape['experts']}, top-{shape['topk']}, T={shape['tokens_per_rank']} "
                  f"per rank, H={shape['hidden']}, I={shape['intermediate']}, bf16\n"
-                 "(numbers: grouped TFLOP/s over torch.mm's)", fontsize=9)
+                 "(numbers: the blocks' TFLOP/s over torch.mm's)", fontsize=9)
     ax.grid(True, axis="y", alpha=0.3)
     ax.set_ylim(top=ax.get_ylim()[1] * 1.3)  # room for the legend above the bars
     ax.legend(fontsize=8, ncol=2, loc="upper left")

@@ -12,7 +12,7 @@ import mooncake.ep  # noqa: F401 - the loading rule: fails clearly when mooncake
 from mooncake._ep_collective.fp8 import dequantize
 
 from .config import Algorithm, EpBootstrap, ExpertWeights, FleetConfig, Layout
-from .experts import swiglu_experts, weighted_topk
+from .experts import grouped_swiglu_experts, padded_rows_per_expert, swiglu_expert_blocks, weighted_topk
 
 
 def available_backends() -> dict[str, str]:
@@ -113,18 +113,27 @@ class MoEEp:
         stages.mark()
         counts = recv_count.to(torch.int64)
         per_expert = counts.tolist()
-        if self.fleet.use_fp8_dispatch:
-            data, scales = recv_x
-            blocks = [dequantize(data[le, :n], scales[le, :n]).to(torch.bfloat16) for le, n in enumerate(per_expert)]
-        else:
-            blocks = [recv_x[le, :n] for le, n in enumerate(per_expert)]
-        rows = torch.cat(blocks) if blocks else x.new_empty(0, self.fleet.hidden)
-        y = swiglu_experts(rows, counts, self.weights.w13, self.weights.w2)
         outputs = self.transport.get_next_combine_buffer(handle)
-        start = 0
-        for le, n in enumerate(per_expert):
-            outputs[le, :n] = y[start:start + n]
-            start += n
+        padded = padded_rows_per_expert(per_expert)
+        if padded is not None:
+            # Balanced experts run on their blocks as they arrived, [L, padded, H]:
+            # no gather into rows and no scatter back (combine reads rows below each count only).
+            blocks = dequantize(recv_x[0][:, :padded], recv_x[1][:, :padded]).to(torch.bfloat16) \
+                if self.fleet.use_fp8_dispatch else recv_x[:, :padded]
+            outputs[:, :padded] = swiglu_expert_blocks(blocks, self.weights.w13, self.weights.w2)
+        else:
+            if self.fleet.use_fp8_dispatch:
+                data, scales = recv_x
+                blocks = [dequantize(data[le, :n], scales[le, :n]).to(torch.bfloat16)
+                          for le, n in enumerate(per_expert)]
+            else:
+                blocks = [recv_x[le, :n] for le, n in enumerate(per_expert)]
+            rows = torch.cat(blocks) if blocks else x.new_empty(0, self.fleet.hidden)
+            y = grouped_swiglu_experts(rows, counts, self.weights.w13, self.weights.w2)
+            start = 0
+            for le, n in enumerate(per_expert):
+                outputs[le, :n] = y[start:start + n]
+                start += n
         stages.mark()
         combined, event, _ = self.transport.combine(outputs, ids, weights, self.active_ranks, -1, handle,
                                                     zero_copy=True)

@@ -24,13 +24,16 @@ def _weights():
     return w13, w2
 
 
-def _inputs(rank):
+def _inputs(rank, balanced=False):
     g = torch.Generator().manual_seed(1000 + rank)
     n = TOKENS - rank  # ranks send different numbers of tokens
     x = torch.randn(n, HIDDEN, generator=g).to(torch.bfloat16)
     logits = torch.randn(n, E, generator=g)
     weights, ids = torch.softmax(logits, dim=1).topk(TOPK, dim=1)
-    ids[torch.rand(n, TOPK, generator=g) < 0.15] = -1
+    if balanced:  # every expert gets about as many picks (the experts then run as batched matmuls)
+        ids = (torch.arange(n * TOPK).view(n, TOPK) + rank * TOPK) % E
+    else:
+        ids[torch.rand(n, TOPK, generator=g) < 0.15] = -1
     return x, ids, weights.to(torch.float32)
 
 
@@ -47,13 +50,13 @@ def _dense(x, ids, weights, w13, w2):
     return out.to(torch.bfloat16)
 
 
-def _layouts(ctx):
+def _layouts(ctx, balanced=False):
     from mooncake.moe_ep import Algorithm, EpBootstrap, ExpertWeights, FleetConfig, Layout, MoEEp
 
     w13, w2 = _weights()
     L = E // ctx.size
     mine = ExpertWeights(w13[ctx.rank * L:(ctx.rank + 1) * L].clone(), w2[ctx.rank * L:(ctx.rank + 1) * L].clone())
-    x, ids, weights = _inputs(ctx.rank)
+    x, ids, weights = _inputs(ctx.rank, balanced)
     want = _dense(x, ids, weights, w13, w2)
     worst = {}
     for algorithm, layout in ((Algorithm.LOW_LATENCY, Layout.EXPERT_MAJOR), (Algorithm.LOW_LATENCY, Layout.RANK_MAJOR),
@@ -78,6 +81,13 @@ def test_every_layout_matches_the_dense_moe(world):
     assert len(worst) == world and all(len(v) == 3 for v in worst)
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_balanced_experts_match_the_dense_moe(world):
+    with World(world, gloo=False, env=RANK_ENV) as w:
+        worst = w.run(_layouts, True, timeout=200)
+    assert len(worst) == world and all(len(v) == 3 for v in worst)
+
+
 def test_config_errors_name_the_field():
     from mooncake.moe_ep import Algorithm, FleetConfig, Layout
 
@@ -90,3 +100,46 @@ def test_config_errors_name_the_field():
     from mooncake.moe_ep import available_backends
 
     assert available_backends()["HIGH_THROUGHPUT/FLAT"] == "mooncake_elastic_buffer.ElasticBuffer"
+
+
+def test_the_batched_form_of_the_experts_matches_the_per_expert_matmuls():
+    """The batched form (rows padded to the largest expert, two batched
+    matmuls) and the grouped form against one float32-accumulated matmul per
+    expert, with an expert that got no rows; padding rows that hold NaN leave
+    the real rows alone; and when the batched form is chosen."""
+    from mooncake.moe_ep.experts import (grouped_swiglu_experts, padded_rows_per_expert, swiglu_expert_blocks,
+                                         swiglu_experts)
+
+    g = torch.Generator().manual_seed(7)
+    hidden, inter = 64, 32
+    counts = torch.tensor([3, 0, 5, 4])
+    rows = torch.randn(int(counts.sum()), hidden, generator=g).to(torch.bfloat16)
+    w13 = (torch.randn(4, 2 * inter, hidden, generator=g) / hidden ** 0.5).to(torch.bfloat16)
+    w2 = (torch.randn(4, hidden, inter, generator=g) / inter ** 0.5).to(torch.bfloat16)
+    want, start = [], 0
+    for e, n in enumerate(counts.tolist()):
+        x = rows[start:start + n].float()
+        gate, up = (x @ w13[e].float().t()).to(torch.bfloat16).float().split(inter, dim=1)
+        act = (torch.nn.functional.silu(gate) * up).to(torch.bfloat16)
+        want.append((act.float() @ w2[e].float().t()).to(torch.bfloat16))
+        start += n
+    want = torch.cat(want)
+    tolerance = dict(rtol=2.0 ** -7, atol=2.0 ** -7 * float(want.abs().max()))
+    # host_counts [3, 0, 5, 4] pad 12 rows to 20: past the limit, so both calls below differ in form.
+    torch.testing.assert_close(swiglu_experts(rows, counts, w13, w2).float(), want.float(), **tolerance)
+    torch.testing.assert_close(grouped_swiglu_experts(rows, counts, w13, w2).float(), want.float(), **tolerance)
+    blocks = torch.full((4, 5, hidden), float("nan"), dtype=torch.bfloat16)
+    start = 0
+    for e, n in enumerate(counts.tolist()):
+        blocks[e, :n] = rows[start:start + n]
+        start += n
+    got = swiglu_expert_blocks(blocks, w13, w2)
+    got_rows = torch.cat([got[e, :n] for e, n in enumerate(counts.tolist())])
+    torch.testing.assert_close(got_rows.float(), want.float(), **tolerance)
+    balanced = torch.tensor([4, 5, 4, 4])
+    rows17 = torch.randn(17, hidden, generator=g).to(torch.bfloat16)
+    torch.testing.assert_close(swiglu_experts(rows17, balanced, w13, w2, host_counts=balanced.tolist()).float(),
+                               grouped_swiglu_experts(rows17, balanced, w13, w2).float(), rtol=2.0 ** -7, atol=0.02)
+    assert padded_rows_per_expert([4, 5, 4, 4]) == 5  # 20 padded rows for 17
+    assert padded_rows_per_expert([3, 0, 5, 4]) is None  # 20 padded rows for 12: the grouped kernel
+    assert padded_rows_per_expert([0, 0]) is None and padded_rows_per_expert([]) is None
