@@ -34,6 +34,7 @@ SELECTION=("$@")
 [ ${#SELECTION[@]} -gt 0 ] || SELECTION=(tests/python/pg/test_cuda.py tests/python/ep/test_ep_cuda.py
                                          tests/python/ep/test_ep_ipc.py tests/python/ep/test_elastic_cuda.py
                                          tests/python/ep/test_ep_elastic_mode.py
+                                         tests/python/ep/test_moe_ep.py
                                          tests/python/te/test_cuda_ipc.py)
 status=0
 for placement in $PLACEMENTS; do

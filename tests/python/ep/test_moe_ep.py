@@ -5,6 +5,8 @@ scaled by 1/sqrt(fan_in)), tokens and routing per rank (seed 1000 + rank,
 softmax top-k weights, some picks -1), each rank's output within rtol = atol
 = 3e-2 of the reference, at worlds 1-4 (ranks > 0 hold experts at an offset)."""
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -14,55 +16,69 @@ from _harness import World
 
 pytestmark = pytest.mark.timeout(240)
 
-E, TOPK, TOKENS, HIDDEN, INTERMEDIATE = 12, 4, 8, 256, 128
+@dataclass(frozen=True)
+class Shape:
+    experts: int
+    topk: int
+    tokens: int  # per rank (rank r sends tokens - r)
+    hidden: int
+    intermediate: int
 
 
-def _weights():
+CPU_SHAPE = Shape(experts=12, topk=4, tokens=8, hidden=256, intermediate=128)
+# The design's configuration (issue 22), run on the GPU.
+SEED_SHAPE = Shape(experts=16, topk=8, tokens=128, hidden=8192, intermediate=2048)
+
+
+def _weights(shape: Shape):
     g = torch.Generator().manual_seed(7)
-    w13 = (torch.randn(E, 2 * INTERMEDIATE, HIDDEN, generator=g) / HIDDEN ** 0.5).to(torch.bfloat16)
-    w2 = (torch.randn(E, HIDDEN, INTERMEDIATE, generator=g) / INTERMEDIATE ** 0.5).to(torch.bfloat16)
+    E, H, I = shape.experts, shape.hidden, shape.intermediate
+    w13 = (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).to(torch.bfloat16)
+    w2 = (torch.randn(E, H, I, generator=g) / I ** 0.5).to(torch.bfloat16)
     return w13, w2
 
 
-def _inputs(rank, balanced=False):
+def _inputs(shape: Shape, rank, balanced=False):
     g = torch.Generator().manual_seed(1000 + rank)
-    n = TOKENS - rank  # ranks send different numbers of tokens
-    x = torch.randn(n, HIDDEN, generator=g).to(torch.bfloat16)
-    logits = torch.randn(n, E, generator=g)
-    weights, ids = torch.softmax(logits, dim=1).topk(TOPK, dim=1)
+    n = shape.tokens - rank  # ranks send different numbers of tokens
+    x = torch.randn(n, shape.hidden, generator=g).to(torch.bfloat16)
+    logits = torch.randn(n, shape.experts, generator=g)
+    weights, ids = torch.softmax(logits, dim=1).topk(shape.topk, dim=1)
     if balanced:  # every expert gets about as many picks (the experts then run as batched matmuls)
-        ids = (torch.arange(n * TOPK).view(n, TOPK) + rank * TOPK) % E
+        ids = (torch.arange(n * shape.topk).view(n, shape.topk) + rank * shape.topk) % shape.experts
     else:
-        ids[torch.rand(n, TOPK, generator=g) < 0.15] = -1
+        ids[torch.rand(n, shape.topk, generator=g) < 0.15] = -1
     return x, ids, weights.to(torch.float32)
 
 
 def _dense(x, ids, weights, w13, w2):
-    """Each token through each picked expert, in float32."""
-    out = torch.zeros(x.shape, dtype=torch.float32)
+    """Each token through each picked expert, in float32 (on the device of the weights)."""
+    intermediate = w2.size(2)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=w13.device)
     for t in range(x.size(0)):
         for k in range(ids.size(1)):
             e = int(ids[t, k])
             if e < 0:
                 continue
             h = w13[e].float() @ x[t].float()
-            out[t] += weights[t, k] * (w2[e].float() @ (torch.nn.functional.silu(h[:INTERMEDIATE]) * h[INTERMEDIATE:]))
+            out[t] += weights[t, k] * (w2[e].float() @ (torch.nn.functional.silu(h[:intermediate]) * h[intermediate:]))
     return out.to(torch.bfloat16)
 
 
-def _layouts(ctx, balanced=False):
+def _layouts(ctx, shape: Shape = CPU_SHAPE, balanced=False, device="cpu"):
     from mooncake.moe_ep import Algorithm, EpBootstrap, ExpertWeights, FleetConfig, Layout, MoEEp
 
-    w13, w2 = _weights()
-    L = E // ctx.size
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    w13, w2 = (w.to(dev) for w in _weights(shape))
+    L = shape.experts // ctx.size
     mine = ExpertWeights(w13[ctx.rank * L:(ctx.rank + 1) * L].clone(), w2[ctx.rank * L:(ctx.rank + 1) * L].clone())
-    x, ids, weights = _inputs(ctx.rank, balanced)
+    x, ids, weights = (t.to(dev) for t in _inputs(shape, ctx.rank, balanced))
     want = _dense(x, ids, weights, w13, w2)
     worst = {}
     for algorithm, layout in ((Algorithm.LOW_LATENCY, Layout.EXPERT_MAJOR), (Algorithm.LOW_LATENCY, Layout.RANK_MAJOR),
                               (Algorithm.HIGH_THROUGHPUT, Layout.FLAT)):
-        fleet = FleetConfig(num_experts=E, max_tokens_per_rank=TOKENS, hidden=HIDDEN, intermediate=INTERMEDIATE,
-                            num_topk=TOPK, algorithm=algorithm, layout=layout)
+        fleet = FleetConfig(num_experts=shape.experts, max_tokens_per_rank=shape.tokens, hidden=shape.hidden,
+                            intermediate=shape.intermediate, num_topk=shape.topk, algorithm=algorithm, layout=layout)
         layer = MoEEp(EpBootstrap(dist.group.WORLD), fleet, mine, enable_timing=True)
         got = layer.forward(x, ids, weights)
         assert got.dtype == torch.bfloat16 and got.shape == x.shape, (layout, got.shape)
@@ -84,7 +100,21 @@ def test_every_layout_matches_the_dense_moe(world):
 @pytest.mark.parametrize("world", [1, 2])
 def test_balanced_experts_match_the_dense_moe(world):
     with World(world, gloo=False, env=RANK_ENV) as w:
-        worst = w.run(_layouts, True, timeout=200)
+        worst = w.run(_layouts, CPU_SHAPE, True, timeout=200)
+    assert len(worst) == world and all(len(v) == 3 for v in worst)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU: the design's configuration on CUDA tensors over the 'mooncake' "
+                           "backend (CI has no GPU)")
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_the_design_configuration_on_the_gpu_matches_the_dense_moe(world):
+    """E = 16, top-8, 128 tokens per rank, hidden 8192, intermediate 2048, every
+    layout, ranks sharing the GPUs round-robin (world 3: 16 experts do not split
+    over 3 ranks, so 15 experts there)."""
+    shape = SEED_SHAPE if SEED_SHAPE.experts % world == 0 else Shape(15, 8, 128, 8192, 2048)
+    with World(world, gloo=False, env=RANK_ENV, backend="mooncake") as w:
+        worst = w.run(_layouts, shape, False, "cuda", timeout=280)
     assert len(worst) == world and all(len(v) == 3 for v in worst)
 
 
