@@ -54,7 +54,7 @@ def _run(ranks_per_host, mode, timeout, stalled=(), **extra_env):
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("ranks_per_host", [(1, 1), (2, 2), (1, 2, 3)], ids=["2x1", "2x2", "1+2+3"])
+@pytest.mark.parametrize("ranks_per_host", [(1, 1), (2, 2), (1, 2), (1, 2, 3)], ids=["2x1", "2x2", "1+2", "1+2+3"])
 def test_every_collective_and_p2p_matches_gloo_across_hosts(ranks_per_host):
     procs, text = _run(ranks_per_host, "check", timeout=360)
     world = sum(ranks_per_host)
