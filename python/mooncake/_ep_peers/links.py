@@ -189,22 +189,14 @@ class PeerLinks:
             torch.cuda.current_stream(self.device).synchronize()
 
         dropped: dict[int, str] = {}
-        pending = {}
+        writes = {}
         for q in peers:
             link = self._links[q]
-            n = blocks[q].numel()
-            if n == 0:
-                continue
-            remote = link.meta.memory + self.region.slot_offset((link.seq + 1) % 2, self.rank)
-            batch = self._engine.batch_transfer_async_write(link.meta.segment, [self.memory.data_ptr() + offsets[q]],
-                                                            [remote], [n], self._hint)
-            if batch == 0:
-                dropped[q] = "its write could not be submitted"
-            else:
-                pending[q] = batch
-        for q, batch in pending.items():
-            if self._engine.get_batch_transfer_status([batch]) != 0:
-                dropped[q] = "writing to it failed"
+            if blocks[q].numel():
+                writes[q] = (self.memory.data_ptr() + offsets[q],
+                             link.meta.memory + self.region.slot_offset((link.seq + 1) % 2, self.rank),
+                             blocks[q].numel())
+        self._write_all(writes, "its bytes", dropped)
         self._send_flags([q for q in peers if q not in dropped], blocks, dropped)
         got = self._await_flags([q for q in peers if q not in dropped], timeout_s, dropped)
         for q, why in dropped.items():
@@ -215,23 +207,31 @@ class PeerLinks:
         return got
 
     def _send_flags(self, peers: list[int], blocks, dropped: dict[int, str]) -> None:
-        pending = {}
+        writes = {}
         for q in peers:
             link = self._links[q]
             seq = link.seq + 1
-            words = Flag(seq=seq, incarnation=link.mine, count=blocks[q].numel()).words()
             base = q * WORDS_PER_FLAG
+            words = Flag(seq=seq, incarnation=link.mine, count=blocks[q].numel()).words()
             self._outbox[base:base + WORDS_PER_FLAG] = torch.tensor(words, dtype=torch.int64)
-            remote = link.meta.flags + self.region.flag_index(seq % 2, self.rank) * 8
-            batch = self._engine.batch_transfer_async_write(link.meta.segment, [self._outbox.data_ptr() + base * 8],
-                                                            [remote], [WORDS_PER_FLAG * 8], self._hint)
+            writes[q] = (self._outbox.data_ptr() + base * 8,
+                         link.meta.flags + self.region.flag_index(seq % 2, self.rank) * 8, WORDS_PER_FLAG * 8)
+        self._write_all(writes, "its flag", dropped)
+
+    def _write_all(self, writes: dict[int, tuple[int, int, int]], what: str, dropped: dict[int, str]) -> None:
+        """Writes (local address, remote address, length) to each peer at
+        once, then waits for all; a peer whose write fails goes in ``dropped``."""
+        pending = {}
+        for q, (local, remote, length) in writes.items():
+            batch = self._engine.batch_transfer_async_write(self._links[q].meta.segment, [local], [remote], [length],
+                                                            self._hint)
             if batch == 0:
-                dropped[q] = "its flag write could not be submitted"
+                dropped[q] = f"writing {what} could not be submitted"
             else:
                 pending[q] = batch
         for q, batch in pending.items():
             if self._engine.get_batch_transfer_status([batch]) != 0:
-                dropped[q] = "writing its flag failed"
+                dropped[q] = f"writing {what} failed"
 
     def _await_flags(self, peers: list[int], timeout_s: float | None, dropped: dict[int, str]) -> dict[int, torch.Tensor]:
         got: dict[int, torch.Tensor] = {}
