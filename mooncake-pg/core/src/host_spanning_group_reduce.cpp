@@ -119,12 +119,6 @@ OpResult HostSpanningGroup::allreduce(const void* input, void* output, size_t co
   // input is its host's part as it is. Across two hosts a leader with host
   // mates reduces its host's part apart from the sum, which the other
   // host's part is then folded into where it lands.
-  if (pipelinesTwoHosts(count, type)) {
-    if (!(r = twoHostsPipelined(input, sum, count, type, part)).ok) return settle(r);
-    if (via_scratch) std::memcpy(output, sum, bytes);
-    if (op == ReduceOp::kAvg) divideBy(output, count, type, size());
-    return r;
-  }
   const bool part_apart = isLeader() && !alone && layout_.hosts() == 2 && foldsWhereItLands(type);
   void* host_part = alone ? const_cast<void*>(input) : part_apart ? atLeast(leaders_incoming_, bytes) : sum;
   if (!alone && !(r = fromLocal(local_->reduce(input, host_part, count, type, part, 0))).ok) return settle(r);

@@ -19,12 +19,6 @@ namespace {
 // and the pools, as Gloo's ring of two has.
 constexpr size_t kHalvesBytes = 1u << 20;
 
-// From this size, two hosts with host mates pipeline the whole call (see
-// twoHostsPipelined), in at most kPipelineSegments segments of at least
-// kFoldSegmentBytes.
-constexpr size_t kPipelineBytes = 2u << 20;
-constexpr size_t kPipelineSegments = 8;
-
 // Piece `j` of `pieces` of the half [begin, begin + length): its first
 // element and its element count.
 struct Piece {
@@ -45,7 +39,7 @@ bool HostSpanningGroup::foldsWhereItLands(DataType type) const {
 bool HostSpanningGroup::byHalves(size_t count, DataType type) const {
   // Only with one rank on each host. Both leaders must take the same form,
   // so it depends on the whole layout, never on this host's size alone.
-  // With host mates the call is pipelined instead (or folds in one exchange).
+  // With host mates on either host, the leaders fold in one exchange.
   return layout_.hosts() == 2 && layout_.ranks() == 2 && foldsWhereItLands(type) &&
          count * elementSize(type) >= kHalvesBytes;
 }
@@ -123,70 +117,6 @@ OpResult HostSpanningGroup::leadersByHalves(const void* mine, void* buf, size_t 
   }
   if (wrote != nullptr) *wrote = folded->load(std::memory_order_relaxed) || !returns.empty();
   return result;
-}
-
-bool HostSpanningGroup::pipelinesTwoHosts(size_t count, DataType type) const {
-  // Some host has mates (so there is a local step to overlap); from the
-  // whole layout, so that both leaders cut the same segments.
-  return layout_.hosts() == 2 && layout_.ranks() > 2 && foldsWhereItLands(type) &&
-         count * elementSize(type) >= kPipelineBytes;
-}
-
-OpResult HostSpanningGroup::twoHostsPipelined(const void* input, void* sum, size_t count, DataType type,
-                                             ReduceOp op) {
-  const size_t esize = elementSize(type);
-  const size_t bytes = count * esize;
-  const size_t segment = std::max(kFoldSegmentBytes, bytes / kPipelineSegments) / esize;
-  const auto* in = static_cast<const char*>(input);
-  auto* out = static_cast<char*>(sum);
-  // The leader's host part, which the other leader's segments fold into `sum`
-  // against: a rank alone on its host has its input as it is, and no local steps.
-  const bool alone = local_->size() == 1;
-  const char* host_part = alone ? in : isLeader() ? atLeast(leaders_incoming_, bytes) : nullptr;
-  const int other = layout_.leaderOf(1 - host_);
-  std::vector<std::unique_ptr<P2pExchange>> exchanges;
-  OpResult r;
-  // 1. Every rank reduces the host's part segment by segment (the same calls
-  //    in the same order on every rank of the host). The leader sends each
-  //    reduced segment at once and folds the other host's where it lands,
-  //    so the link carries segment k while segment k + 1 is reduced.
-  for (size_t begin = 0; begin < count; begin += segment) {
-    const size_t n = std::min(segment, count - begin), at = begin * esize;
-    if (!alone &&
-        !(r = fromLocal(local_->reduce(in + at, isLeader() ? const_cast<char*>(host_part) + at : nullptr, n, type,
-                                       op, 0))).ok) {
-      break;
-    }
-    if (!isLeader()) continue;
-    auto x = std::make_unique<P2pExchange>(*channel_, tagOf(OpCode::kAllreduce), channel_rank_of_);
-    const char* own = host_part + at;
-    char* into = out + at;
-    x->send(other, own, n * esize);
-    x->recv(other, n * esize, [own, into, esize, type, op](size_t off, const char* theirs, size_t length) {
-      const void* sources[] = {own + off, theirs};
-      reduceInto(into + off, sources, 2, length / esize, type, op);
-    });
-    exchanges.push_back(std::move(x));
-  }
-  // 2. Each segment goes to the host mates once it is folded, while later
-  //    ones are still on the link.
-  size_t k = 0, broadcast = 0;
-  for (size_t begin = 0; r.ok && begin < count; begin += segment, ++k) {
-    const size_t n = std::min(segment, count - begin);
-    if (isLeader() && !(r = exchanges[k]->wait()).ok) {
-      ++k;
-      break;
-    }
-    if (!alone && !(r = fromLocal(local_->broadcast(out + begin * esize, n * esize, 0))).ok) break;
-    ++broadcast;
-  }
-  for (; k < exchanges.size(); ++k) exchanges[k]->wait();  // nothing posted outlives the call
-  // Only a mate's broadcasts write the caller's tensor (a leader reduces into
-  // its host part and folds into `sum`, a scratch buffer when in place). So
-  // the call can run again over the survivors unless a mate's input, in
-  // place, already took some of the result.
-  if (!r.ok) r.output_written = !isLeader() && out == in && (broadcast > 0 || r.output_written);
-  return r;
 }
 
 }  // namespace mooncake::pg

@@ -123,12 +123,6 @@ class HostSpanningGroup : public Collectives {
   OpResult leadersByHalves(const void* mine, void* buf, size_t count, DataType type, ReduceOp op, bool* wrote);
   OpResult leadersFoldExchange(const void* mine, void* buf, size_t count, DataType type, ReduceOp op);
   bool byHalves(size_t count, DataType type) const;
-  // Two hosts with host mates, large buffers: every rank of a host runs the
-  // local reduction, the leaders' exchange and the local broadcast segment
-  // by segment, so that the three overlap (host_spanning_two_hosts.cpp).
-  // `sum` gets the result (on the leaders it may be a scratch buffer).
-  bool pipelinesTwoHosts(size_t count, DataType type) const;
-  OpResult twoHostsPipelined(const void* input, void* sum, size_t count, DataType type, ReduceOp op);
   // Whether the channel can hand a received `type` buffer to a sink.
   bool foldsWhereItLands(DataType type) const;
 
