@@ -92,8 +92,10 @@ int runTarget(size_t bytes) {
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(a);
-  ::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  ::listen(listener, 4);
+  if (::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(listener, 4) != 0) {
+    std::perror("te_bench target: its control listener");
+    std::exit(1);
+  }
   ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
   std::cout << engine.segmentName() << " " << reinterpret_cast<uint64_t>(buffer) << " "
             << reinterpret_cast<uint64_t>(shared) << " " << ntohs(a.sin_port) << std::endl;

@@ -11,6 +11,14 @@ took() { echo "== $1 took $((SECONDS - phase_start)) s"; phase_start=$SECONDS; }
 scripts/setup.sh
 took "setup and build"
 
+# clang-format and clang-tidy on what changed since .ci/lint-base (old code is
+# not reformatted in bulk; each change is held to the rules). Needs the build's
+# compile_commands.json, so it runs after setup.
+echo "== format and lint of the C++ changed since $(cat .ci/lint-base)"
+scripts/check_format.sh "$(cat .ci/lint-base)"
+scripts/check_tidy.sh
+took "format and lint"
+
 echo "== C++ tests (ctest)"
 ctest --test-dir build --output-on-failure -j2 --timeout 300
 took "ctest"

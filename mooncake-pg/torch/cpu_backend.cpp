@@ -106,7 +106,13 @@ P2pChannel& MooncakeCpuBackend::p2p(const char* op) {
   return *p2p_;
 }
 
-MooncakeCpuBackend::~MooncakeCpuBackend() { shutdown(); }
+MooncakeCpuBackend::~MooncakeCpuBackend() {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {  // a destructor must not throw: the process would end
+    LOG(WARNING) << "mooncake-cpu: shutting the group down failed: " << e.what();
+  }
+}
 
 void MooncakeCpuBackend::shutdown() {
   runWithoutGil([this] {
@@ -592,7 +598,7 @@ void MooncakeCpuBackend::finishP2p(const c10::intrusive_ptr<MooncakeWork>& work,
   settleThen(result, [this, work, result] { work->complete(asReported(result, getRank())); });
 }
 
-void MooncakeCpuBackend::settleThen(const OpResult& result, std::function<void()> done) {
+void MooncakeCpuBackend::settleThen(const OpResult& result, const std::function<void()>& done) {
   // The failure is settled on the operation thread, or not at all when the
   // group is going away.
   auto settle_then_done = [this, result, done] {

@@ -74,7 +74,7 @@ class MooncakeCpuBackend : public c10d::Backend {
   // thread (with auto-sync, the reconciled view is applied there), then runs
   // `done`: how operations that end on another thread (P2P, the CUDA
   // plane's) settle before their Work completes.
-  void settleThen(const OpResult& result, std::function<void()> done);
+  void settleThen(const OpResult& result, const std::function<void()>& done);
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;

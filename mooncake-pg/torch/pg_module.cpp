@@ -112,6 +112,7 @@ PYBIND11_MODULE(MOONCAKE_PG_MODULE_NAME, m) {
   m.doc() = "Mooncake process group for torch.distributed (built against torch " MOONCAKE_TORCH_VERSION ")";
   py::module_::import("torch.distributed");
 
+  // NOLINTNEXTLINE(bugprone-unused-raii): registering the class is the point; the object is not kept.
   py::class_<MooncakeProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<MooncakeProcessGroup>>(
       m, "MooncakeProcessGroup");
 
@@ -169,10 +170,13 @@ PYBIND11_MODULE(MOONCAKE_PG_MODULE_NAME, m) {
                 "set_device_filter: cannot change the device filter after the first group was created");
     settings().device_filter = filter;
   }, py::arg("device_filter"));
-  m.def("set_transfer_engine", [](py::object engine) {
-    beforeAnyGroup("set_transfer_engine");
-    settings().transfer_engine_ptr = engine.is_none() ? 0 : engine.attr("get_engine_ptr")().cast<uint64_t>();
-  }, py::arg("engine"));
+  m.def(
+      "set_transfer_engine",
+      [](const py::object& engine) {
+        beforeAnyGroup("set_transfer_engine");
+        settings().transfer_engine_ptr = engine.is_none() ? 0 : engine.attr("get_engine_ptr")().cast<uint64_t>();
+      },
+      py::arg("engine"));
   m.def("set_collective_timeout_us", [](int64_t us) {
     TORCH_CHECK_VALUE(us > 0, "set_collective_timeout_us: timeout must be positive, got ", us);
     settings().collective_timeout_us = us;

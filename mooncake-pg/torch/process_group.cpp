@@ -4,7 +4,7 @@ namespace mooncake::pg {
 
 MooncakeProcessGroup::MooncakeProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                            c10::intrusive_ptr<MooncakeCpuBackend> backend,
-                                           c10::intrusive_ptr<c10d::Backend> cuda_backend)
+                                           const c10::intrusive_ptr<c10d::Backend>& cuda_backend)
     : c10d::ProcessGroup(store, rank, size), backend_(std::move(backend)) {
   // torch keeps one backend per backend type: the first one set serves every
   // device registered with that type. "mooncake": the CUDA backend, which

@@ -17,7 +17,7 @@ class MooncakeProcessGroup : public c10d::ProcessGroup {
   // when given ("mooncake"), serves CUDA tensors on top of it.
   MooncakeProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        c10::intrusive_ptr<MooncakeCpuBackend> backend,
-                       c10::intrusive_ptr<c10d::Backend> cuda_backend = {});
+                       const c10::intrusive_ptr<c10d::Backend>& cuda_backend = {});
 
   const std::string getBackendName() const override { return "mooncake"; }
   int getSize() const override { return backend_->worldSize(); }

@@ -88,8 +88,12 @@ class TransferEnginePy {
   TransferEnginePy()
       : engine_(std::make_shared<te::TransferEngine>()), managed_(*engine_), stream_transfers_(engine_) {}
   ~TransferEnginePy() {
-    py::gil_scoped_release release;
-    managed_.releaseAll();
+    try {
+      py::gil_scoped_release release;
+      managed_.releaseAll();
+    } catch (const std::exception& e) {  // a destructor must not throw: the process would end
+      MC_LOG(Error) << "TransferEngine: releasing its managed buffers failed: " << e.what();
+    }
   }
 
   // `auth_secret` (ours; "" = MC_TE_AUTH_SECRET, if set): every connection
@@ -543,7 +547,7 @@ PYBIND11_MODULE(engine, m) {
           },
           py::arg("timeout_ms"));
 
-  py::class_<InnerTransferEngine>(m, "InnerTransferEngine");
+  py::class_<InnerTransferEngine>(m, "InnerTransferEngine");  // NOLINT(bugprone-unused-raii): registers it
 
   py::class_<TransferEnginePy> cls(m, "TransferEngine");
   cls.def(py::init<>())
@@ -564,15 +568,17 @@ PYBIND11_MODULE(engine, m) {
       .def(
           "transfer_sync_write",
           [](TransferEnginePy& self, const std::string& target, uint64_t buffer, uint64_t peer, size_t length,
-             const std::string& hint,
-      const std::string& /*nic_hint*/ = "") { return self.transferSync(target, buffer, peer, length, te::Opcode::kWrite, std::nullopt, hint); },
+             const std::string& hint, const std::string& /*nic_hint*/ = "") {
+            return self.transferSync(target, buffer, peer, length, te::Opcode::kWrite, std::nullopt, hint);
+          },
           py::arg("target_hostname"), py::arg("buffer"), py::arg("peer_buffer_address"), py::arg("length"),
           py::arg("transport_hint") = "", py::arg("nic_hint") = "")
       .def(
           "transfer_sync_read",
           [](TransferEnginePy& self, const std::string& target, uint64_t buffer, uint64_t peer, size_t length,
-             const std::string& hint,
-      const std::string& /*nic_hint*/ = "") { return self.transferSync(target, buffer, peer, length, te::Opcode::kRead, std::nullopt, hint); },
+             const std::string& hint, const std::string& /*nic_hint*/ = "") {
+            return self.transferSync(target, buffer, peer, length, te::Opcode::kRead, std::nullopt, hint);
+          },
           py::arg("target_hostname"), py::arg("buffer"), py::arg("peer_buffer_address"), py::arg("length"),
           py::arg("transport_hint") = "", py::arg("nic_hint") = "")
       .def("transfer_sync", &TransferEnginePy::transferSync, py::arg("target_hostname"), py::arg("buffer"),
@@ -622,7 +628,8 @@ PYBIND11_MODULE(engine, m) {
            py::arg("transport_hint") = "", py::arg("nic_hint") = "")
       .def("get_batch_transfer_status", &TransferEnginePy::getBatchTransferStatus, py::arg("batch_ids"))
       .def("transfer_submit_write", &TransferEnginePy::transferSubmitWrite, py::arg("target_hostname"),
-           py::arg("buffer"), py::arg("peer_buffer_address"), py::arg("length"), py::arg("transport_hint") = "", py::arg("nic_hint") = "")
+           py::arg("buffer"), py::arg("peer_buffer_address"), py::arg("length"), py::arg("transport_hint") = "",
+           py::arg("nic_hint") = "")
       .def("transfer_check_status", &TransferEnginePy::transferCheckStatus, py::arg("batch_id"))
       .def("allocate_managed_buffer", &TransferEnginePy::allocateManagedBuffer, py::arg("length"))
       .def("free_managed_buffer", &TransferEnginePy::freeManagedBuffer, py::arg("buffer_addr"), py::arg("length"))
@@ -636,7 +643,7 @@ PYBIND11_MODULE(engine, m) {
       .def("get_engine", &TransferEnginePy::getEngine)
       .def("get_engine_ptr", &TransferEnginePy::getEnginePtr)
       .def(
-          "get_local_topology", [](TransferEnginePy&, py::object) { return localTopologyJson(); },
+          "get_local_topology", [](TransferEnginePy&, const py::object&) { return localTopologyJson(); },
           py::arg("device_name") = py::none())
       .def(
           "warmup_efa_segment", [](TransferEnginePy&, const std::string&) { return 0; }, py::arg("segment_name"));

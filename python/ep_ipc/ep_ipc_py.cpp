@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -55,7 +56,13 @@ class PyEpIpcGroup {
 
   // Closing is a handshake with the peers: never with the GIL held, also
   // when the garbage collector drops a group nobody closed.
-  ~PyEpIpcGroup() { close(); }
+  ~PyEpIpcGroup() {
+    try {
+      close();
+    } catch (const std::exception& e) {  // a destructor must not throw: the process would end
+      std::fprintf(stderr, "mooncake EP: closing a group failed: %s\n", e.what());
+    }
+  }
   PyEpIpcGroup(const PyEpIpcGroup&) = delete;
   PyEpIpcGroup& operator=(const PyEpIpcGroup&) = delete;
 

@@ -45,7 +45,13 @@ MooncakeCudaBackend::MooncakeCudaBackend(c10::intrusive_ptr<MooncakeCpuBackend> 
       staging_(*host_),
       fast_(std::make_unique<CudaFastPath>(*host_)) {}
 
-MooncakeCudaBackend::~MooncakeCudaBackend() { shutdown(); }
+MooncakeCudaBackend::~MooncakeCudaBackend() {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {  // a destructor must not throw: the process would end
+    LOG(WARNING) << "mooncake: shutting the group down failed: " << e.what();
+  }
+}
 
 void MooncakeCudaBackend::shutdown() {
   runWithoutGil([this] {

@@ -13,14 +13,14 @@ namespace mooncake::testing {
 
 // Prints why on stderr and counts a failure; `g` is the group in scope and
 // `failures` the scenario's count.
-#define RANK_CHECK(cond, ...)                                                              \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
+#define RANK_CHECK(cond, ...)                                                                  \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
       std::fprintf(stderr, "rank %d: line %d: check failed: %s: ", g.rank(), __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                                   \
-      std::fprintf(stderr, "\n");                                                          \
-      ++failures;                                                                          \
-    }                                                                                      \
+      std::fprintf(stderr, __VA_ARGS__);                                                       \
+      std::fprintf(stderr, "\n");                                                              \
+      ++failures;                                                                              \
+    }                                                                                          \
   } while (0)
 
 class DeviceBuffer {

@@ -56,9 +56,7 @@ bool allBytes(Io io, int fd, Byte* p, size_t n) {
 
 bool readAllFrom(int fd, void* data, size_t n) { return allBytes(::read, fd, static_cast<char*>(data), n); }
 
-bool writeAllTo(int fd, const void* data, size_t n) {
-  return allBytes(::write, fd, static_cast<const char*>(data), n);
-}
+bool writeAllTo(int fd, const void* data, size_t n) { return allBytes(::write, fd, static_cast<const char*>(data), n); }
 
 PipedChild PipedChild::fork(const std::function<int(int from_parent, int to_parent)>& body) {
   PipedChild child;

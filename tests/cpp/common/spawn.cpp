@@ -51,8 +51,7 @@ std::vector<int> waitAll(const std::vector<pid_t>& pids, std::chrono::millisecon
 
 std::vector<int> waitAll(const std::vector<pid_t>& pids) { return waitUntil(pids, Clock::time_point::max()); }
 
-std::vector<int> runForkedRanks(int world, const std::function<int(int rank)>& body,
-                                std::chrono::milliseconds limit) {
+std::vector<int> runForkedRanks(int world, const std::function<int(int rank)>& body, std::chrono::milliseconds limit) {
   std::vector<pid_t> pids;
   for (int rank = 0; rank < world; ++rank) {
     const pid_t pid = ::fork();

@@ -30,8 +30,7 @@ std::vector<int> waitAll(const std::vector<pid_t>& pids);
 // with what body returned; returns their statuses (0: every check passed),
 // killing children that outlive `limit`. Fork before this process starts
 // threads of its own: a child gets a copy of any lock another thread holds.
-std::vector<int> runForkedRanks(int world, const std::function<int(int rank)>& body,
-                                std::chrono::milliseconds limit);
+std::vector<int> runForkedRanks(int world, const std::function<int(int rank)>& body, std::chrono::milliseconds limit);
 
 // Starts `path` with `argv` (argv[0] included) and this process's
 // environment through posix_spawn: a fresh program, so that it starts CUDA

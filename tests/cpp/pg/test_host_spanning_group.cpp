@@ -231,10 +231,9 @@ int exactSumsAcrossTwoHosts(HostSpanningGroup& g) {
 TEST(HostSpanningGroup, TwoHostsOfEveryShapeSumExactly) {
   // Uneven hosts included: both leaders must take the same form (they once
   // did not, and every all_reduce from 1 MiB failed with a size mismatch).
-  for (const std::vector<std::string>& hosts : {std::vector<std::string>{"A", "B", "B"},
-                                               std::vector<std::string>{"A", "A", "A", "B"},
-                                               std::vector<std::string>{"A", "B", "A", "B", "B"},
-                                               std::vector<std::string>{"A", "B"}}) {
+  for (const std::vector<std::string>& hosts :
+       {std::vector<std::string>{"A", "B", "B"}, std::vector<std::string>{"A", "A", "A", "B"},
+        std::vector<std::string>{"A", "B", "A", "B", "B"}, std::vector<std::string>{"A", "B"}}) {
     auto status = runSpanning(hosts, SpanOptions{}, exactSumsAcrossTwoHosts);
     for (size_t r = 0; r < hosts.size(); ++r) EXPECT_EQ(status[r], 0) << hosts.size() << " ranks, rank " << r;
   }

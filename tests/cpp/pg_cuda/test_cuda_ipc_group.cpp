@@ -16,9 +16,9 @@ using mooncake::testing::expectAllPassed;
 
 std::vector<int> runRanks(const std::string& scenario, int world, const std::vector<std::string>& options = {},
                           std::chrono::seconds limit = std::chrono::seconds(240)) {
-  return mooncake::testing::runRankPrograms(
-      mooncake::testing::programBesideSelf("pg_cuda_rank", PG_CUDA_RANK_PATH),
-      mooncake::testing::uniqueShmName("mc-pg-cuda-test"), scenario, world, options, limit);
+  return mooncake::testing::runRankPrograms(mooncake::testing::programBesideSelf("pg_cuda_rank", PG_CUDA_RANK_PATH),
+                                            mooncake::testing::uniqueShmName("mc-pg-cuda-test"), scenario, world,
+                                            options, limit);
 }
 
 TEST(CudaIpcGroup, EveryCollectiveOneRank) {

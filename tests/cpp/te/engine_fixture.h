@@ -34,7 +34,7 @@ inline EngineConfig fastFailConfig() {
 
 class EnginePair {
  public:
-  EnginePair(const std::string& protocol, size_t bytes, EngineConfig config = fastFailConfig())
+  EnginePair(const std::string& protocol, size_t bytes, const EngineConfig& config = fastFailConfig())
       : local_buf(bytes), remote_buf(bytes) {
     EXPECT_EQ(local.init("P2PHANDSHAKE", "127.0.0.1", protocol, "", config), kOk);
     EXPECT_EQ(remote.init("P2PHANDSHAKE", "127.0.0.1", protocol, "", config), kOk);

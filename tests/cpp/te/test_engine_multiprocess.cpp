@@ -26,7 +26,7 @@ class MultiProcess : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     if (GetParam() == "rdma") ::setenv("MC_RDMA_PROVIDER", "software", 1);
   }
-  void start(size_t bytes, EngineConfig config = testing::fastFailConfig()) {
+  void start(size_t bytes, const EngineConfig& config = testing::fastFailConfig()) {
     peer_ = std::make_unique<PeerProcess>(bytes, 77);
     buf_ = std::make_unique<AlignedBuffer>(bytes);
     ASSERT_EQ(engine_.init("P2PHANDSHAKE", "127.0.0.1", GetParam(), "", config), kOk);

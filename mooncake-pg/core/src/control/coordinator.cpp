@@ -194,7 +194,7 @@ class CoordinatorImpl final : public Coordinator {
       }
       next_heartbeat_ = now + options_.heartbeat_interval;
     }
-    apply(now, std::move(effects));
+    apply(now, effects);
     if (goodbye) {  // flushed by apply: the caller of leave() may let the process end
       std::lock_guard<std::mutex> lock(goodbye_mutex_);
       goodbye_sent_ = true;
@@ -350,8 +350,8 @@ class CoordinatorImpl final : public Coordinator {
     state_.onDisconnected(now, id, why, effects);
   }
 
-  void apply(TimePoint now, Effects effects) {
-    for (Outgoing& outgoing : effects.sends) {
+  void apply(TimePoint now, const Effects& effects) {
+    for (const Outgoing& outgoing : effects.sends) {
       auto it = connections_.find(outgoing.to);
       if (it == connections_.end() || it->second.closing) continue;
       std::vector<uint8_t> frame = encodeFrame(outgoing.message);
@@ -378,7 +378,7 @@ class CoordinatorImpl final : public Coordinator {
       ::shutdown(it->second.fd.get(), SHUT_RDWR);  // the peer sees the end at once
       connections_.erase(it);
     }
-    if (!more.sends.empty() || !more.disconnects.empty()) apply(now, std::move(more));
+    if (!more.sends.empty() || !more.disconnects.empty()) apply(now, more);
   }
 
   // Writes what the socket takes now; false when the connection is broken
