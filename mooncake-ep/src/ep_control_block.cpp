@@ -1,6 +1,5 @@
 #include "ep_control_block.h"
 
-#include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -88,24 +87,14 @@ std::unique_ptr<EpControlBlock> EpControlBlock::open(const std::string& name, in
 EpControlBlock::~EpControlBlock() {
   stop_.store(true);
   if (watchdog_.joinable()) watchdog_.join();
-  if (registered_) cudaHostUnregister(region_->base());
 }
 
 std::string EpControlBlock::registerWithCuda() {
-  void* const base = region_->base();
-  cudaError_t err = cudaHostRegister(base, region_->bytes(), cudaHostRegisterMapped | cudaHostRegisterPortable);
-  if (err != cudaSuccess) return std::string("cudaHostRegister of the control block: ") + cudaGetErrorString(err);
-  registered_ = true;
-  void* device_base = nullptr;
-  if ((err = cudaHostGetDevicePointer(&device_base, base, 0)) != cudaSuccess) {
-    return std::string("cudaHostGetDevicePointer: ") + cudaGetErrorString(err);
+  if (std::string why = mapping_.map(region_->base(), region_->bytes(), "the control block"); !why.empty()) {
+    return why;
   }
-  auto to_device = [&](const void* host) {
-    return reinterpret_cast<const uint32_t*>(static_cast<char*>(device_base) +
-                                             (static_cast<const char*>(host) - static_cast<char*>(base)));
-  };
-  device_departed_ = to_device(&header_->departed[0]);
-  device_abort_ = to_device(&slots_[rank_].abort);
+  device_departed_ = mapping_.device(reinterpret_cast<const uint32_t*>(&header_->departed[0]));
+  device_abort_ = mapping_.device(reinterpret_cast<const uint32_t*>(&slots_[rank_].abort));
   return {};
 }
 

@@ -23,7 +23,8 @@
 #include <thread>
 #include <vector>
 
-#include "cuda_calls.h"  // kIpcHandleBytes (mooncake-pg/cuda/src)
+#include "mooncake/pg/cuda/common/cuda_calls.h"  // kIpcHandleBytes
+#include "mooncake/pg/cuda/common/host_mapping.h"
 #include "mooncake/ep/cuda/ep_ipc_group.h"
 #include "mooncake/pg/shared_region.h"
 
@@ -84,9 +85,9 @@ class EpControlBlock {
 
   int rank_ = 0, num_ranks_ = 0;
   std::unique_ptr<mooncake::pg::AttachedRegion> region_;  // the mapping and the peers' liveness
+  mooncake::pg::cuda::HostMapping mapping_;  // the region, seen by the GPU (unregistered before the unmap)
   EpControlHeader* header_ = nullptr;
   EpRankSlot* slots_ = nullptr;
-  bool registered_ = false;
   const uint32_t* device_departed_ = nullptr;
   const uint32_t* device_abort_ = nullptr;
   std::atomic<bool> stop_{false};

@@ -1,6 +1,5 @@
 #include "control_block.h"
 
-#include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -80,21 +79,9 @@ std::unique_ptr<ControlBlock> ControlBlock::open(const std::string& name, int ra
   return block;
 }
 
-ControlBlock::~ControlBlock() {
-  if (registered_) cudaHostUnregister(region_->base());
-}
+ControlBlock::~ControlBlock() = default;
 
-std::string ControlBlock::registerWithCuda() {
-  cudaError_t err =
-      cudaHostRegister(region_->base(), region_->bytes(), cudaHostRegisterMapped | cudaHostRegisterPortable);
-  if (err != cudaSuccess) return std::string("cudaHostRegister of the control block: ") + cudaGetErrorString(err);
-  registered_ = true;
-  void* device_base = nullptr;
-  err = cudaHostGetDevicePointer(&device_base, region_->base(), 0);
-  if (err != cudaSuccess) return std::string("cudaHostGetDevicePointer: ") + cudaGetErrorString(err);
-  device_base_ = static_cast<char*>(device_base);
-  return {};
-}
+std::string ControlBlock::registerWithCuda() { return mapping_.map(region_->base(), region_->bytes(), "the control block"); }
 
 std::string ControlBlock::rankName(int r) const {
   return "rank " + std::to_string(r >= 0 && r < static_cast<int>(rank_names_.size()) ? rank_names_[r] : r);

@@ -16,7 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda_calls.h"  // kIpcHandleBytes
+#include "mooncake/pg/cuda/common/cuda_calls.h"  // kIpcHandleBytes
+#include "mooncake/pg/cuda/common/host_mapping.h"
 #include "kernel_args.h"
 #include "mooncake/pg/collectives.h"
 #include "mooncake/pg/shared_region.h"
@@ -85,7 +86,7 @@ class ControlBlock {
   // The address the GPU uses for a word of the block.
   template <typename T>
   T* device(T* host_word) const {
-    return reinterpret_cast<T*>(device_base_ + (reinterpret_cast<char*>(host_word) - static_cast<char*>(region_->base())));
+    return mapping_.device(host_word);
   }
   uint32_t* deviceWord(std::atomic<uint32_t>* word) const { return device(reinterpret_cast<uint32_t*>(word)); }
 
@@ -119,8 +120,7 @@ class ControlBlock {
   int size_ = 0;
   std::vector<int> rank_names_;
   std::unique_ptr<AttachedRegion> region_;  // the mapping and the peers' liveness
-  char* device_base_ = nullptr;
-  bool registered_ = false;
+  HostMapping mapping_;                     // the region, seen by the GPU (unregistered before the unmap)
   ControlHeader* header_ = nullptr;
   RankControl* blocks_ = nullptr;
 };
