@@ -5,7 +5,7 @@
 // all_reduce loads both). It answers which way the CUDA backend's kernels
 // should move data between GPUs, and what the best of them reaches.
 //
-//   nvcc -O3 -arch=sm_90 -I mooncake-pg/cuda/src -o nvlink_probe benchmarks/nvlink_probe.cu && ./nvlink_probe [blocks_per_sm ...]
+//   nvcc -O3 -arch=sm_90 -I mooncake-pg/cuda/common/include -o nvlink_probe benchmarks/nvlink_probe.cu && ./nvlink_probe [blocks_per_sm ...]
 //
 // Needs two GPUs with peer access. Prints GB/s per direction (bytes / time).
 #include <cuda_runtime.h>
@@ -15,7 +15,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "copy_range.cuh"
+#include "mooncake/pg/cuda/common/copy_range.cuh"
 
 #define CHECK(x)                                                                    \
   do {                                                                              \

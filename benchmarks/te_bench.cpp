@@ -208,7 +208,7 @@ int runCudaBench(char* self, size_t max_bytes, double seconds, const std::string
     TransferEngine engine;
     SegmentHandle peer = kInvalidSegment;
   };
-  Initiator ipc{""}, tcp{"tcp"};
+  Initiator ipc{"", {}, kInvalidSegment}, tcp{"tcp", {}, kInvalidSegment};
   for (Initiator* i : {&ipc, &tcp}) {
     if (i->engine.init("P2PHANDSHAKE", "127.0.0.1", i->protocol) != kOk ||
         i->engine.registerLocalMemory(src, max_bytes) != kOk || i->engine.registerLocalMemory(dst, max_bytes) != kOk) {

@@ -48,6 +48,8 @@ endif()
 mooncake_resolve_feature(MOONCAKE_WITH_CUDA ${_cuda_found})
 
 # RDMA: rdma-core's libibverbs headers (the library is opened at run time).
+# Enabled, it builds the rdma transport (src/transport/rdma/) with the libibverbs
+# and software providers; otherwise neither is built (mooncake-transfer-engine).
 set(_rdma_found OFF)
 if(NOT MOONCAKE_WITH_RDMA STREQUAL "OFF")
   find_path(IBVERBS_INCLUDE_DIR infiniband/verbs.h)
@@ -61,15 +63,18 @@ mooncake_resolve_feature(MOONCAKE_WITH_RDMA ${_rdma_found})
 # (Python, over the process group's own operations).
 mooncake_resolve_feature(MOONCAKE_WITH_EP ${MOONCAKE_WITH_CUDA_ENABLED})
 
-# NCCL device API: nccl_device.h ships with NCCL >= 2.28.
-set(_nccl_dev_found OFF)
-if(MOONCAKE_WITH_CUDA_ENABLED AND NOT MOONCAKE_WITH_NCCL_DEVICE STREQUAL "OFF")
-  find_path(NCCL_DEVICE_INCLUDE_DIR nccl_device.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
-  if(NCCL_DEVICE_INCLUDE_DIR)
-    set(_nccl_dev_found ON)
-  endif()
+# NCCL device API (ElasticBuffer's transport='nccl'): no source of this tree
+# uses it yet, so nothing can be built for it, whatever headers are found.
+# ON fails here, saying so; AUTO and OFF build without it (reported below and
+# by mooncake.ep.has_nccl_device_support()). When the path is written, detect
+# nccl_device.h (NCCL >= 2.28) here and gate its sources on
+# MOONCAKE_WITH_NCCL_DEVICE_ENABLED.
+if(MOONCAKE_WITH_NCCL_DEVICE STREQUAL "ON")
+  message(FATAL_ERROR "MOONCAKE_WITH_NCCL_DEVICE=ON, but this source tree has no NCCL device API path yet "
+                      "(no source uses nccl_device.h; ElasticBuffer's transport='nccl' is not implemented): "
+                      "configure with MOONCAKE_WITH_NCCL_DEVICE=AUTO or OFF")
 endif()
-mooncake_resolve_feature(MOONCAKE_WITH_NCCL_DEVICE ${_nccl_dev_found})
+set(MOONCAKE_WITH_NCCL_DEVICE_ENABLED OFF)
 
 if(MOONCAKE_WITH_CUDA_ENABLED)
   enable_language(CUDA)

@@ -1,3 +1,10 @@
 message(STATUS "mooncake: CUDA=${MOONCAKE_WITH_CUDA_ENABLED} RDMA=${MOONCAKE_WITH_RDMA_ENABLED} "
                "EP=${MOONCAKE_WITH_EP_ENABLED} NCCL_DEVICE=${MOONCAKE_WITH_NCCL_DEVICE_ENABLED} "
                "python=${MOONCAKE_BUILD_PYTHON} tests=${MOONCAKE_BUILD_TESTS}")
+if(NOT MOONCAKE_WITH_RDMA_ENABLED)
+  message(STATUS "mooncake: no rdma transport in this build (MOONCAKE_WITH_RDMA=${MOONCAKE_WITH_RDMA}; "
+                 "AUTO needs rdma-core's headers, Debian: libibverbs-dev)")
+endif()
+if(NOT MOONCAKE_WITH_NCCL_DEVICE STREQUAL "OFF")
+  message(STATUS "mooncake: NCCL_DEVICE is not built: the tree has no NCCL device API path yet")
+endif()

@@ -1,20 +1,8 @@
 #include "ep_control_block.h"
 
-#include <cuda_runtime_api.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
-
-#include "mooncake/pg/shared_region.h"
-
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
 
 namespace mooncake::ep::cuda {
 namespace {
@@ -47,17 +35,23 @@ std::unique_ptr<EpControlBlock> EpControlBlock::open(const std::string& name, in
   const size_t total = roundUp(slots_offset + sizeof(EpRankSlot) * num_ranks, page);
   const auto deadline = std::chrono::steady_clock::now() + options.attach_timeout;
   std::string why;
-  void* base = mooncake::pg::mapSharedRegion(name, rank == creator, total, deadline, "the EP control block", &why);
-  if (base == nullptr) return fail(why);
+  std::unique_ptr<mooncake::pg::AttachedRegion> region =
+      mooncake::pg::AttachedRegion::map(name, rank == creator, total, deadline, "the EP control block", &why);
+  if (region == nullptr) return fail(why);
   std::unique_ptr<EpControlBlock> block(new EpControlBlock);
   block->rank_ = rank;
   block->num_ranks_ = num_ranks;
-  block->base_ = base;
-  block->mapped_bytes_ = total;
-  block->header_ = static_cast<EpControlHeader*>(base);
-  block->slots_ = reinterpret_cast<EpRankSlot*>(static_cast<char*>(base) + slots_offset);
+  block->header_ = region->at<EpControlHeader>(0);
+  block->slots_ = region->at<EpRankSlot>(slots_offset);
   EpControlHeader* h = block->header_;
-  if (rank == creator) {
+  mooncake::pg::AttachedRegion::Handshake steps;
+  steps.rank = rank;
+  steps.size = num_ranks;
+  steps.creator = creator;
+  steps.absent = absent;
+  steps.ready = &h->ready;
+  steps.presence = [&](int r) -> mooncake::pg::RankPresence& { return block->slot(r).presence; };
+  steps.write_header = [&] {
     // A fresh object is zero: only the identity needs writing.
     h->magic = kMagic;
     h->version = kVersion;
@@ -68,38 +62,24 @@ std::unique_ptr<EpControlBlock> EpControlBlock::open(const std::string& name, in
     for (int r = 0; r < num_ranks; ++r) {
       if (absent(r)) h->departed[r].store(1, std::memory_order_relaxed);  // gone from the start
     }
-    h->ready.store(1, std::memory_order_release);  // release: the identity before `ready`
-  } else {
-    while (h->ready.load(std::memory_order_acquire) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) return fail("the control block never became ready");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+  };
+  steps.check_header = [&]() -> std::string {
     if (h->magic != kMagic || h->version != kVersion || h->num_ranks != static_cast<uint32_t>(num_ranks) ||
         h->tokens != options.max_tokens_per_rank || h->hidden != options.hidden ||
         h->experts != options.num_experts) {
-      return fail("sizes differ across ranks (ranks, max tokens per rank, hidden or experts)");
+      return "sizes differ across ranks (ranks, max tokens per rank, hidden or experts)";
     }
-  }
-  EpRankSlot& me = block->slot(rank);
-  me.pid = static_cast<int32_t>(::getpid());
-  me.device = mine.device;
-  me.region_bytes = mine.region_bytes;
-  std::memcpy(me.region_handle, mine.region_handle, kIpcHandleBytes);
-  me.attached.store(1, std::memory_order_release);  // release: publishes pid and handle
-  for (int r = 0; r < num_ranks; ++r) {
-    while (!absent(r) && block->slot(r).attached.load(std::memory_order_acquire) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        if (rank == creator) ::shm_unlink(name.c_str());
-        return fail("rank " + std::to_string(r) + " did not attach in time");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  }
-  if (rank == creator) ::shm_unlink(name.c_str());  // everyone has it mapped: no name left behind
-  block->pidfds_.assign(num_ranks, -1);
-  for (int r = 0; r < num_ranks; ++r) {
-    if (r != rank && !absent(r)) block->pidfds_[r] = static_cast<int>(::syscall(SYS_pidfd_open, block->slot(r).pid, 0));
-  }
+    return {};
+  };
+  steps.never_ready = "the control block never became ready";
+  steps.publish_mine = [&] {
+    EpRankSlot& me = block->slot(rank);
+    me.device = mine.device;
+    me.region_bytes = mine.region_bytes;
+    std::memcpy(me.region_handle, mine.region_handle, kIpcHandleBytes);
+  };
+  if (!region->handshake(steps, &why)) return fail(why);
+  block->region_ = std::move(region);
   block->watchdog_ = std::thread([b = block.get()] { b->watch(); });
   return block;
 }
@@ -107,37 +87,15 @@ std::unique_ptr<EpControlBlock> EpControlBlock::open(const std::string& name, in
 EpControlBlock::~EpControlBlock() {
   stop_.store(true);
   if (watchdog_.joinable()) watchdog_.join();
-  for (int fd : pidfds_) {
-    if (fd >= 0) ::close(fd);
-  }
-  if (registered_) cudaHostUnregister(base_);
-  if (base_ != nullptr) ::munmap(base_, mapped_bytes_);
 }
 
 std::string EpControlBlock::registerWithCuda() {
-  cudaError_t err = cudaHostRegister(base_, mapped_bytes_, cudaHostRegisterMapped | cudaHostRegisterPortable);
-  if (err != cudaSuccess) return std::string("cudaHostRegister of the control block: ") + cudaGetErrorString(err);
-  registered_ = true;
-  void* device_base = nullptr;
-  if ((err = cudaHostGetDevicePointer(&device_base, base_, 0)) != cudaSuccess) {
-    return std::string("cudaHostGetDevicePointer: ") + cudaGetErrorString(err);
+  if (std::string why = mapping_.map(region_->base(), region_->bytes(), "the control block"); !why.empty()) {
+    return why;
   }
-  auto to_device = [&](const void* host) {
-    return reinterpret_cast<const uint32_t*>(static_cast<char*>(device_base) +
-                                             (static_cast<const char*>(host) - static_cast<char*>(base_)));
-  };
-  device_departed_ = to_device(&header_->departed[0]);
-  device_abort_ = to_device(&slots_[rank_].abort);
+  device_departed_ = mapping_.device(reinterpret_cast<const uint32_t*>(&header_->departed[0]));
+  device_abort_ = mapping_.device(reinterpret_cast<const uint32_t*>(&slots_[rank_].abort));
   return {};
-}
-
-bool EpControlBlock::peerAlive(int r) const {
-  const int fd = pidfds_[r];
-  if (fd >= 0) {
-    pollfd p{fd, POLLIN, 0};
-    return ::poll(&p, 1, 0) == 0;  // readable once the process has exited
-  }
-  return ::kill(slot(r).pid, 0) == 0 || errno == EPERM;
 }
 
 void EpControlBlock::watch() {

@@ -1,5 +1,5 @@
 // The EP group's control block: a POSIX shared-memory object (created by
-// rank 0, attached by the others through mapSharedRegion) holding what the
+// rank 0, attached by the others through AttachedRegion) holding what the
 // ranks exchange when they attach (pid, device, the receive region's IPC
 // handle), per-rank words the GPU reads (departed: the process exited; the
 // rank's abort word), and the close handshake. Registered with CUDA (mapped)
@@ -23,16 +23,17 @@
 #include <thread>
 #include <vector>
 
-#include "cuda_calls.h"  // kIpcHandleBytes (mooncake-pg/cuda/src)
+#include "mooncake/pg/cuda/common/cuda_calls.h"  // kIpcHandleBytes
+#include "mooncake/pg/cuda/common/host_mapping.h"
 #include "mooncake/ep/cuda/ep_ipc_group.h"
+#include "mooncake/pg/shared_region.h"
 
 namespace mooncake::ep::cuda {
 
 using mooncake::pg::cuda::kIpcHandleBytes;
 
 struct alignas(64) EpRankSlot {
-  std::atomic<uint32_t> attached;  // release: pid, device and handle are written
-  int32_t pid;
+  mooncake::pg::RankPresence presence;  // attached (release: device and handle are written too), pid
   int32_t device;
   uint32_t reserved;
   uint64_t region_bytes;
@@ -73,7 +74,7 @@ class EpControlBlock {
 
   EpRankSlot& slot(int r) const { return slots_[r]; }
   EpControlHeader& header() const { return *header_; }
-  bool peerAlive(int r) const;
+  bool peerAlive(int r) const { return region_->peers().alive(r); }
   // Close handshake: marks `phase` and waits until every live peer has
   // reached it, or until `deadline`.
   void closePhase(uint32_t phase, std::chrono::steady_clock::time_point deadline);
@@ -83,14 +84,12 @@ class EpControlBlock {
   void watch();
 
   int rank_ = 0, num_ranks_ = 0;
-  void* base_ = nullptr;
-  size_t mapped_bytes_ = 0;
-  bool registered_ = false;
+  std::unique_ptr<mooncake::pg::AttachedRegion> region_;  // the mapping and the peers' liveness
+  mooncake::pg::cuda::HostMapping mapping_;  // the region, seen by the GPU (unregistered before the unmap)
   EpControlHeader* header_ = nullptr;
   EpRankSlot* slots_ = nullptr;
   const uint32_t* device_departed_ = nullptr;
   const uint32_t* device_abort_ = nullptr;
-  std::vector<int> pidfds_;
   std::atomic<bool> stop_{false};
   std::thread watchdog_;
 };

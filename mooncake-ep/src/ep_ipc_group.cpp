@@ -7,7 +7,7 @@
 #include <functional>
 #include <vector>
 
-#include "cuda_calls.h"  // cudaWhat, DeviceScope, IPC export and mapping (mooncake-pg/cuda/src)
+#include "mooncake/pg/cuda/common/cuda_calls.h"  // cudaWhat, DeviceScope, IPC export and mapping
 #include "ep_control_block.h"
 #include "kernel_args.h"
 

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "call_sequence.cuh"
-#include "device_ordering.cuh"
+#include "mooncake/pg/cuda/common/device_ordering.cuh"
 #include "kernel_args.h"
 
 namespace mooncake::ep::cuda {

@@ -22,7 +22,9 @@
 #include "rpc/connection_server.h"
 #include "rpc/rpc.h"
 #include "transport/rdma/nic_affinity.h"
+#if MOONCAKE_WITH_RDMA
 #include "transport/rdma/rdma_transport.h"
+#endif
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "wire.h"
@@ -51,8 +53,10 @@ const TransportEntry kTransports[] = {
      }},
 #endif
     {"shm", [](rpc::ConnectionServer&) -> std::unique_ptr<Transport> { return std::make_unique<ShmTransport>(); }},
+#if MOONCAKE_WITH_RDMA
     // Serves peers only where it opened a device; idle otherwise.
     {"rdma", [](rpc::ConnectionServer&) -> std::unique_ptr<Transport> { return std::make_unique<RdmaTransport>(); }},
+#endif
     {"tcp", [](rpc::ConnectionServer& server) -> std::unique_ptr<Transport> {
        return std::make_unique<TcpTransport>(server);
      }},
@@ -72,8 +76,12 @@ std::vector<std::string> builtTransports() {
 }
 
 std::vector<std::string> rdmaNicNames() {
+#if MOONCAKE_WITH_RDMA
   std::unique_ptr<rdma::Provider> provider = rdma::makeIbverbsProvider();
   return provider ? provider->deviceNames() : std::vector<std::string>{};
+#else
+  return {};  // a build without the rdma transport (MOONCAKE_WITH_RDMA=OFF) uses no NIC
+#endif
 }
 
 std::vector<NicAffinity> rdmaNicAffinity() {

@@ -1,18 +1,62 @@
 #include "mooncake/pg/shared_region.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <thread>
 
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
 namespace mooncake::pg {
 
-void* mapSharedRegion(const std::string& name, bool create, size_t bytes,
-                      std::chrono::steady_clock::time_point deadline, const std::string& what, std::string* error) {
+// ---- PeerLiveness ----
+
+PeerLiveness::~PeerLiveness() {
+  for (int fd : pidfds_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+void PeerLiveness::watch(std::vector<int32_t> pids, int self, const std::function<bool(int)>& skip) {
+  self_ = self;
+  pids_ = std::move(pids);
+  pidfds_.assign(pids_.size(), -1);
+  for (int r = 0; r < static_cast<int>(pids_.size()); ++r) {
+    if (r != self && !(skip && skip(r))) pidfds_[r] = static_cast<int>(::syscall(SYS_pidfd_open, pids_[r], 0));
+  }
+}
+
+bool PeerLiveness::alive(int peer) const {
+  const int fd = pidfds_[peer];
+  if (fd >= 0) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 0;  // readable once the process has exited
+  }
+  return ::kill(pids_[peer], 0) == 0 || errno == EPERM;
+}
+
+std::vector<int> PeerLiveness::dead() const {
+  std::vector<int> gone;
+  for (int q = 0; q < static_cast<int>(pids_.size()); ++q) {
+    if (q != self_ && !alive(q)) gone.push_back(q);
+  }
+  return gone;
+}
+
+// ---- AttachedRegion ----
+
+std::unique_ptr<AttachedRegion> AttachedRegion::map(const std::string& name, bool create, size_t bytes,
+                                                    std::chrono::steady_clock::time_point deadline,
+                                                    const std::string& what, std::string* error) {
   int fd = -1;
   if (create) {
     fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
@@ -50,7 +94,61 @@ void* mapSharedRegion(const std::string& name, bool create, size_t bytes,
     if (create) ::shm_unlink(name.c_str());
     return nullptr;
   }
-  return base;
+  std::unique_ptr<AttachedRegion> region(new AttachedRegion);
+  region->name_ = name;
+  region->base_ = base;
+  region->bytes_ = bytes;
+  region->deadline_ = deadline;
+  return region;
+}
+
+AttachedRegion::~AttachedRegion() {
+  if (base_ != nullptr) ::munmap(base_, bytes_);
+}
+
+bool AttachedRegion::handshake(const Handshake& steps, std::string* error) {
+  const auto absent = [&](int r) { return steps.absent && steps.absent(r); };
+  const auto rank_name = [&](int r) { return steps.rank_name ? steps.rank_name(r) : "rank " + std::to_string(r); };
+  const bool creator = steps.rank == steps.creator;
+  if (creator) {
+    // A fresh ftruncate'd object is zero: only non-zero fields need writing.
+    if (steps.write_header) steps.write_header();
+    steps.ready->store(1, std::memory_order_release);  // release: the header before `ready`
+  } else {
+    while (steps.ready->load(std::memory_order_acquire) == 0) {
+      if (std::chrono::steady_clock::now() > deadline_) {
+        *error = steps.never_ready;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (steps.check_header) {
+      if (std::string why = steps.check_header(); !why.empty()) {
+        *error = why;
+        return false;
+      }
+    }
+  }
+  RankPresence& me = steps.presence(steps.rank);
+  me.pid = static_cast<int32_t>(::getpid());
+  if (steps.publish_mine) steps.publish_mine();
+  me.attached.store(1, std::memory_order_release);  // release: publishes the pid and the user's fields
+  // Wait for everyone, then learn their pids (for liveness checks).
+  for (int r = 0; r < steps.size; ++r) {
+    while (!absent(r) && steps.presence(r).attached.load(std::memory_order_acquire) == 0) {
+      if (std::chrono::steady_clock::now() > deadline_) {
+        if (creator) ::shm_unlink(name_.c_str());
+        *error = rank_name(r) + " did not attach in time";
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  if (creator) ::shm_unlink(name_.c_str());  // everyone has it mapped: no name left behind
+  std::vector<int32_t> pids(steps.size);
+  for (int r = 0; r < steps.size; ++r) pids[r] = steps.presence(r).pid;
+  peers_.watch(std::move(pids), steps.rank, absent);
+  return true;
 }
 
 }  // namespace mooncake::pg

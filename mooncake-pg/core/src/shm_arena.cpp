@@ -1,23 +1,15 @@
 #include "shm_arena.h"
 
 #include <linux/futex.h>
-#include <poll.h>
 #include <sched.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
-#include <csignal>
 #include <cstring>
 #include <thread>
 
-#include "mooncake/pg/shared_region.h"
-
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
 
 namespace mooncake::pg {
 namespace {
@@ -61,74 +53,45 @@ std::unique_ptr<ShmArena> ShmArena::open(const std::string& name, int rank, int 
 
   auto deadline = std::chrono::steady_clock::now() + options.attach_timeout;
   std::string why;
-  void* base = mapSharedRegion(name, rank == 0, total, deadline, "the arena", &why);
-  if (base == nullptr) return fail(why);
+  std::unique_ptr<AttachedRegion> region = AttachedRegion::map(name, rank == 0, total, deadline, "the arena", &why);
+  if (region == nullptr) return fail(why);
   std::unique_ptr<ShmArena> arena(new ShmArena);
   arena->rank_ = rank;
   arena->size_ = size;
   arena->options_ = options;
-  arena->base_ = base;
-  arena->mapped_bytes_ = total;
-  arena->header_ = static_cast<ArenaHeader*>(base);
-  arena->blocks_ = reinterpret_cast<RankBlock*>(static_cast<char*>(base) + blocks_offset);
-  arena->slots_ = static_cast<char*>(base) + slots_offset;
+  arena->header_ = region->at<ArenaHeader>(0);
+  arena->blocks_ = region->at<RankBlock>(blocks_offset);
+  arena->slots_ = region->at<char>(slots_offset);
   arena->oversubscribed_ = size > static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ArenaHeader* h = arena->header_;
-  if (rank == 0) {
-    // A fresh ftruncate'd file is zero: only non-zero fields need writing.
+  AttachedRegion::Handshake steps;
+  steps.rank = rank;
+  steps.size = size;
+  steps.rank_name = [&](int r) { return arena->rankName(r); };
+  steps.ready = &h->ready;
+  steps.presence = [&](int r) -> RankPresence& { return arena->block(r).presence; };
+  steps.write_header = [&] {
     h->magic = kMagic;
     h->version = kVersion;
     h->size = static_cast<uint32_t>(size);
     h->slot_bytes = slot_bytes;
     h->slots_offset = slots_offset;
     h->broken_by.store(-1, std::memory_order_relaxed);
-    h->ready.store(1, std::memory_order_release);
-  } else {
-    while (h->ready.load(std::memory_order_acquire) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) return fail("arena never became ready");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+  };
+  steps.check_header = [&]() -> std::string {
     if (h->magic != kMagic || h->version != kVersion || h->size != static_cast<uint32_t>(size) ||
         h->slot_bytes != slot_bytes) {
-      return fail("arena layout differs (mismatched world size or MOONCAKE_PG_SHM_SLOT_BYTES across ranks)");
+      return "arena layout differs (mismatched world size or MOONCAKE_PG_SHM_SLOT_BYTES across ranks)";
     }
-  }
-  RankBlock& me = arena->mine();
-  me.pid = static_cast<int32_t>(::getpid());
-  me.attached.store(1, std::memory_order_release);
-  // Wait for everyone, then learn their pids (for liveness checks).
-  for (int r = 0; r < size; ++r) {
-    while (arena->block(r).attached.load(std::memory_order_acquire) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        if (rank == 0) ::shm_unlink(name.c_str());
-        return fail(arena->rankName(r) + " did not attach in time");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  }
-  if (rank == 0) ::shm_unlink(name.c_str());  // everyone has it mapped: no name left behind
-  arena->pidfds_.assign(size, -1);
-  for (int r = 0; r < size; ++r) {
-    if (r != rank) arena->pidfds_[r] = static_cast<int>(::syscall(SYS_pidfd_open, arena->block(r).pid, 0));
-  }
+    return {};
+  };
+  steps.never_ready = "arena never became ready";
+  if (!region->handshake(steps, &why)) return fail(why);
+  arena->region_ = std::move(region);
   return arena;
 }
 
-ShmArena::~ShmArena() {
-  for (int fd : pidfds_) {
-    if (fd >= 0) ::close(fd);
-  }
-  if (base_ != nullptr) ::munmap(base_, mapped_bytes_);
-}
-
-bool ShmArena::peerAlive(int peer) const {
-  int fd = pidfds_[peer];
-  if (fd >= 0) {
-    pollfd p{fd, POLLIN, 0};
-    return ::poll(&p, 1, 0) == 0;  // readable once the process exited
-  }
-  return ::kill(block(peer).pid, 0) == 0 || errno == EPERM;
-}
+ShmArena::~ShmArena() = default;
 
 OpResult ShmArena::brokenResult() const {
   OpResult r;
@@ -207,7 +170,7 @@ bool ShmArena::waitFor(int peer, uint32_t target, std::chrono::steady_clock::tim
     if (int dead = deadLaggard(target); dead >= 0) {
       result.ok = false;
       result.failed_ranks.push_back(dead);
-      result.error = rankName(dead) + " (pid " + std::to_string(block(dead).pid) + ") exited";
+      result.error = rankName(dead) + " (pid " + std::to_string(block(dead).presence.pid) + ") exited";
       return false;
     }
     if (options_.cut_off) {

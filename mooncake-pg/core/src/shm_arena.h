@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "mooncake/pg/shared_region.h"
 #include "mooncake/pg/shm_group.h"
 
 namespace mooncake::pg {
@@ -19,8 +20,7 @@ constexpr int kMaxFailedMaskWords = 4;  // failure hints name ranks below 256
 struct alignas(64) RankBlock {
   std::atomic<uint32_t> step;     // steps this rank has completed (futex word)
   std::atomic<uint32_t> waiters;  // ranks sleeping on `step`
-  std::atomic<uint32_t> attached;
-  int32_t pid;
+  RankPresence presence;          // attached, pid (shared_region.h)
   std::atomic<uint64_t> signature[4];  // operation signature by op index % 4
 };
 static_assert(sizeof(RankBlock) % 64 == 0);
@@ -80,7 +80,7 @@ class ShmArena {
   OpResult waitAll(uint32_t target);
   // kOk-like: empty optional when reached; otherwise the failure.
   bool waitFor(int peer, uint32_t target, std::chrono::steady_clock::time_point deadline, OpResult& result);
-  bool peerAlive(int peer) const;
+  bool peerAlive(int peer) const { return region_->peers().alive(peer); }
   // The first peer that has not reached `target` and whose process is gone, or -1.
   int deadLaggard(uint32_t target) const;
   OpResult brokenResult() const;
@@ -89,12 +89,10 @@ class ShmArena {
   int rank_ = 0;
   int size_ = 0;
   ShmGroupOptions options_;
-  void* base_ = nullptr;
-  size_t mapped_bytes_ = 0;
+  std::unique_ptr<AttachedRegion> region_;  // the mapping and the peers' liveness
   ArenaHeader* header_ = nullptr;
   RankBlock* blocks_ = nullptr;
   char* slots_ = nullptr;
-  std::vector<int> pidfds_;
   uint32_t steps_ = 0;       // steps this rank completed (mirrors mine().step)
   uint64_t op_index_ = 0;    // operations begun
   uint64_t signature_ = 0;   // of the current operation

@@ -5,7 +5,7 @@
 // meet in the same barrier.
 #pragma once
 
-#include "device_ordering.cuh"
+#include "mooncake/pg/cuda/common/device_ordering.cuh"
 #include "kernel_args.h"
 #include "op_guard.cuh"
 

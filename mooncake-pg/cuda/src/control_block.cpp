@@ -1,21 +1,10 @@
 #include "control_block.h"
 
-#include <cuda_runtime_api.h>
-#include <poll.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <cstring>
 #include <thread>
-
-#include "mooncake/pg/shared_region.h"
-
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
 
 namespace mooncake::pg::cuda {
 namespace {
@@ -46,19 +35,23 @@ std::unique_ptr<ControlBlock> ControlBlock::open(const std::string& name, int ra
   const auto deadline = std::chrono::steady_clock::now() + attach_timeout;
 
   std::string why;
-  void* base = mapSharedRegion(name, rank == 0, total, deadline, "the control block", &why);
-  if (base == nullptr) return fail(why);
+  std::unique_ptr<AttachedRegion> region =
+      AttachedRegion::map(name, rank == 0, total, deadline, "the control block", &why);
+  if (region == nullptr) return fail(why);
   std::unique_ptr<ControlBlock> block(new ControlBlock);
   block->rank_ = rank;
   block->size_ = size;
   block->rank_names_ = std::move(rank_names);
-  block->base_ = base;
-  block->mapped_bytes_ = total;
-  block->header_ = static_cast<ControlHeader*>(base);
-  block->blocks_ = reinterpret_cast<RankControl*>(static_cast<char*>(base) + blocks_offset);
+  block->header_ = region->at<ControlHeader>(0);
+  block->blocks_ = region->at<RankControl>(blocks_offset);
   ControlHeader* h = block->header_;
-  if (rank == 0) {
-    // A fresh ftruncate'd object is zero: only non-zero fields need writing.
+  AttachedRegion::Handshake steps;
+  steps.rank = rank;
+  steps.size = size;
+  steps.rank_name = [&](int r) { return block->rankName(r); };
+  steps.ready = &h->ready;
+  steps.presence = [&](int r) -> RankPresence& { return block->block(r).presence; };
+  steps.write_header = [&] {
     h->magic = kMagic;
     h->version = kVersion;
     h->size = static_cast<uint32_t>(size);
@@ -66,58 +59,29 @@ std::unique_ptr<ControlBlock> ControlBlock::open(const std::string& name, int ra
     h->one_shot_bytes = mine.one_shot_bytes;
     h->breaker.store(-1, std::memory_order_relaxed);
     h->broken_by.store(-1, std::memory_order_relaxed);
-    h->ready.store(1, std::memory_order_release);
-  } else {
-    while (h->ready.load(std::memory_order_acquire) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) return fail("the control block never became ready");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+  };
+  steps.check_header = [&]() -> std::string {
     if (h->magic != kMagic || h->version != kVersion || h->size != static_cast<uint32_t>(size) ||
         h->staging_bytes != mine.staging_bytes || h->one_shot_bytes != mine.one_shot_bytes) {
-      return fail("layout differs (world size, staging bytes or one-shot bytes differ across ranks)");
+      return "layout differs (world size, staging bytes or one-shot bytes differ across ranks)";
     }
-  }
-  RankControl& me = block->mine();
-  me.pid = static_cast<int32_t>(::getpid());
-  me.device = mine.device;
-  me.staging_bytes = mine.staging_bytes;
-  std::memcpy(me.staging_handle, mine.staging_handle, kIpcHandleBytes);
-  me.attached.store(1, std::memory_order_release);  // release: publishes pid and handle
-  for (int r = 0; r < size; ++r) {
-    while (block->block(r).attached.load(std::memory_order_acquire) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        if (rank == 0) ::shm_unlink(name.c_str());
-        return fail(block->rankName(r) + " did not attach in time");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  }
-  if (rank == 0) ::shm_unlink(name.c_str());  // everyone has it mapped: no name left behind
-  block->pidfds_.assign(size, -1);
-  for (int r = 0; r < size; ++r) {
-    if (r != rank) block->pidfds_[r] = static_cast<int>(::syscall(SYS_pidfd_open, block->block(r).pid, 0));
-  }
+    return {};
+  };
+  steps.never_ready = "the control block never became ready";
+  steps.publish_mine = [&] {
+    RankControl& me = block->mine();
+    me.device = mine.device;
+    me.staging_bytes = mine.staging_bytes;
+    std::memcpy(me.staging_handle, mine.staging_handle, kIpcHandleBytes);
+  };
+  if (!region->handshake(steps, &why)) return fail(why);
+  block->region_ = std::move(region);
   return block;
 }
 
-ControlBlock::~ControlBlock() {
-  for (int fd : pidfds_) {
-    if (fd >= 0) ::close(fd);
-  }
-  if (registered_) cudaHostUnregister(base_);
-  if (base_ != nullptr) ::munmap(base_, mapped_bytes_);
-}
+ControlBlock::~ControlBlock() = default;
 
-std::string ControlBlock::registerWithCuda() {
-  cudaError_t err = cudaHostRegister(base_, mapped_bytes_, cudaHostRegisterMapped | cudaHostRegisterPortable);
-  if (err != cudaSuccess) return std::string("cudaHostRegister of the control block: ") + cudaGetErrorString(err);
-  registered_ = true;
-  void* device_base = nullptr;
-  err = cudaHostGetDevicePointer(&device_base, base_, 0);
-  if (err != cudaSuccess) return std::string("cudaHostGetDevicePointer: ") + cudaGetErrorString(err);
-  device_base_ = static_cast<char*>(device_base);
-  return {};
-}
+std::string ControlBlock::registerWithCuda() { return mapping_.map(region_->base(), region_->bytes(), "the control block"); }
 
 std::string ControlBlock::rankName(int r) const {
   return "rank " + std::to_string(r >= 0 && r < static_cast<int>(rank_names_.size()) ? rank_names_[r] : r);
@@ -148,23 +112,6 @@ OpResult ControlBlock::failure() const {
   return r;
 }
 
-bool ControlBlock::peerAlive(int peer) const {
-  const int fd = pidfds_[peer];
-  if (fd >= 0) {
-    pollfd p{fd, POLLIN, 0};
-    return ::poll(&p, 1, 0) == 0;  // readable once the process has exited
-  }
-  return ::kill(block(peer).pid, 0) == 0 || errno == EPERM;
-}
-
-std::vector<int> ControlBlock::deadPeers() const {
-  std::vector<int> dead;
-  for (int q = 0; q < size_; ++q) {
-    if (q != rank_ && !peerAlive(q)) dead.push_back(q);
-  }
-  return dead;
-}
-
 OpResult ControlBlock::exchangeSendTable(uint32_t round, const std::vector<size_t>& send_bytes,
                                          std::vector<std::vector<uint64_t>>& table, std::chrono::milliseconds timeout) {
   // Double-buffered by round parity: a rank can publish round+1 while others
@@ -182,7 +129,7 @@ OpResult ControlBlock::exchangeSendTable(uint32_t round, const std::vector<size_
       if (!peerAlive(s)) {
         result.ok = false;
         result.failed_ranks = {s};
-        result.error = rankName(s) + " (pid " + std::to_string(block(s).pid) + ") exited";
+        result.error = rankName(s) + " (pid " + std::to_string(block(s).presence.pid) + ") exited";
       } else if (std::chrono::steady_clock::now() > deadline) {
         result.ok = false;
         result.failed_ranks = {s};

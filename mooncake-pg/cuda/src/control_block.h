@@ -16,9 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "cuda_calls.h"  // kIpcHandleBytes
+#include "mooncake/pg/cuda/common/cuda_calls.h"  // kIpcHandleBytes
+#include "mooncake/pg/cuda/common/host_mapping.h"
 #include "kernel_args.h"
 #include "mooncake/pg/collectives.h"
+#include "mooncake/pg/shared_region.h"
 
 namespace mooncake::pg::cuda {
 
@@ -26,8 +28,7 @@ constexpr int kBarrierSets = 2;       // barriers alternate between two sets of 
 
 struct alignas(64) RankControl {
   // Written once while attaching, read by peers after `attached` (acquire).
-  std::atomic<uint32_t> attached;
-  int32_t pid;
+  RankPresence presence;  // attached, pid (shared_region.h)
   int32_t device;  // CUDA ordinal in that process (for messages)
   std::atomic<uint32_t> probe;  // scratch word for trying stream memory operations at open
   uint64_t staging_bytes;
@@ -85,7 +86,7 @@ class ControlBlock {
   // The address the GPU uses for a word of the block.
   template <typename T>
   T* device(T* host_word) const {
-    return reinterpret_cast<T*>(device_base_ + (reinterpret_cast<char*>(host_word) - static_cast<char*>(base_)));
+    return mapping_.device(host_word);
   }
   uint32_t* deviceWord(std::atomic<uint32_t>* word) const { return device(reinterpret_cast<uint32_t*>(word)); }
 
@@ -102,9 +103,9 @@ class ControlBlock {
   OpResult failure() const;
   std::string rankName(int r) const;
 
-  bool peerAlive(int peer) const;
+  bool peerAlive(int peer) const { return region_->peers().alive(peer); }
   // Peers whose process has exited.
-  std::vector<int> deadPeers() const;
+  std::vector<int> deadPeers() const { return region_->peers().dead(); }
 
   // all_to_all: publishes this rank's send sizes for `round` and reads every
   // rank's (table[s][d] = bytes s sends to d), waiting until all have
@@ -118,13 +119,10 @@ class ControlBlock {
   int rank_ = 0;
   int size_ = 0;
   std::vector<int> rank_names_;
-  void* base_ = nullptr;
-  size_t mapped_bytes_ = 0;
-  char* device_base_ = nullptr;
-  bool registered_ = false;
+  std::unique_ptr<AttachedRegion> region_;  // the mapping and the peers' liveness
+  HostMapping mapping_;                     // the region, seen by the GPU (unregistered before the unmap)
   ControlHeader* header_ = nullptr;
   RankControl* blocks_ = nullptr;
-  std::vector<int> pidfds_;
 };
 
 }  // namespace mooncake::pg::cuda

@@ -3,7 +3,7 @@
 // (CopyJob::first_block).
 #include <algorithm>
 
-#include "copy_range.cuh"
+#include "mooncake/pg/cuda/common/copy_range.cuh"
 #include "kernel_launch.h"
 #include "op_guard.cuh"
 

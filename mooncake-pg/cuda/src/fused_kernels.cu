@@ -10,7 +10,7 @@
 // peers' pushes, acquired by the waiting lanes, are seen by every thread's
 // fold.
 #include "barrier_warp.cuh"
-#include "copy_range.cuh"
+#include "mooncake/pg/cuda/common/copy_range.cuh"
 #include "fold.cuh"
 #include "kernel_launch.h"
 

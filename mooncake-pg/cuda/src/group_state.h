@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "control_block.h"
-#include "cuda_calls.h"  // DeviceScope, cudaWhat
+#include "mooncake/pg/cuda/common/cuda_calls.h"  // DeviceScope, cudaWhat
 #include "kernel_args.h"
 #include "mooncake/pg/cuda/cuda_ipc_group.h"
 #include "schedule.h"

@@ -15,7 +15,7 @@
 // process keeps open; the dead-rank tests cover it.
 #pragma once
 
-#include "device_ordering.cuh"
+#include "mooncake/pg/cuda/common/device_ordering.cuh"
 #include "kernel_args.h"
 
 namespace mooncake::pg::cuda {

@@ -55,8 +55,8 @@ def agree(requests: list[str], nccl_ready: list[bool]) -> str:
     if request == "nccl" and unready:
         raise RuntimeError(
             f"ElasticBuffer: transport='nccl' but ranks {unready} have no NCCL device API support (this build has "
-            "none: rebuild with -DMOONCAKE_WITH_NCCL_DEVICE=ON against NCCL >= 2.30.4 headers, and preload that "
-            "NCCL); use transport='ibgda' or 'auto'")
+            "none: the source tree has no NCCL device API path yet, and -DMOONCAKE_WITH_NCCL_DEVICE=ON says so at "
+            "configure time); use transport='ibgda' or 'auto'")
     if request == "auto":
         return "ibgda" if unready else "nccl"
     return request

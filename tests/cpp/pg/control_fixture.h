@@ -30,6 +30,14 @@
 namespace mooncake::pg {
 namespace {
 
+// A Hello from `global_rank` (the other fields at their defaults).
+[[maybe_unused]] control::Hello helloFrom(int32_t global_rank, int32_t pid = 0) {
+  control::Hello hello;
+  hello.global_rank = global_rank;
+  hello.pid = pid;
+  return hello;
+}
+
 using namespace std::chrono_literals;
 using Ms = std::chrono::milliseconds;
 using SteadyClock = std::chrono::steady_clock;
@@ -45,7 +53,7 @@ ControlOptions testOptions() {
   return options;
 }
 
-Ms since(SteadyClock::time_point start) { return std::chrono::duration_cast<Ms>(SteadyClock::now() - start); }
+[[maybe_unused]] Ms since(SteadyClock::time_point start) { return std::chrono::duration_cast<Ms>(SteadyClock::now() - start); }
 
 GroupRegistration registration(const std::string& key, int seat, const std::vector<int>& rank_order, int max,
                                bool is_extension = false, bool auto_deactivate = true) {
@@ -97,7 +105,7 @@ class ViewLog {
   std::vector<GroupView> views_;
 };
 
-auto seatIs(int seat, MemberState state) {
+[[maybe_unused]] auto seatIs(int seat, MemberState state) {
   return [seat, state](const GroupView& view) { return view.members[seat] == state; };
 }
 
@@ -150,7 +158,7 @@ class ChildProcess {
 
 // In a child: connects as founder `seat` of `key`, registers, reports
 // "registered" (or "error: ..." and exits), and returns the Agent.
-std::unique_ptr<Agent> childFounder(const std::string& address, ChildProcess& self, const std::string& key, int seat,
+[[maybe_unused]] std::unique_ptr<Agent> childFounder(const std::string& address, ChildProcess& self, const std::string& key, int seat,
                                     const std::vector<int>& rank_order, int max) {
   std::string error;
   auto agent = Agent::connect(address, rank_order[seat], testOptions(), &error);
@@ -210,7 +218,7 @@ class RawPeer {
     }
   }
   void hello(int global_rank) {
-    send(control::Hello{global_rank, 0});
+    send(helloFrom(global_rank, 0));
     auto answer = receive();
     ASSERT_TRUE(answer && std::holds_alternative<control::Reply>(*answer));
     EXPECT_EQ(std::get<control::Reply>(*answer).error, "");
@@ -297,7 +305,7 @@ class StateMachine {
     for (int g = 0; g < n; ++g) rank_order.push_back(g);
     for (int g = 0; g < n; ++g) {
       state_.onConnected(now_, g + 1);
-      send(g + 1, control::Hello{g, 0});
+      send(g + 1, helloFrom(g, 0));
     }
     for (int g = 0; g < n; ++g) {
       GroupRegistration r = registration(key, g, rank_order, max > 0 ? max : n);
@@ -312,7 +320,7 @@ class StateMachine {
     std::vector<int> rank_order;
     for (int r = 0; r <= g; ++r) rank_order.push_back(r);
     state_.onConnected(now_, session);
-    send(session, control::Hello{g, 0});
+    send(session, helloFrom(g, 0));
     GroupRegistration r = registration(key, g, rank_order, max, /*is_extension=*/true);
     r.reports_links = reports_links;
     send(session, control::RegisterGroupRequest{1, r});

@@ -69,7 +69,7 @@ TEST(ControlAuth, TheSecretAdmitsOthersAreRefusedAndTheCoordinatorGoesOn) {
   const std::string none = connectError(address, 2, "");
   EXPECT_FALSE(none.empty());
   // The protocol's own greeting, without the opening: nothing comes back.
-  EXPECT_TRUE(rawExchange(address, control::encodeFrame(control::Hello{3, 0})).empty());
+  EXPECT_TRUE(rawExchange(address, control::encodeFrame(control::Hello{3, 0, "", false, 0})).empty());
   std::string error;
   auto agent = Agent::connect(address, 4, withSecret("job secret"), &error);
   EXPECT_NE(agent, nullptr) << error;

@@ -79,7 +79,7 @@ TEST(ControlTakeOver, SuccessorRebuildsTheGroupsAndFailsTheLostCoordinatorsSeats
   ASSERT_EQ(syncs.size(), 1u);
   EXPECT_NE(syncs[0].second.response.status, SyncAfterFailureStatus::Rejected);
   machine.state().onConnected(machine.now(), 10);
-  EXPECT_EQ(replyErrors(machine.send(10, control::Hello{0, 0})), std::vector<std::string>{""});
+  EXPECT_EQ(replyErrors(machine.send(10, helloFrom(0, 0))), std::vector<std::string>{""});
   auto attached = machine.send(10, control::RegisterGroupRequest{1, registration("t", 0, {0, 1, 2, 3}, 4, true)});
   auto replies = StateMachine::sent<control::Reply>(attached);
   ASSERT_EQ(replies.size(), 1u);
@@ -138,7 +138,7 @@ TEST(ControlTakeOver, WithoutAMajorityEveryoneIsRefusedNowAndLater) {
   EXPECT_EQ(done.disconnects, std::vector<control::SessionId>{2});
   EXPECT_TRUE(StateMachine::sent<control::ViewPush>(done).empty());
   machine.state().onConnected(machine.now(), 20);
-  errors = replyErrors(machine.send(20, control::Hello{2, 0}));
+  errors = replyErrors(machine.send(20, helloFrom(2, 0)));
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0].find("could not take over"), std::string::npos) << errors[0];
 }
@@ -174,7 +174,7 @@ TEST(ControlTakeOver, NewProcessesAreRefusedWhileTheSuccessorWaitsForTheOthers) 
   machine.state().setHostRank(1);
   machine.state().beginTakeOver(machine.now(), {1, 2}, 0);
   machine.state().onConnected(machine.now(), 30);
-  auto errors = replyErrors(machine.send(30, control::Hello{7, 0}));
+  auto errors = replyErrors(machine.send(30, helloFrom(7, 0)));
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0].find("taking over"), std::string::npos) << errors[0];
 }

@@ -29,7 +29,7 @@ std::vector<control::Message> sampleMessages() {
   proposed.new_epoch = 17;
   proposed.dropped_ranks = {2, 3};
   return {
-      control::Hello{3, 1234},
+      helloFrom(3, 1234),
       control::Reply{9, "nope", sampleView()},
       control::Heartbeat{},
       control::RegisterGroupRequest{5, [] {

@@ -81,7 +81,9 @@ TEST(EagerWindow, MismatchBitsNameEveryMessageASenderCanStillWaitFor) {
         for (uint32_t s = released; s != next; ++s) {
           const bool took = releaseTook(count, w.takenAheadBits(), s);
           ASSERT_EQ(took, taken[s]) << "slots " << slots << " message " << s;
-          if (took) ASSERT_EQ(releasedAsMismatch(w.mismatchBits(), s), truth[s]) << "slots " << slots << " message " << s;
+          if (took) {
+            ASSERT_EQ(releasedAsMismatch(w.mismatchBits(), s), truth[s]) << "slots " << slots << " message " << s;
+          }
         }
         released = count;
       }

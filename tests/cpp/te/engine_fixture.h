@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "mooncake/te/transfer_engine.h"
 #include "test_pattern.h"
@@ -23,6 +24,14 @@ struct AlignedBuffer {
   size_t size;
   char* data;
 };
+
+// The transports the parameterized suites run over: "rdma" (over the
+// software provider) only where the build has it (MOONCAKE_WITH_RDMA).
+inline std::vector<std::string> builtDataTransports() {
+  std::vector<std::string> names{"tcp", "shm"};
+  if (MOONCAKE_WITH_RDMA) names.push_back("rdma");
+  return names;
+}
 
 inline EngineConfig fastFailConfig() {
   EngineConfig c;

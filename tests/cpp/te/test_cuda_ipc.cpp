@@ -186,6 +186,7 @@ TEST(CudaIpc, TcpStagesGpuMemoryThroughHostMemory) {
 // Over the software provider, whose NIC copies with CUDA (no machine here
 // has an RDMA NIC); the peer process inherits the provider choice.
 TEST(CudaIpc, RdmaCarriesGpuMemoryRegisteredWithTheNic) {
+  if (!MOONCAKE_WITH_RDMA) GTEST_SKIP() << "built without the rdma transport (MOONCAKE_WITH_RDMA)";
   REQUIRE_GPU();
   ::setenv("MC_RDMA_PROVIDER", "software", 1);
   constexpr size_t kBytes = (3u << 20) + 64;

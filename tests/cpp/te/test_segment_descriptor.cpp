@@ -87,7 +87,9 @@ TEST(SegmentDescriptor, IndexedLookupAgreesWithLinearScan) {
     const BufferDescriptor* linear = d.findBuffer(a, len);
     const BufferDescriptor* fast = indexed.findBuffer(a, len);
     ASSERT_EQ(linear == nullptr, fast == nullptr) << a << "+" << len;
-    if (linear) EXPECT_EQ(linear->addr, fast->addr);
+    if (linear) {
+      EXPECT_EQ(linear->addr, fast->addr);
+    }
   }
 }
 

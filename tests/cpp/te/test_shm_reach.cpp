@@ -20,7 +20,7 @@ class ShmReach : public ::testing::Test {
     local_.pid = ::getpid();
     local_.process_start_ticks = processStartTicks(::getpid());
     local_.stamp_addr = reinterpret_cast<uint64_t>(&stamp_);
-    ASSERT_EQ(transport_.install(TransportContext{&config_, &regions_, &local_}), kOk);
+    ASSERT_EQ(transport_.install(TransportContext{&config_, &regions_, &local_, "", ""}), kOk);
   }
 
   std::unique_ptr<PeerSegment> peerLike(const SegmentDescriptor& d, SegmentHandle handle) {

@@ -212,7 +212,9 @@ void expectCompletions(Device& device, uint32_t qp_num, const std::vector<Expect
   ASSERT_EQ(done.size(), expected.size());
   for (size_t i = 0; i < done.size(); ++i) {
     expectCompletion(done[i], expected[i].wr_id, expected[i].status, qp_num);
-    if (expected[i].vendor_error) EXPECT_EQ(done[i].vendor_error, *expected[i].vendor_error);
+    if (expected[i].vendor_error) {
+      EXPECT_EQ(done[i].vendor_error, *expected[i].vendor_error);
+    }
   }
 }
 

@@ -7,10 +7,6 @@
 
 namespace mooncake::te::rdma {
 
-#if !MOONCAKE_WITH_RDMA
-std::unique_ptr<Provider> makeIbverbsProvider() { return nullptr; }
-#endif
-
 std::unique_ptr<Provider> makeConfiguredProvider() {
   const char* value = std::getenv("MC_RDMA_PROVIDER");
   const std::string wanted = value != nullptr ? value : "";

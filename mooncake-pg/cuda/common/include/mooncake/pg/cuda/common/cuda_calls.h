@@ -1,6 +1,6 @@
 // Small helpers around CUDA runtime calls, header only: shared by the
-// process group's CUDA plane and the host side of the EP kernels
-// (mooncake-ep reaches this folder through MOONCAKE_PG_CUDA_PRIVATE_INCLUDE).
+// process group's CUDA plane and the host side of the EP kernels (target
+// mooncake::cuda_common).
 #pragma once
 
 #include <cuda_runtime_api.h>
