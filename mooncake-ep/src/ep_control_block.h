@@ -85,7 +85,7 @@ class EpControlBlock {
 
   int rank_ = 0, num_ranks_ = 0;
   std::unique_ptr<mooncake::pg::AttachedRegion> region_;  // the mapping and the peers' liveness
-  mooncake::pg::cuda::HostMapping mapping_;  // the region, seen by the GPU (unregistered before the unmap)
+  mooncake::pg::cuda::HostMapping mapping_;               // the region, seen by the GPU (unregistered before the unmap)
   EpControlHeader* header_ = nullptr;
   EpRankSlot* slots_ = nullptr;
   const uint32_t* device_departed_ = nullptr;

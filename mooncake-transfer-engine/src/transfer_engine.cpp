@@ -48,16 +48,16 @@ struct TransportEntry {
 
 const TransportEntry kTransports[] = {
 #if MOONCAKE_WITH_CUDA
-    {"cuda_ipc", [](rpc::ConnectionServer&) -> std::unique_ptr<Transport> {
-       return std::make_unique<CudaIpcTransport>();
-     }},
+    {"cuda_ipc",
+     [](rpc::ConnectionServer&) -> std::unique_ptr<Transport> { return std::make_unique<CudaIpcTransport>(); }},
 #endif
     {"shm", [](rpc::ConnectionServer&) -> std::unique_ptr<Transport> { return std::make_unique<ShmTransport>(); }},
 #if MOONCAKE_WITH_RDMA
     // Serves peers only where it opened a device; idle otherwise.
     {"rdma", [](rpc::ConnectionServer&) -> std::unique_ptr<Transport> { return std::make_unique<RdmaTransport>(); }},
 #endif
-    {"tcp", [](rpc::ConnectionServer& server) -> std::unique_ptr<Transport> {
+    {"tcp",
+     [](rpc::ConnectionServer& server) -> std::unique_ptr<Transport> {
        return std::make_unique<TcpTransport>(server);
      }},
 };

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <thread>
 
-
 namespace mooncake::pg {
 namespace {
 

@@ -81,7 +81,9 @@ std::unique_ptr<ControlBlock> ControlBlock::open(const std::string& name, int ra
 
 ControlBlock::~ControlBlock() = default;
 
-std::string ControlBlock::registerWithCuda() { return mapping_.map(region_->base(), region_->bytes(), "the control block"); }
+std::string ControlBlock::registerWithCuda() {
+  return mapping_.map(region_->base(), region_->bytes(), "the control block");
+}
 
 std::string ControlBlock::rankName(int r) const {
   return "rank " + std::to_string(r >= 0 && r < static_cast<int>(rank_names_.size()) ? rank_names_[r] : r);

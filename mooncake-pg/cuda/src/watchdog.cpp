@@ -80,9 +80,8 @@ std::chrono::microseconds Watchdog::tick() {
   }
   if (breakOnDeviceReport()) return kDrainPeriod;
   if (std::vector<int> dead = control_.deadPeers(); !dead.empty()) {
-    control_.breakGroup(joinRanks(control_, dead) + " (pid " + std::to_string(control_.block(dead[0]).presence.pid) +
-                            ") exited",
-                        dead);
+    control_.breakGroup(
+        joinRanks(control_, dead) + " (pid " + std::to_string(control_.block(dead[0]).presence.pid) + ") exited", dead);
     return kDrainPeriod;
   }
   if (!in_flight) {

@@ -53,7 +53,9 @@ ControlOptions testOptions() {
   return options;
 }
 
-[[maybe_unused]] Ms since(SteadyClock::time_point start) { return std::chrono::duration_cast<Ms>(SteadyClock::now() - start); }
+[[maybe_unused]] Ms since(SteadyClock::time_point start) {
+  return std::chrono::duration_cast<Ms>(SteadyClock::now() - start);
+}
 
 GroupRegistration registration(const std::string& key, int seat, const std::vector<int>& rank_order, int max,
                                bool is_extension = false, bool auto_deactivate = true) {
@@ -158,8 +160,9 @@ class ChildProcess {
 
 // In a child: connects as founder `seat` of `key`, registers, reports
 // "registered" (or "error: ..." and exits), and returns the Agent.
-[[maybe_unused]] std::unique_ptr<Agent> childFounder(const std::string& address, ChildProcess& self, const std::string& key, int seat,
-                                    const std::vector<int>& rank_order, int max) {
+[[maybe_unused]] std::unique_ptr<Agent> childFounder(const std::string& address, ChildProcess& self,
+                                                     const std::string& key, int seat,
+                                                     const std::vector<int>& rank_order, int max) {
   std::string error;
   auto agent = Agent::connect(address, rank_order[seat], testOptions(), &error);
   GroupView view;

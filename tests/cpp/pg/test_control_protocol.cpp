@@ -32,7 +32,8 @@ std::vector<control::Message> sampleMessages() {
       helloFrom(3, 1234),
       control::Reply{9, "nope", sampleView()},
       control::Heartbeat{},
-      control::RegisterGroupRequest{5, [] {
+      control::RegisterGroupRequest{5,
+                                    [] {
                                       GroupRegistration r = registration("k", 1, {4, 6, 8}, 4, true, false);
                                       r.reports_links = true;
                                       return r;
