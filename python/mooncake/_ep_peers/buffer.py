@@ -47,6 +47,15 @@ class ElasticHandle(tuple):
         return self
 
 
+def _within(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Picks of experts past the call's rank bound (ranks that are all
+    masked: the default bound follows the active ranks, as the reference's)
+    become -1: they contribute nothing, as picks of any masked rank."""
+    if topk_idx.numel() == 0 or int(topk_idx.max()) < num_experts:
+        return topk_idx
+    return torch.where(topk_idx >= num_experts, torch.full_like(topk_idx, -1), topk_idx)
+
+
 def _rank_list(name: str, ranks, me: int, capacity: int) -> list[int]:
     try:
         out = [int(r) for r in ranks if int(r) != me]
@@ -196,6 +205,9 @@ class ElasticMode:
             return
         if not mask and not links.connected(rank_to_mask):
             raise ValueError(f"rank_to_mask: rank {rank_to_mask} is not connected; connect_ranks first")
+        if not mask and links.broken(rank_to_mask):
+            raise ValueError(f"rank_to_mask: rank {rank_to_mask} was dropped after a failure; disconnect_ranks and "
+                             "connect_ranks it on both sides first")
         self._active_ranks[rank_to_mask] = 0 if mask else 1
 
     def query_mask_buffer(self, mask_status: torch.Tensor) -> None:
@@ -209,10 +221,12 @@ class ElasticMode:
         mask_status.view(-1).copy_(1 - self._active_ranks)
 
     def clean_mask_buffer(self) -> None:
-        """Unmasks every connected rank."""
+        """Unmasks every connected rank, except those dropped after a failure
+        (they need disconnect_ranks and connect_ranks first)."""
         links = self._require("clean_mask_buffer")
         for r in links.connected_ranks():
-            self._active_ranks[r] = 1
+            if not links.broken(r):
+                self._active_ranks[r] = 1
 
     def _active_bound(self) -> int:
         active = torch.nonzero(self._active_ranks).flatten().tolist()
@@ -228,7 +242,10 @@ class ElasticMode:
         participants = conn.begin_call(mask, self.timeout_ms * 1000)
         conn.what = "barrier"
         empty = torch.empty(0, dtype=torch.uint8, device=self._active_ranks.device)
-        self._links.step({r: empty for r in participants}, mask, conn.timeout_s, "barrier")
+        got = self._links.step({r: empty for r in participants}, mask, conn.timeout_s, "barrier")
+        for r, block in got.items():
+            if block.numel():  # that rank is in another call: the two no longer agree on their steps
+                self._links.drop(r, f"barrier: it sent {block.numel()} bytes; it is not in a barrier", mask)
         self._active_ranks.copy_(mask)
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
@@ -260,7 +277,8 @@ class ElasticMode:
         checks.check_dispatch_shape(num_tokens, num_max_dispatch_tokens_per_rank, num_experts, rank_bound)
         if x.device != self._active_ranks.device:
             raise ValueError(f"x: must be on this Buffer's device ({self._active_ranks.device}), got {x.device}")
-        checks.check_topk_idx(topk_idx, num_tokens, num_experts, x.device)
+        checks.check_topk_idx(topk_idx, num_tokens, self.group_size * per_rank, x.device)
+        topk_idx = _within(topk_idx, num_experts)
         checks.check_sync_mode(async_finish, return_recv_hook)
         stats = cumulative_local_expert_recv_stats
         if stats is not None and (not isinstance(stats, torch.Tensor) or stats.dtype != torch.int32
@@ -302,6 +320,8 @@ class ElasticMode:
         src_info, layout_range, tokens_per_rank, hidden = handle
         rank_bound = layout_range.size(1)
         per_rank = self._num_experts_per_rank
+        if isinstance(topk_idx, torch.Tensor):
+            topk_idx = _within(topk_idx, rank_bound * per_rank)
         checks.check_combine_inputs(x, topk_idx, topk_weights, out, (per_rank, rank_bound * tokens_per_rank, hidden),
                                     state)
         checks.check_sync_mode(async_finish, return_recv_hook)

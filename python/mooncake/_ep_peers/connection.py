@@ -36,8 +36,8 @@ class PeerExchange(Exchange):
         for q, data in got.items():
             want = recv_parts[q].numel() * recv.element_size()
             if data.numel() != want:
-                conn.mask[q] = 0  # not the call this rank is in: its rows are not used
-                conn.links.warn_mismatch(q, conn.what, data.numel(), want)
+                conn.links.drop(q, f"{conn.what}: it sent {data.numel()} bytes where this call expects {want}; the two "
+                                   "ranks disagree on the call or its arguments", conn.mask)
                 continue
             if want:
                 recv_parts[q].copy_(data.view(send.dtype).view(recv_parts[q].shape))
@@ -45,9 +45,8 @@ class PeerExchange(Exchange):
 
 
 class PeerConnection:
-    """One connection generation of an elastic-mode Buffer (``calls``
-    numbers its dispatches, so that a handle of an earlier generation is
-    refused)."""
+    """The calls of an elastic-mode Buffer (``calls`` numbers them; a handle
+    records the connection it came from, so another Buffer's is refused)."""
 
     def __init__(self, buffer, links: PeerLinks, rank: int, capacity: int):
         self.buffer = buffer

@@ -37,11 +37,12 @@ from datetime import timedelta
 
 import torch
 
-from .wire import WORDS_PER_FLAG, Flag, PeerMetadata, Region, expected, metadata_key, read_flag
+from .wire import LEAVING_COUNT, WORDS_PER_FLAG, Flag, PeerMetadata, Region, expected, leaving, metadata_key, read_flag
 
 _log = logging.getLogger("mooncake.ep")
 
 PROBE_EVERY_S = 0.2  # a peer not heard from is checked for life this often
+PROBE_MISSES = 2  # probes missed in a row before a peer counts as gone
 POLL_MIN_S = 20e-6
 POLL_MAX_S = 1e-3
 
@@ -88,6 +89,9 @@ class Link:
     meta: PeerMetadata
     mine: int  # this rank's incarnation on the link (its flags carry it)
     seq: int = 0  # steps done with this peer since the connection
+    # Dropped from a step: the two sides' step numbers may differ from now on,
+    # so the link carries nothing more until it is connected afresh.
+    broken: bool = False
 
 
 class StepFailure(RuntimeError):
@@ -108,6 +112,10 @@ class PeerLinks:
         self._outbox = torch.zeros(ranks * WORDS_PER_FLAG, dtype=torch.int64)  # sources of flag writes
         self._hint = transport_hint
         self._links: dict[int, Link] = {}
+        # The copies out of the slots of the last step (CUDA): the next step's
+        # writes may reuse those slots only once they are done, whatever stream
+        # the caller is on then.
+        self._copied = None
         self._engine = TransferEngine()
         host = _engine_host(store) if store is not None else os.environ.get("MC_TCP_BIND_ADDRESS", "127.0.0.1")
         if self._engine.initialize_ext(host, "P2PHANDSHAKE", "", "", "P2PHANDSHAKE", _job_secret(store)
@@ -130,6 +138,11 @@ class PeerLinks:
     def connected(self, peer: int) -> bool:
         return peer in self._links
 
+    def broken(self, peer: int) -> bool:
+        """Dropped from a step since it was connected (see Link.broken)."""
+        link = self._links.get(peer)
+        return link is not None and link.broken
+
     def connected_ranks(self) -> list[int]:
         return sorted(self._links)
 
@@ -138,24 +151,32 @@ class PeerLinks:
         for the other; both must call) and links them, numbering afresh."""
         incarnation = secrets.randbits(31) + 1
         mine = self.metadata(incarnation).encode()
-        for peer in peers:
-            store.set(metadata_key(self.rank, peer), mine)
+        outgoing = [metadata_key(self.rank, peer) for peer in peers]
+        for key in outgoing:
+            store.set(key, mine)
         incoming = [metadata_key(peer, self.rank) for peer in peers]
         try:
-            store.wait(incoming, timedelta(seconds=timeout_s))
-        except RuntimeError as err:
-            raise RuntimeError(f"connect_ranks: ranks {peers} did not all post their metadata within "
-                               f"metadata_timeout_ms={int(timeout_s * 1000)} ({err}); each must call connect_ranks "
-                               f"with rank {self.rank} in its remote_ranks") from err
-        got = store.multi_get(incoming)
-        for key in incoming:
-            store.delete_key(key)
-        for peer, data in zip(peers, got):
-            meta = PeerMetadata.decode(data)
-            if meta.capacity != self.region.ranks or meta.total != self.region.total:
-                raise RuntimeError(f"connect_ranks: rank {peer} has capacity {meta.capacity} and num_rdma_bytes "
-                                   f"{meta.total}, this rank {self.region.ranks} and {self.region.total}: every "
-                                   "rank must call update_memory_buffers with the same values")
+            try:
+                store.wait(incoming, timedelta(seconds=timeout_s))
+            except RuntimeError as err:
+                raise RuntimeError(f"connect_ranks: ranks {peers} did not all post their metadata within "
+                                   f"metadata_timeout_ms={int(timeout_s * 1000)} ({err}); each must call "
+                                   f"connect_ranks with rank {self.rank} in its remote_ranks") from err
+            got = store.multi_get(incoming)
+            for key in incoming:
+                store.delete_key(key)
+            metas = [PeerMetadata.decode(data) for data in got]
+            for peer, meta in zip(peers, metas):
+                if meta.capacity != self.region.ranks or meta.total != self.region.total:
+                    raise RuntimeError(f"connect_ranks: rank {peer} has capacity {meta.capacity} and num_rdma_bytes "
+                                       f"{meta.total}, this rank {self.region.ranks} and {self.region.total}: every "
+                                       "rank must call update_memory_buffers with the same values")
+        except BaseException:
+            # Nothing half done: no link, and no post of ours left for a later reader.
+            for key in outgoing:
+                store.delete_key(key)
+            raise
+        for peer, meta in zip(peers, metas):
             self._links[peer] = Link(meta, incarnation)
 
     def disconnect(self, peers: list[int]) -> None:
@@ -187,6 +208,8 @@ class PeerLinks:
             at = (at + n + 63) // 64 * 64
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
+            if self._copied is not None:
+                self._copied.synchronize()
 
         dropped: dict[int, str] = {}
         writes = {}
@@ -196,17 +219,40 @@ class PeerLinks:
                 writes[q] = (self.memory.data_ptr() + offsets[q],
                              link.meta.memory + self.region.slot_offset((link.seq + 1) % 2, self.rank),
                              blocks[q].numel())
-        self._write_all(writes, "its bytes", dropped)
-        self._send_flags([q for q in peers if q not in dropped], blocks, dropped)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._write_all(writes, "this rank's bytes to it", dropped, deadline)
+        self._send_flags([q for q in peers if q not in dropped], blocks, dropped, deadline)
         got = self._await_flags([q for q in peers if q not in dropped], timeout_s, dropped)
+        if self.device.type == "cuda":
+            self._copied = torch.cuda.Event()
+            self._copied.record(torch.cuda.current_stream(self.device))
         for q, why in dropped.items():
-            active[q] = 0
-            _log.warning("elastic Buffer: rank %d masks rank %d in %s: %s", self.rank, q, what, why)
+            self.drop(q, f"{what}: {why}", active)
         if self.rank in blocks:
             got[self.rank] = blocks[self.rank].reshape(-1).clone()
         return got
 
-    def _send_flags(self, peers: list[int], blocks, dropped: dict[int, str]) -> None:
+    def drop(self, peer: int, why: str, active: torch.Tensor) -> None:
+        """Masks ``peer`` and breaks the link (the two sides' step numbers may
+        differ from here on): it takes part again only once both sides
+        disconnect_ranks and connect_ranks it. The peer is told at once, so
+        that it does not wait for this rank until its timeout."""
+        active[peer] = 0
+        link = self._links[peer]
+        if link.broken:
+            return
+        link.broken = True
+        _log.warning("elastic Buffer: rank %d masks rank %d (%s); it takes part again after disconnect_ranks and "
+                     "connect_ranks on both sides", self.rank, peer, why)
+        base = peer * WORDS_PER_FLAG
+        self._outbox[base:base + WORDS_PER_FLAG] = torch.tensor(
+            Flag(seq=0, incarnation=link.mine, count=LEAVING_COUNT).words(), dtype=torch.int64)
+        for parity in (0, 1):  # best effort: a peer that is gone needs no notice
+            self._engine.batch_transfer_async_write(
+                link.meta.segment, [self._outbox.data_ptr() + base * 8],
+                [link.meta.flags + self.region.flag_index(parity, self.rank) * 8], [WORDS_PER_FLAG * 8], self._hint)
+
+    def _send_flags(self, peers: list[int], blocks, dropped: dict[int, str], deadline: float | None) -> None:
         writes = {}
         for q in peers:
             link = self._links[q]
@@ -216,11 +262,13 @@ class PeerLinks:
             self._outbox[base:base + WORDS_PER_FLAG] = torch.tensor(words, dtype=torch.int64)
             writes[q] = (self._outbox.data_ptr() + base * 8,
                          link.meta.flags + self.region.flag_index(seq % 2, self.rank) * 8, WORDS_PER_FLAG * 8)
-        self._write_all(writes, "its flag", dropped)
+        self._write_all(writes, "this rank's flag to it", dropped, deadline)
 
-    def _write_all(self, writes: dict[int, tuple[int, int, int]], what: str, dropped: dict[int, str]) -> None:
+    def _write_all(self, writes: dict[int, tuple[int, int, int]], what: str, dropped: dict[int, str],
+                   deadline: float | None) -> None:
         """Writes (local address, remote address, length) to each peer at
-        once, then waits for all; a peer whose write fails goes in ``dropped``."""
+        once, then waits for all until ``deadline`` (None: the engine's own
+        bound); a peer whose write fails or is not done by then goes in ``dropped``."""
         pending = {}
         for q, (local, remote, length) in writes.items():
             batch = self._engine.batch_transfer_async_write(self._links[q].meta.segment, [local], [remote], [length],
@@ -229,15 +277,32 @@ class PeerLinks:
                 dropped[q] = f"writing {what} could not be submitted"
             else:
                 pending[q] = batch
-        for q, batch in pending.items():
-            if self._engine.get_batch_transfer_status([batch]) != 0:
-                dropped[q] = f"writing {what} failed"
+        if deadline is None:
+            for q, batch in pending.items():
+                if self._engine.get_batch_transfer_status([batch]) != 0:
+                    dropped[q] = f"writing {what} failed"
+            return
+        pause = POLL_MIN_S
+        while pending:
+            for q, batch in list(pending.items()):
+                state = self._engine.transfer_check_status(batch)  # 1 done, 0 pending, < 0 failed (released)
+                if state != 0:
+                    del pending[q]
+                    if state < 0:
+                        dropped[q] = f"writing {what} failed"
+            if pending and time.monotonic() > deadline:
+                for q in pending:  # left to the engine, which ends it within its own bound
+                    dropped[q] = f"writing {what} did not end within the timeout"
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_MAX_S)
 
     def _await_flags(self, peers: list[int], timeout_s: float | None, dropped: dict[int, str]) -> dict[int, torch.Tensor]:
         got: dict[int, torch.Tensor] = {}
         waiting = set(peers)
         start = time.monotonic()
         last_probe = start
+        misses = dict.fromkeys(waiting, 0)
         pause = POLL_MIN_S
         while waiting:
             for q in sorted(waiting):
@@ -245,6 +310,10 @@ class PeerLinks:
                 seq = link.seq + 1
                 index = self.region.flag_index(seq % 2, q)
                 flag = read_flag(self.flags[index:index + WORDS_PER_FLAG].tolist())
+                if leaving(flag, link.meta.incarnation):
+                    dropped[q] = "it dropped this rank"
+                    waiting.discard(q)
+                    continue
                 if not expected(flag, seq, link.meta.incarnation):
                     continue
                 offset = self.region.slot_offset(seq % 2, q)
@@ -262,16 +331,14 @@ class PeerLinks:
             if now - last_probe > PROBE_EVERY_S:
                 last_probe = now
                 for q in sorted(waiting):
-                    if self._engine.send_probe(self._links[q].meta.segment) != 0:
+                    misses[q] = misses[q] + 1 if self._engine.send_probe(self._links[q].meta.segment) != 0 else 0
+                    if misses[q] >= PROBE_MISSES:
                         dropped[q] = "it is gone (its engine does not answer)"
                         waiting.discard(q)
             time.sleep(pause)
             pause = min(pause * 2, POLL_MAX_S)
         return got
 
-    def warn_mismatch(self, peer: int, what: str, got: int, want: int) -> None:
-        _log.warning("elastic Buffer: rank %d masks rank %d in %s: it sent %d bytes where this call expects %d "
-                     "(the two ranks are not in the same call)", self.rank, peer, what, got, want)
 
     def close(self) -> None:
         """Unregisters the memory and drops the engine (its listener closes)."""

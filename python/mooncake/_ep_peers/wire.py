@@ -86,6 +86,16 @@ def read_flag(words: list[int]) -> Flag | None:
     return Flag(seq=head >> 32, incarnation=head & 0xFFFFFFFF, count=count)
 
 
+# The count of a flag that says "this rank dropped you": written into both of
+# the peer's slots for this rank, so that the peer stops waiting at once.
+LEAVING_COUNT = 1 << 62
+
+
+def leaving(flag: Flag | None, incarnation: int) -> bool:
+    """Whether ``flag`` is the sender's (``incarnation``) notice that it dropped this rank."""
+    return flag is not None and flag.count == LEAVING_COUNT and flag.incarnation == incarnation & 0xFFFFFFFF
+
+
 def expected(flag: Flag | None, seq: int, incarnation: int) -> bool:
     """Whether ``flag`` is step ``seq`` of connection ``incarnation`` (sequence numbers wrap at 2**32)."""
     return flag is not None and flag.seq == seq & 0xFFFFFFFF and flag.incarnation == incarnation & 0xFFFFFFFF

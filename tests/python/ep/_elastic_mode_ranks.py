@@ -161,6 +161,16 @@ def replacement_program(rank: int, port: int, results, capacity: int, case: Case
         without = [0 if r == victim else 1 for r in range(capacity)]
         after = elastic_round(buffer, case, capacity, rank, without, num_experts=case.experts(capacity))
         results.put((rank, "without", "ok", (after, masks_of(buffer), time.monotonic() - start)))
+        # The default num_experts follows the active ranks (the reference's rule): the dead
+        # highest rank's experts fall outside the bound, and picks of them count for nothing.
+        mine = inputs_of(case, rank, capacity)
+        recv_x, _, handle, _, _ = buffer.dispatch(mine.x.to(buffer._active_ranks.device),
+                                                  mine.topk_idx.to(buffer._active_ranks.device), case.tokens,
+                                                  use_fp8=False)
+        outputs = torch.zeros_like(recv_x)
+        combined, _, _ = buffer.combine(outputs, mine.topk_idx.to(recv_x.device),
+                                        mine.topk_weights.to(recv_x.device), handle)
+        results.put((rank, "default_bound", "ok", (tuple(recv_x.shape), bool(combined.eq(0).all()))))
         buffer.disconnect_ranks([victim])
         buffer.connect_ranks([victim])
     after = elastic_round(buffer, case, capacity, rank, full)
@@ -201,9 +211,19 @@ def barrier_program(rank: int, port: int, results, capacity: int, late: int, tim
     buffer.barrier()  # all present
     if rank == late:
         time.sleep(3 * timeout_ms / 1000)
-        results.put((rank, "barrier", "ok", None))
-        time.sleep(1)
+        # The others dropped it and told it: it does not wait for its own timeout.
+        start = time.monotonic()
+        buffer.barrier()
+        results.put((rank, "barrier", "ok", (masks_of(buffer), time.monotonic() - start)))
         return
     start = time.monotonic()
     buffer.barrier()
-    results.put((rank, "barrier", "ok", (masks_of(buffer), time.monotonic() - start)))
+    took = time.monotonic() - start
+    # A rank dropped after a failure stays out until it is connected afresh.
+    buffer.clean_mask_buffer()
+    try:
+        buffer.update_mask_buffer(late, False)
+        refused = ""
+    except ValueError as err:
+        refused = str(err)
+    results.put((rank, "barrier", "ok", (masks_of(buffer), took, refused)))

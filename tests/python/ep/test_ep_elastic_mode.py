@@ -65,7 +65,7 @@ def test_a_crashed_rank_is_masked_at_once_and_its_replacement_joins(store_port):
     capacity, victim = 3, 2
     procs, results = spawn(replacement_program, range(capacity), store_port, capacity, case, victim, False)
     try:
-        early = collect(results, capacity - 1, 90, procs)
+        early = collect(results, 2 * (capacity - 1), 90, procs)
         for r in range(capacity):
             if r == victim:
                 continue
@@ -73,6 +73,8 @@ def test_a_crashed_rank_is_masked_at_once_and_its_replacement_joins(store_port):
             assert after == [1, 1, 0] and masks == [0, 0, 1], (r, after, masks)
             # A dead peer is found by its engine's silence, not waited out (timeout 20 s).
             assert took < 5.0, (r, took)
+            # By default the layout covers the active ranks only; the victim's picks count for nothing.
+            assert early[(r, "default_bound")] == ((case.experts_per_rank, 2 * case.tokens, case.hidden), True)
         more, _ = spawn(replacement_program, [victim], store_port, capacity, case, victim, True, results=results)
         procs += more
         late = collect(results, capacity, 90, procs)
@@ -92,9 +94,13 @@ def test_masks_set_by_hand(store_port):
 def test_a_rank_late_to_the_barrier_is_masked_at_the_timeout(store_port):
     got = _run(barrier_program, range(3), store_port, 3, 3, 2, 600)
     for r in (0, 1):
-        masks, took = got[(r, "barrier")]
-        assert masks == [0, 0, 1], (r, masks)
+        masks, took, refused = got[(r, "barrier")]
+        assert masks == [0, 0, 1], (r, masks)  # clean_mask_buffer leaves a dropped rank out
         assert 0.5 <= took < 5.0, (r, took)
+        assert "dropped after a failure" in refused, refused
+    masks, took = got[(2, "barrier")]
+    assert masks == [1, 1, 0], masks  # the late rank learns at once that it was dropped
+    assert took < 0.3, took
 
 
 # ----------------------------------------------------- the rules, in one process
