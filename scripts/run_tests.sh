@@ -13,7 +13,8 @@ took "setup and build"
 
 # clang-format and clang-tidy on what changed since .ci/lint-base (old code is
 # not reformatted in bulk; each change is held to the rules). Needs the build's
-# compile_commands.json, so it runs after setup.
+# compile_commands.json, so it runs after setup. Once a landing passed it, the
+# base may move to that landing's commit, which keeps the check short.
 echo "== format and lint of the C++ changed since $(cat .ci/lint-base)"
 scripts/check_format.sh "$(cat .ci/lint-base)"
 scripts/check_tidy.sh
