@@ -87,13 +87,23 @@ template <> struct Accum<BFloat16> {
   static BFloat16 store(float v) { return fromFloatBf16(v); }
 };
 
+// Integers wrap around on overflow, as torch's and Gloo's reductions do. In
+// C++ a signed (or promoted-to-int) overflow is undefined, so integer sums
+// and products are computed in an unsigned type at least as wide as int.
+template <typename A>
+using WrapType = std::conditional_t<(sizeof(A) <= sizeof(unsigned)), unsigned, unsigned long long>;
+
 template <typename A, ReduceOp Op>
 inline A combine(A a, A b) {
   if constexpr (Op == ReduceOp::kSum || Op == ReduceOp::kAvg) {
     if constexpr (std::is_same_v<A, bool>) return a || b;
+    else if constexpr (std::is_integral_v<A>)
+      return static_cast<A>(static_cast<WrapType<A>>(a) + static_cast<WrapType<A>>(b));
     else return static_cast<A>(a + b);
   } else if constexpr (Op == ReduceOp::kProduct) {
     if constexpr (std::is_same_v<A, bool>) return a && b;
+    else if constexpr (std::is_integral_v<A>)
+      return static_cast<A>(static_cast<WrapType<A>>(a) * static_cast<WrapType<A>>(b));
     else return static_cast<A>(a * b);
   } else if constexpr (Op == ReduceOp::kMin) {
     if constexpr (std::is_floating_point_v<A>) {
