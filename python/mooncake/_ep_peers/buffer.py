@@ -14,7 +14,6 @@ work too (the memory is then host memory), which is how CI tests it.
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Callable
 
 import torch
@@ -28,8 +27,6 @@ from mooncake.mooncake_ep_buffer import Buffer
 from .connection import PeerConnection
 from .links import PeerLinks
 from .wire import minimum_bytes
-
-_log = logging.getLogger("mooncake.ep")
 
 # What the reference's elastic combine refuses, in its words' spirit.
 _ZERO_COPY = "zero_copy: the elastic-mode Buffer has no combine buffer to write into; pass the expert outputs as x"
@@ -51,9 +48,7 @@ def _within(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
     """Picks of experts past the call's rank bound (ranks that are all
     masked: the default bound follows the active ranks, as the reference's)
     become -1: they contribute nothing, as picks of any masked rank."""
-    if topk_idx.numel() == 0 or int(topk_idx.max()) < num_experts:
-        return topk_idx
-    return torch.where(topk_idx >= num_experts, torch.full_like(topk_idx, -1), topk_idx)
+    return topk_idx.masked_fill(topk_idx >= num_experts, -1)  # no host read: the values were checked already
 
 
 def _rank_list(name: str, ranks, me: int, capacity: int) -> list[int]:
@@ -242,10 +237,8 @@ class ElasticMode:
         participants = conn.begin_call(mask, self.timeout_ms * 1000)
         conn.what = "barrier"
         empty = torch.empty(0, dtype=torch.uint8, device=self._active_ranks.device)
-        got = self._links.step({r: empty for r in participants}, mask, conn.timeout_s, "barrier")
-        for r, block in got.items():
-            if block.numel():  # that rank is in another call: the two no longer agree on their steps
-                self._links.drop(r, f"barrier: it sent {block.numel()} bytes; it is not in a barrier", mask)
+        self._links.step({r: empty for r in participants}, mask, conn.timeout_s, "barrier",
+                         dict.fromkeys(participants, 0))
         self._active_ranks.copy_(mask)
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,

@@ -32,14 +32,10 @@ class PeerExchange(Exchange):
         recv_parts = torch.split(recv, recv_counts)
         live = [q for q in participants if conn.mask[q]]
         blocks = {q: send_parts[q].contiguous().view(torch.uint8).reshape(-1) for q in live}
-        got = conn.links.step(blocks, conn.mask, conn.timeout_s, conn.what)
+        expected = {q: recv_parts[q].numel() * recv.element_size() for q in live}
+        got = conn.links.step(blocks, conn.mask, conn.timeout_s, conn.what, expected)
         for q, data in got.items():
-            want = recv_parts[q].numel() * recv.element_size()
-            if data.numel() != want:
-                conn.links.drop(q, f"{conn.what}: it sent {data.numel()} bytes where this call expects {want}; the two "
-                                   "ranks disagree on the call or its arguments", conn.mask)
-                continue
-            if want:
+            if data.numel():
                 recv_parts[q].copy_(data.view(send.dtype).view(recv_parts[q].shape))
         return recv
 

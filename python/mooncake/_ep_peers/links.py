@@ -17,10 +17,11 @@ Why two parities are enough: this rank writes step n + 2 into q's slot of
 step n only after it saw q's flag of step n + 1, which q writes after it
 copied out step n (and synchronised its stream, step 1 above).
 
-A peer that cannot be written to, fails a liveness probe, or whose flag does
-not come within the timeout is dropped from the step and masked (the
-caller's ``active`` tensor), as the reference masks a rank that timed out.
-Its pair numbering stops there, so it stays out until both sides call
+A peer that cannot be written to, misses liveness probes, sends a block of
+another size, or whose flag does not come within the timeout is dropped
+from the step and masked (the caller's ``active`` tensor), as the reference
+masks a rank that timed out, and told so through a notice in its flags. Its
+pair numbering stops there, so the link is broken until both sides call
 ``disconnect_ranks`` and ``connect_ranks`` again (a fresh incarnation: flags
 of the old connection are never read).
 """
@@ -94,10 +95,6 @@ class Link:
     broken: bool = False
 
 
-class StepFailure(RuntimeError):
-    """A peer left out of a step (why), already masked."""
-
-
 class PeerLinks:
     """Memory, engine and connections of one elastic-mode Buffer (rank ``rank`` of capacity ``ranks``)."""
 
@@ -117,7 +114,7 @@ class PeerLinks:
         # the caller is on then.
         self._copied = None
         self._engine = TransferEngine()
-        host = _engine_host(store) if store is not None else os.environ.get("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        host = _engine_host(store)
         if self._engine.initialize_ext(host, "P2PHANDSHAKE", "", "", "P2PHANDSHAKE", _job_secret(store)
                                        if store is not None else "") != 0:
             raise RuntimeError(f"update_memory_buffers: the transfer engine could not start on {host} "
@@ -184,11 +181,13 @@ class PeerLinks:
             self._links.pop(peer, None)
 
     # ------------------------------------------------------------------ step
-    def step(self, blocks: dict[int, torch.Tensor], active: torch.Tensor, timeout_s: float | None,
-             what: str) -> dict[int, torch.Tensor]:
+    def step(self, blocks: dict[int, torch.Tensor], active: torch.Tensor, timeout_s: float | None, what: str,
+             expected: dict[int, int]) -> dict[int, torch.Tensor]:
         """Swaps ``blocks[q]`` (uint8, on this Buffer's device; may be empty)
-        with every peer q in ``blocks``; returns what each sent back. Peers
-        dropped on the way are masked in ``active`` and missing from the result."""
+        with every peer q in ``blocks``; returns what each sent back, which
+        must be ``expected[q]`` bytes. Peers dropped on the way (a block of
+        another size included: the two disagree on the call or its arguments)
+        are masked in ``active`` and missing from the result."""
         peers = [q for q in blocks if q != self.rank]
         for q in peers:
             if blocks[q].numel() > self.region.slot_bytes:
@@ -226,6 +225,11 @@ class PeerLinks:
         if self.device.type == "cuda":
             self._copied = torch.cuda.Event()
             self._copied.record(torch.cuda.current_stream(self.device))
+        for q, block in list(got.items()):
+            if block.numel() != expected[q]:
+                dropped[q] = (f"it sent {block.numel()} bytes where this call expects {expected[q]}; the two ranks "
+                              "disagree on the call or its arguments")
+                del got[q]
         for q, why in dropped.items():
             self.drop(q, f"{what}: {why}", active)
         if self.rank in blocks:
@@ -244,24 +248,28 @@ class PeerLinks:
         link.broken = True
         _log.warning("elastic Buffer: rank %d masks rank %d (%s); it takes part again after disconnect_ranks and "
                      "connect_ranks on both sides", self.rank, peer, why)
+        source = self._stage_flag(peer, Flag(seq=0, incarnation=link.mine, count=LEAVING_COUNT))
+        for parity in (0, 1):  # best effort, briefly: a peer that is gone needs no notice
+            self._write_all({peer: (source, self._flag_address(link, parity), WORDS_PER_FLAG * 8)}, "a notice", {},
+                            time.monotonic() + PROBE_EVERY_S)
+
+    def _stage_flag(self, peer: int, flag: Flag) -> int:
+        """Puts ``flag`` in the peer's outbox words; returns their address (a write's source)."""
         base = peer * WORDS_PER_FLAG
-        self._outbox[base:base + WORDS_PER_FLAG] = torch.tensor(
-            Flag(seq=0, incarnation=link.mine, count=LEAVING_COUNT).words(), dtype=torch.int64)
-        for parity in (0, 1):  # best effort: a peer that is gone needs no notice
-            self._engine.batch_transfer_async_write(
-                link.meta.segment, [self._outbox.data_ptr() + base * 8],
-                [link.meta.flags + self.region.flag_index(parity, self.rank) * 8], [WORDS_PER_FLAG * 8], self._hint)
+        self._outbox[base:base + WORDS_PER_FLAG] = torch.tensor(flag.words(), dtype=torch.int64)
+        return self._outbox.data_ptr() + base * 8
+
+    def _flag_address(self, link: Link, parity: int) -> int:
+        """Where this rank's flags of that parity land in the peer's memory."""
+        return link.meta.flags + self.region.flag_index(parity, self.rank) * 8
 
     def _send_flags(self, peers: list[int], blocks, dropped: dict[int, str], deadline: float | None) -> None:
         writes = {}
         for q in peers:
             link = self._links[q]
             seq = link.seq + 1
-            base = q * WORDS_PER_FLAG
-            words = Flag(seq=seq, incarnation=link.mine, count=blocks[q].numel()).words()
-            self._outbox[base:base + WORDS_PER_FLAG] = torch.tensor(words, dtype=torch.int64)
-            writes[q] = (self._outbox.data_ptr() + base * 8,
-                         link.meta.flags + self.region.flag_index(seq % 2, self.rank) * 8, WORDS_PER_FLAG * 8)
+            source = self._stage_flag(q, Flag(seq=seq, incarnation=link.mine, count=blocks[q].numel()))
+            writes[q] = (source, self._flag_address(link, seq % 2), WORDS_PER_FLAG * 8)
         self._write_all(writes, "this rank's flag to it", dropped, deadline)
 
     def _write_all(self, writes: dict[int, tuple[int, int, int]], what: str, dropped: dict[int, str],
@@ -338,7 +346,6 @@ class PeerLinks:
             time.sleep(pause)
             pause = min(pause * 2, POLL_MAX_S)
         return got
-
 
     def close(self) -> None:
         """Unregisters the memory and drops the engine (its listener closes)."""
