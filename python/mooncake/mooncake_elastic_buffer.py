@@ -15,9 +15,14 @@ CPU tensors over ``mooncake-cpu``, CUDA tensors over ``mooncake``, or any
 group with all_gather and all_to_all (``nccl``, ``gloo``).
 
 Transports (``transport=``, ``buffer.transport``): the group agrees on one
-(``_ep_elastic.transport``). ``"ibgda"`` runs here on the collective path
-(``buffer.path``): the group's own operations. ``"nccl"`` needs a build with
-NCCL's device API, which this build does not have; asking for it says so.
+(``_ep_elastic.transport``). ``"ibgda"`` runs on one of two paths
+(``buffer.path``, the same on every rank): ``"ipc"`` when every rank runs on
+one host with CUDA tensors and the constructor sized the buffer (the rows
+go through the CUDA IPC kernels, the layout is computed on the GPU, and a
+dispatch with ``do_cpu_sync=False`` never synchronises, so it can be
+captured in a CUDA graph); else ``"collective"``: the group's own operations.
+``"nccl"`` needs a build with NCCL's device API, which this build does not
+have; asking for it says so.
 
 Membership is fixed, as in the reference. A rank that fails during dispatch
 or combine makes the call fail on every survivor (within
@@ -43,17 +48,21 @@ import mooncake.ep as _ep
 from mooncake._ep_collective.checks import int_arg
 from mooncake._ep_collective.events import EventHandle, EventOverlap, call_event
 from mooncake._ep_collective.exchange import wait
-from mooncake._ep_collective.group import control_device, group_mask_reader, work_failure_reader
+from mooncake._ep_collective.group import control_device, group_mask_reader, takes_cuda_tensors, work_failure_reader
 from mooncake._ep_elastic import checks, sizes
 from mooncake._ep_elastic import transport as transports
 from mooncake._ep_elastic.collective import CollectivePath
 from mooncake._ep_elastic.handle import EPHandle
+from mooncake._ep_elastic.ipc_rows import IpcRowsPath, KernelRows, RowFormat, row_width
 from mooncake._ep_elastic.topology import local_ranks_setting, ranks_per_host, topology
+from mooncake._ep_ipc_path import IpcPath, choose_path, local_statement
 from mooncake._ep_ipc_path.choice import host_id
+from mooncake._ep_ipc_path.path import FastPathUnavailable, close_at_exit
 
 __all__ = ["ElasticBuffer", "EPHandle", "EventOverlap"]
 
 _log = logging.getLogger("mooncake.ep")
+_STORE_PREFIX = "mooncake_ep_elastic"
 
 
 class _Generation:
@@ -110,7 +119,9 @@ class ElasticBuffer:
         self.num_bytes = num_bytes if num_bytes is not None else self.get_buffer_size_hint(
             group, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch, allow_hybrid_mode)
         self._read_alive = group_mask_reader(group, self.num_ranks)
-        self.runtime: CollectivePath | None = None
+        self.runtime: CollectivePath | IpcRowsPath | None = None
+        self._ipc: IpcPath | None = None
+        self._path_reason = "not connected"
         self._broken: str | None = None
         self._connect()
 
@@ -151,21 +162,61 @@ class ElasticBuffer:
         self.scaleout_rank_idx = topo.scaleout_index(self.rank_idx)
         self.scaleup_rank_idx = topo.scaleup_index(self.rank_idx)
         self._generation = _Generation(max(r[3] for r in rows))
-        self.runtime = CollectivePath(self.group, self.rank_idx, topo, self._generation,
-                                      timedelta(seconds=self.num_gpu_timeout_secs))
+        self._close_ipc()  # collective: the peers close theirs in their _connect()
+        self.runtime = self._ipc_rows_path(topo) or CollectivePath(
+            self.group, self.rank_idx, topo, self._generation, timedelta(seconds=self.num_gpu_timeout_secs))
         self._broken = None
         if self.rank_idx == 0:
-            _log.info("ElasticBuffer over %d rank(s): transport %s, %s path, domains %dx%d", self.num_ranks,
-                      self.transport, self.path, self.num_scaleout_ranks, self.num_scaleup_ranks)
+            _log.info("ElasticBuffer over %d rank(s): transport %s, %s path (%s), domains %dx%d", self.num_ranks,
+                      self.transport, self.path, self._path_reason, self.num_scaleout_ranks, self.num_scaleup_ranks)
+
+    def _ipc_rows_path(self, topo) -> IpcRowsPath | None:
+        """The IPC path when every rank can take it (decided alike on every
+        rank, through the job's store); None, with the reason kept, when not."""
+        if not (self.num_max_tokens_per_rank and self.hidden and self.num_topk):
+            self._path_reason = ("the constructor gave no num_max_tokens_per_rank, hidden and num_topk, which size "
+                                 "the IPC path's buffers")
+            return None
+        if topo.num_scaleout_ranks > 1:
+            self._path_reason = f"{topo.num_scaleout_ranks} scale-out domains (CUDA IPC reaches one host)"
+            return None
+        uid = self._generation.uid
+        store = dist.PrefixStore(f"{_STORE_PREFIX}/{uid:x}", dist.distributed_c10d._get_default_store())
+        choice = choose_path(store, self.rank_idx, self.num_ranks, cuda_group=takes_cuda_tensors(self.group),
+                             alive=self._read_alive(), mine=local_statement(self.num_ranks, disable_p2p=False))
+        if not choice.fast:
+            self._path_reason = choice.reason
+            return None
+        ipc = IpcPath(store, self.rank_idx, self.num_ranks, uid, self._read_alive)
+        close_at_exit(ipc)
+        try:
+            rows = KernelRows(ipc, torch.device("cuda", torch.cuda.current_device()), self.num_max_tokens_per_rank,
+                              row_width(self.hidden, self.num_topk), self.num_ranks,
+                              self.num_gpu_timeout_secs * 1_000_000)
+        except FastPathUnavailable as err:  # raised on every rank alike
+            ipc.close()
+            self._path_reason = f"the IPC kernels could not be set up ({err})"
+            return None
+        self._ipc = ipc
+        self._path_reason = choice.reason
+        return IpcRowsPath(self.group, self.rank_idx, topo, self._generation, rows, self.num_max_tokens_per_rank,
+                           self.num_topk)
+
+    def _close_ipc(self) -> None:
+        if self._ipc is not None:
+            self._ipc.close()
+            self._ipc = None
 
     @property
     def path(self) -> str:
-        """``"collective"``: the process group's own operations (the only one of this build)."""
-        return "collective"
+        """``"ipc"``: the rows go through the CUDA IPC kernels of one host and
+        the layout is computed on the GPU; ``"collective"``: the process
+        group's own operations (any device, any shape)."""
+        return "ipc" if isinstance(self.runtime, IpcRowsPath) else "collective"
 
     @property
     def path_reason(self) -> str:
-        return "the ElasticBuffer's device-initiated kernels are not part of this build"
+        return self._path_reason
 
     def update_ep_member(self) -> None:
         """Call on every survivor once the process group has recovered every
@@ -188,7 +239,8 @@ class ElasticBuffer:
                                "must be restarted") from err
 
     def destroy(self) -> None:
-        """Releases the buffer (not collective here: nothing is shared with the peers)."""
+        """Releases the buffer; collective on the IPC path (its kernels' buffers are mapped by the peers)."""
+        self._close_ipc()
         self.runtime = None
 
     def barrier(self, use_comm_stream: bool = True, with_cpu_sync: bool = False) -> None:
@@ -285,12 +337,20 @@ class ElasticBuffer:
                 if num_experts is None:  # the reference's rule (a CPU synchronisation)
                     num_experts = int(topk_idx.max()) + 1 if topk_idx.numel() else self.num_ranks
                 checks.check_num_experts(num_experts, self.num_ranks)
-                checks.check_topk_values(topk_idx, num_experts)
+                if not isinstance(self.runtime, IpcRowsPath):  # the IPC path reads no values (no synchronisation)
+                    checks.check_topk_values(topk_idx, num_experts)
                 if num_max_tokens_per_rank is None:
                     num_max_tokens_per_rank = self.num_max_tokens_per_rank or num_tokens
                 checks.check_tokens_per_rank(num_max_tokens_per_rank, num_tokens)
                 alignment = checks.check_alignment(1 if expert_alignment is None else expert_alignment)
                 self._check_fits(num_max_tokens_per_rank, hidden, topk_idx.size(1), sf is not None)
+                if isinstance(self.runtime, IpcRowsPath):
+                    why = self.runtime.fits(num_max_tokens_per_rank, RowFormat(
+                        data.size(1) * data.element_size(), sf.size(1) * sf.element_size() if sf is not None else 0,
+                        topk_idx.size(1)))
+                    if why:
+                        raise ValueError(f"dispatch: {why}; construct the buffer for the largest call (or set "
+                                         "MOONCAKE_EP_FAST_PATH=0 for the collective path, which takes any shape)")
             except (ValueError, TypeError):
                 # The others are in the count exchange already: meet them, saying so, then raise here.
                 device = x[0].device if isinstance(x, tuple) and isinstance(x[0], torch.Tensor) else \

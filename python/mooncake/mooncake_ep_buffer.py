@@ -33,10 +33,8 @@ collective path. Layouts, row order, the per-call agreement behind
 
 from __future__ import annotations
 
-import atexit
 import logging
 import secrets
-import weakref
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -52,7 +50,7 @@ from mooncake._ep_collective.path import CollectivePath
 from mooncake._ep_collective.presence import Presence, bits_of, mask_of, ranks_of
 from mooncake._ep_collective.sizes import ep_buffer_size_hint, ep_elastic_buffer_size_hint
 from mooncake._ep_ipc_path import IpcPath, PathChoice, choose_path, local_statement
-from mooncake._ep_ipc_path.path import FastPathUnavailable, IpcDispatchState
+from mooncake._ep_ipc_path.path import FastPathUnavailable, IpcDispatchState, close_at_exit
 
 if TYPE_CHECKING:
     from mooncake._ep_peers.buffer import ElasticModeBuffer
@@ -61,17 +59,6 @@ __all__ = ["Buffer", "EventOverlap", "EventHandle"]
 
 _STORE_PREFIX = "mooncake_ep"
 _log = logging.getLogger("mooncake.ep")
-
-# Fast-path groups still open: closed before the interpreter goes down (the
-# close is a handshake with the peers, which must not run during finalisation).
-_OPEN_FAST_PATHS: "weakref.WeakSet[IpcPath]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_fast_paths() -> None:
-    for path in list(_OPEN_FAST_PATHS):
-        path.close()
-
 
 class _Connection:
     """One connect(): the agreement namespace and call counter every rank shares."""
@@ -207,7 +194,7 @@ class Buffer:
                                    alive=agreed_alive, mine=local_statement(self.group_size, self.disable_p2p))
         if self._choice.fast:
             self._ipc = IpcPath(conn.store, self.rank, self.group_size, conn.uid, conn.alive)
-            _OPEN_FAST_PATHS.add(self._ipc)
+            close_at_exit(self._ipc)
         if self.rank == 0:
             _log.info("EP Buffer over %d rank(s): %s path (%s)", self.group_size, self.path, self._choice.reason)
 
@@ -261,7 +248,6 @@ class Buffer:
     def _close_fast_path(self) -> None:
         """Collective with the peers (IpcPath.close); nothing without a fast path."""
         if self._ipc is not None:
-            _OPEN_FAST_PATHS.discard(self._ipc)
             self._ipc.close()
             self._ipc = None
 

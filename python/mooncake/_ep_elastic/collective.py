@@ -21,8 +21,27 @@ from .handle import EPHandle, Routing
 from .topology import Topology
 
 # The call's shape, gathered beside the counts: every rank must agree on these.
-_FACTS = ("num_max_tokens_per_rank", "hidden", "num_topk", "num_experts", "fp8 input", "topk_weights given",
-          "do_expand")
+FACTS = ("num_max_tokens_per_rank", "hidden", "num_topk", "num_experts", "fp8 input", "topk_weights given",
+         "do_expand")
+
+
+def call_facts(tokens_per_rank: int, hidden: int, num_topk: int, num_experts: int, fp8: bool, weights: bool,
+               do_expand: bool) -> list[int]:
+    """The values of ``FACTS`` for one call."""
+    return [tokens_per_rank, hidden, num_topk, num_experts, int(fp8), int(weights), int(do_expand)]
+
+
+def check_call_table(seen: list[list[int]]) -> None:
+    """``seen[r]``: rank r's ``FACTS`` values, then 1 if it refused its own
+    arguments. Raises the same error on every rank (all read the same table)."""
+    refusing = [r for r, row in enumerate(seen) if row[-1]]
+    if refusing:
+        raise ValueError(f"dispatch: ranks {refusing} refused their arguments (their own error says why); no row "
+                         "moved, and the buffer takes the next call")
+    for i, name in enumerate(FACTS):
+        values = [row[i] for row in seen]
+        if len(set(values)) > 1:
+            raise ValueError(f"{name}: every rank must dispatch with the same value; rank by rank: {values}")
 
 
 @dataclass
@@ -69,8 +88,8 @@ class CollectivePath:
         num_local = num_experts // num_ranks
         device = data.device
         offer = token_rows(topk_idx, num_ranks, num_local, torch.ones(num_ranks, dtype=torch.bool, device=device))
-        facts = [tokens_per_rank, hidden, num_topk, num_experts, int(sf is not None), int(topk_weights is not None),
-                 int(do_expand)]
+        facts = call_facts(tokens_per_rank, hidden, num_topk, num_experts, sf is not None, topk_weights is not None,
+                           do_expand)
         counts = self._gather_counts(offer.per_rank, facts)
         recv_counts = counts[:, me].tolist()
         order = layout.layout_order(self.topo)
@@ -153,22 +172,14 @@ class CollectivePath:
         wait(work, self._timeout_for(mine))
         self._check_work(work)
         table = table.view(num_ranks, mine.numel())
-        seen = table[:, num_ranks:].tolist()
-        refusing = [r for r, row in enumerate(seen) if row[-1]]
-        if refusing:
-            raise ValueError(f"dispatch: ranks {refusing} refused their arguments (their own error says why); no row "
-                             "moved, and the buffer takes the next call")
-        for i, name in enumerate(_FACTS):
-            values = [row[i] for row in seen]
-            if len(set(values)) > 1:
-                raise ValueError(f"{name}: every rank must dispatch with the same value; rank by rank: {values}")
+        check_call_table(table[:, num_ranks:].tolist())
         return table[:, :num_ranks]
 
     def join_refused(self, device: torch.device) -> None:
         """This rank refused its dispatch's arguments: it still meets the
         others' count exchange, saying so, and everyone raises."""
         num_ranks = self.topo.num_ranks
-        self._gather_counts(torch.zeros(num_ranks, dtype=torch.int64, device=device), [0] * len(_FACTS), refused=True)
+        self._gather_counts(torch.zeros(num_ranks, dtype=torch.int64, device=device), [0] * len(FACTS), refused=True)
 
     def dispatch_cached(self, data, sf, handle: EPHandle) -> Outputs:
         routing: Routing = handle.native_handle

@@ -17,7 +17,9 @@ collective path instead).
 
 from __future__ import annotations
 
+import atexit
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -31,6 +33,20 @@ from mooncake._ep_collective.handle import DispatchHandle
 from mooncake._ep_collective.presence import bits_of, ranks_of
 
 ATTACH_TIMEOUT_ENV = "MOONCAKE_EP_ATTACH_TIMEOUT_MS"
+
+# Paths still open: closed before the interpreter goes down (the close is a
+# handshake with the peers, which must not run during finalisation).
+_OPEN_PATHS: "weakref.WeakSet[IpcPath]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_paths() -> None:
+    for path in list(_OPEN_PATHS):
+        path.close()
+
+
+def close_at_exit(path: "IpcPath") -> None:
+    _OPEN_PATHS.add(path)
 
 
 class FastPathUnavailable(RuntimeError):
@@ -216,6 +232,7 @@ class IpcPath:
 
     def close(self) -> None:
         """Collective with the peers that are alive (bounded by the attach timeout)."""
+        _OPEN_PATHS.discard(self)
         if self._group is not None:
             group, self._group, self._sizes = self._group, None, None
             group.close()

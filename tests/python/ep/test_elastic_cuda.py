@@ -29,5 +29,82 @@ def _grid_on_cuda(ctx):
 def test_elastic_grid_on_cuda(world_size):
     with World(world_size, gloo=False, env=RANK_ENV, backend="mooncake") as world:
         got = world.run(_grid_on_cuda, timeout=240)
-    assert all((t, p) == ("ibgda", "collective") for _, t, p in got)
+    assert all((t, p) == ("ibgda", "collective") for _, t, p in got)  # no sizes given: the collective path
     assert any(sum(done) for done, _, _ in got)
+
+
+# Sized at construction for the grid's largest call: the IPC path.
+IPC_SIZES = {"num_max_tokens_per_rank": 7, "hidden": 7168, "num_topk": 9}
+
+
+def _grid_on_the_ipc_path(ctx):
+    from _elastic_rounds import run_elastic_round
+
+    buffer = elastic_buffer_of(ctx, "ipc", **IPC_SIZES)
+    done = [run_elastic_round(ctx, ec, expand=expand, cpu_sync=sync, buffer_name="ipc", device="cuda")
+            for ec in GRID for expand in (False, True) for sync in (True, False)]
+    return done, buffer.path, buffer.path_reason
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_elastic_grid_on_the_ipc_path(world_size):
+    """The same checks over the CUDA IPC kernels, the layout on the GPU."""
+    with World(world_size, gloo=False, env=RANK_ENV, backend="mooncake") as world:
+        got = world.run(_grid_on_the_ipc_path, timeout=240)
+    assert all(path == "ipc" for _, path, _ in got), [reason for *_, reason in got]
+    assert any(sum(done) for done, _, _ in got)
+
+
+def _captured_round(ctx):
+    """Dispatch (do_cpu_sync=False) and combine captured in a CUDA graph,
+    replayed on new inputs written in place: the same bits as the eager calls."""
+    from dataclasses import replace
+
+    from _ep_refs import Case, inputs_of
+
+    T, H, k, L = 64, 512, 4, 4
+    world, rank = ctx.size, ctx.rank
+    buffer = elastic_buffer_of(ctx, "graph", num_max_tokens_per_rank=T, hidden=H, num_topk=k)
+    E = L * world
+    case = Case(hidden=H, experts_per_rank=L, num_topk=k, tokens=T, masked=0.1)
+    first, second = inputs_of(case, rank, world), inputs_of(replace(case, seed=7), rank, world)
+    x = first.x.cuda()
+    topk_idx, weights = first.topk_idx.cuda(), first.topk_weights.cuda()
+
+    def step():
+        recv_x, recv_idx, recv_w, handle, _ = buffer.dispatch(x, topk_idx=topk_idx, topk_weights=weights,
+                                                              num_experts=E, do_cpu_sync=False)
+        y = (recv_x.float() * (rank + 2)).to(torch.bfloat16)
+        out, _, _ = buffer.combine(y, handle)
+        return recv_x, recv_idx, recv_w, out
+
+    def eager_on(inp):
+        x.copy_(inp.x.cuda())
+        topk_idx.copy_(inp.topk_idx.cuda())
+        weights.copy_(inp.topk_weights.cuda())
+        return [t.clone() for t in step()]
+
+    want_second = eager_on(second)
+    want_first = eager_on(first)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up on the capturing stream
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            static = step()
+    torch.cuda.current_stream().wait_stream(side)
+    x.copy_(second.x.cuda())
+    topk_idx.copy_(second.topk_idx.cuda())
+    weights.copy_(second.topk_weights.cuda())
+    graph.replay()
+    torch.cuda.synchronize()
+    same = all(torch.equal(a, b) for a, b in zip(static, want_second))
+    differs_from_first = not torch.equal(static[3], want_first[3])
+    return buffer.path, same, differs_from_first
+
+
+def test_elastic_dispatch_and_combine_replay_from_a_cuda_graph():
+    with World(2, gloo=False, env=RANK_ENV, backend="mooncake") as world:
+        got = world.run(_captured_round, timeout=240)
+    assert got == [("ipc", True, True)] * 2

@@ -1,0 +1,322 @@
+"""ElasticBuffer's IPC path: the rows travel through the Buffer fast path's
+kernels (``mooncake._ep_ipc``, CUDA IPC between the GPUs of one host), and
+the layout is computed on the device (``rows_layout``), so a dispatch costs
+two collectives' kernels and a few dozen tensor operations, and at most one
+host synchronisation: none with ``do_cpu_sync=False``, which a CUDA graph
+can then capture.
+
+How the kernels serve a per-rank dispatch: they are opened with one
+"expert" per rank, and each token's picks are given as the ranks they go to
+(each rank once, ascending), so the kernel's per-expert deduplication is
+the per-rank one, and its layout (sources in rank order, each in token
+order) is ElasticBuffer's in a flat domain. A row carries the token's
+payload (and FP8 scales), then its global top-k ids and weights, as bytes:
+the kernels copy rows bit for bit. Combine returns rows with weight 1.0 in
+ascending destination order, which is the collective path's float32 sum.
+
+The transport is a seam (``dispatch``/``combine`` below): ``KernelRows``
+on a GPU; the tests run the same path on CPU over an emulation built from
+the group's collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .._ep_collective.group import work_failure_reader
+from . import rows_layout as rl
+from .collective import FACTS, Outputs, call_facts, check_call_table
+from .handle import EPHandle
+from .topology import Topology
+
+ROW_ALIGN_BYTES = 256  # rows are whole multiples of the kernels' 128 bf16 channels
+META_ALIGN_BYTES = 4
+
+
+@dataclass(frozen=True)
+class RowFormat:
+    """Byte offsets of one dispatched row: payload, scales, ids, weights."""
+    payload: int
+    scales: int
+    num_topk: int
+
+    @property
+    def ids(self) -> int:
+        return (self.payload + self.scales + META_ALIGN_BYTES - 1) // META_ALIGN_BYTES * META_ALIGN_BYTES
+
+    @property
+    def weights(self) -> int:
+        return self.ids + 4 * self.num_topk
+
+    @property
+    def bytes(self) -> int:
+        return self.weights + 4 * self.num_topk
+
+
+def row_width(hidden: int, num_topk: int) -> int:
+    """bf16 channels of the kernels' rows for calls up to these sizes (bf16
+    payload, or FP8 payload with float32 scales per 128 channels)."""
+    payload = max(2 * hidden, hidden + 4 * ((hidden + 127) // 128))
+    need = RowFormat(payload, 0, num_topk).bytes
+    return (need + ROW_ALIGN_BYTES - 1) // ROW_ALIGN_BYTES * ROW_ALIGN_BYTES // 2
+
+
+class KernelRows:
+    """The rows through ``mooncake._ep_ipc``'s kernels, on the current stream."""
+
+    def __init__(self, ipc_path, device: torch.device, tokens: int, width: int, num_ranks: int, timeout_us: int):
+        self.tokens, self.width, self.num_ranks = tokens, width, num_ranks
+        self.timeout_us = timeout_us
+        self.group = ipc_path.group_for(device, tokens, width, num_ranks, timeout_us)
+        self.device = device
+
+    def dispatch(self, rows: torch.Tensor, dest: torch.Tensor, mask: torch.Tensor):
+        capacity = self.num_ranks * self.tokens
+        recv = torch.empty(1, capacity, self.width, dtype=torch.bfloat16, device=self.device)
+        count = torch.empty(1, dtype=torch.int32, device=self.device)
+        src_token = torch.empty(1, capacity, dtype=torch.int32, device=self.device)
+        ranges = torch.empty(1, self.num_ranks, dtype=torch.int64, device=self.device)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        self.group.dispatch(rows.data_ptr(), dest.data_ptr(), rows.size(0), dest.size(1), mask.data_ptr(),
+                            self.timeout_us, False, recv.data_ptr(), 0, count.data_ptr(), src_token.data_ptr(),
+                            ranges.data_ptr(), stream, "all")
+        return recv[0], src_token, ranges
+
+    def combine(self, y: torch.Tensor, src_token: torch.Tensor, ranges: torch.Tensor, dest: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        num_tokens, num_topk = dest.shape
+        ones = torch.ones(num_tokens, num_topk, dtype=torch.float32, device=self.device)
+        out = torch.empty(num_tokens, self.width, dtype=torch.bfloat16, device=self.device)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        self.group.combine(y.data_ptr(), src_token.data_ptr(), ranges.data_ptr(), dest.data_ptr(), ones.data_ptr(),
+                           num_tokens, num_topk, mask.data_ptr(), self.timeout_us, out.data_ptr(), stream, "all")
+        return out
+
+
+@dataclass
+class IpcRouting:
+    """The native handle of an IPC-path dispatch (see ``handle.Routing`` for the collective path's)."""
+    generation: object
+    num_tokens: int
+    hidden: int
+    num_topk: int
+    dest: torch.Tensor  # [N, k] destination ranks, each once, ascending (-1: none)
+    src_token: torch.Tensor  # the kernels' handle: token index at the source of each received row
+    ranges: torch.Tensor  # the kernels' handle: (begin << 32) | count per source
+    capacity: int  # C = R * num_max_tokens_per_rank: rows of the layout at capacity
+    num_recv: int  # rows received (capacity when not trimmed)
+    recv_topk_idx: torch.Tensor
+    expansion: rl.DeviceExpansion | None
+    expanded_rows: int  # rows of the expanded layout (capacity when not trimmed)
+    trimmed: bool
+
+    @property
+    def rows_for_combine(self) -> int:
+        return self.expanded_rows if self.expansion is not None else self.num_recv
+
+
+class IpcRowsPath:
+    name = "ipc"
+
+    def __init__(self, group, rank: int, topo: Topology, generation: object, transport, max_tokens: int,
+                 max_topk: int):
+        self.group, self.rank, self.topo, self.generation = group, rank, topo, generation
+        self.transport = transport
+        self.max_tokens, self.max_topk = max_tokens, max_topk
+        self._failed_ranks = work_failure_reader(group)
+        self.mask: torch.Tensor | None = None  # the kernels' active ranks: a rank that times out is cleared
+        # The calls' shapes as device tensors, made once per shape: a copy from
+        # the host cannot be captured in a CUDA graph, a warmed-up shape can.
+        self._facts: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def _mask(self, device: torch.device) -> torch.Tensor:
+        if self.mask is None:
+            self.mask = torch.ones(self.topo.num_ranks, dtype=torch.int32, device=device)
+        return self.mask
+
+    def fits(self, tokens_per_rank: int, row: RowFormat) -> str:
+        """Why a call does not fit the rows opened at construction ("" when it does)."""
+        if tokens_per_rank > self.max_tokens:
+            return (f"num_max_tokens_per_rank={tokens_per_rank} exceeds the {self.max_tokens} the buffer was "
+                    "constructed for")
+        if row.bytes > 2 * self.transport.width:
+            return (f"a dispatched row needs {row.bytes} bytes (hidden, scales and num_topk of this call), more than "
+                    f"the {2 * self.transport.width} of the buffer's construction (hidden, num_topk)")
+        return ""
+
+    # ------------------------------------------------------------ dispatch
+    def _send_rows(self, data, sf, row: RowFormat, topk_idx=None, topk_weights=None) -> torch.Tensor:
+        num_tokens = data.size(0)
+        staged = torch.empty(num_tokens, 2 * self.transport.width, dtype=torch.uint8, device=data.device)
+        staged[:, :row.payload] = data.view(torch.uint8)
+        if sf is not None:
+            staged[:, row.payload:row.payload + row.scales] = sf.view(torch.uint8)
+        if topk_idx is not None:
+            staged[:, row.ids:row.weights] = topk_idx.to(torch.int32).view(torch.uint8)
+        if topk_weights is not None:
+            staged[:, row.weights:row.bytes] = topk_weights.view(torch.uint8)
+        return staged.view(torch.bfloat16)
+
+    def dispatch(self, data, sf, topk_idx, topk_weights, num_experts, tokens_per_rank, alignment, do_expand,
+                 do_cpu_sync, num_sms) -> Outputs:
+        del num_sms
+        num_ranks, me = self.topo.num_ranks, self.rank
+        num_tokens, hidden = data.shape
+        num_topk = topk_idx.size(1)
+        num_local = num_experts // num_ranks
+        device = data.device
+        capacity = num_ranks * tokens_per_rank
+        row = RowFormat(data.size(1) * data.element_size(), sf.size(1) * sf.element_size() if sf is not None else 0,
+                        num_topk)
+
+        facts = call_facts(tokens_per_rank, hidden, num_topk, num_experts, sf is not None, topk_weights is not None,
+                           do_expand)
+        dest = rl.unique_destinations(topk_idx, num_local)
+        goes_to = rl.destination_table(dest, num_ranks)
+        # Counts per destination and the call's shape, gathered on the stream
+        # (no wait on the host): the handle's dst_buffer_slot_idx needs where
+        # this rank's block starts at each destination.
+        key = (*facts, 0)
+        if key not in self._facts:
+            self._facts[key] = torch.tensor(key, dtype=torch.int64, device=device)
+        mine = torch.cat([goes_to.sum(dim=0), self._facts[key]])
+        table = torch.empty(num_ranks * mine.numel(), dtype=torch.int64, device=device)
+        work = dist.all_gather_into_tensor(table, mine, group=self.group, async_op=True)
+        work.wait()
+        table = table.view(num_ranks, mine.numel())
+        mask = self._mask(device)
+        recv, src_token, ranges = self.transport.dispatch(self._send_rows(data, sf, row, topk_idx, topk_weights),
+                                                          dest, mask)
+
+        counts = table[:, :num_ranks]
+        my_begin = torch.cumsum(counts, 0)[me] - counts[me]
+        slots = rl.dst_slots(rl.picks_by_destination(topk_idx, num_local), goes_to, my_begin)
+        recv_count = ranges.view(-1) & 0xFFFFFFFF
+        rx = rl.received(recv_count, src_token.view(-1)[:capacity])
+        raw = recv.view(torch.uint8)[:capacity]
+        ids = raw[:, row.ids:row.weights].view(torch.int32).to(torch.int64)
+        local = rl.local_picks(ids, rx.real, me, num_local)
+        weights = None
+        if topk_weights is not None:
+            weights = torch.where(local >= 0, raw[:, row.weights:row.bytes].view(torch.float32), 0.0)
+
+        expansion = rl.expand(local, num_local, alignment) if do_expand else None
+        meta = rl.metadata(rx, local, tokens_per_rank, expansion.slots if expansion is not None else None)
+        if expansion is None:
+            per_expert = rl.per_expert_counts(local, num_local)
+            expert_psum = torch.cumsum(per_expert, 0)
+            recv_x = self._payload(raw, row, data, sf, rx.real, None)
+            recv_w = weights
+        else:
+            per_expert, expert_psum = expansion.counts, expansion.ends
+            recv_x = self._payload(raw, row, data, sf, rx.real, expansion)
+            recv_w = rl.place_expanded_weights(weights, expansion) if weights is not None else None
+        scaleup_psum = torch.cumsum(recv_count, 0)
+
+        num_recv, expanded_rows = capacity, expansion.dummy if expansion is not None else 0
+        per_expert_list: list[int] = []
+        if do_cpu_sync:
+            # The one synchronisation: sizes, the shape agreement, and who answered.
+            total = expansion.ends[-1:] if expansion is not None and num_local else torch.zeros(1, dtype=torch.int64,
+                                                                                                device=device)
+            host = torch.cat([table.view(-1), recv_count, per_expert, total.to(torch.int64),
+                              mask.to(torch.int64)]).tolist()
+            at = table.numel()
+            check_call_table([host[r * mine.numel() + num_ranks:(r + 1) * mine.numel()] for r in range(num_ranks)])
+            self._check_answered(work, host[-num_ranks:])
+            num_recv = sum(host[at:at + num_ranks])
+            per_expert_list = host[at + num_ranks:at + num_ranks + num_local]
+            if expansion is not None:
+                expanded_rows = host[at + num_ranks + num_local]
+            cut = expanded_rows if expansion is not None else num_recv
+            recv_x = tuple(t[:cut] for t in recv_x) if isinstance(recv_x, tuple) else recv_x[:cut]
+            if recv_w is not None:
+                recv_w = recv_w[:cut]
+            local, meta = local[:num_recv], meta[:num_recv]
+
+        routing = IpcRouting(generation=self.generation, num_tokens=num_tokens, hidden=hidden, num_topk=num_topk,
+                             dest=dest, src_token=src_token, ranges=ranges, capacity=capacity, num_recv=num_recv,
+                             recv_topk_idx=local, expansion=expansion, expanded_rows=expanded_rows,
+                             trimmed=do_cpu_sync)
+        handle = EPHandle(
+            do_expand=do_expand, num_experts=num_experts, expert_alignment=alignment,
+            num_max_tokens_per_rank=tokens_per_rank, num_sms=0, topk_idx=topk_idx.clone(),
+            num_recv_tokens_per_expert_list=per_expert_list,
+            psum_num_recv_tokens_per_scaleup_rank=scaleup_psum.to(torch.int32),
+            psum_num_recv_tokens_per_expert=expert_psum.to(torch.int32),
+            recv_src_metadata=meta, dst_buffer_slot_idx=slots, native_handle=routing)
+        return Outputs(recv_x, local, recv_w, handle)
+
+    def _check_answered(self, work, mask: list[int]) -> None:
+        """A rank the kernels gave up on stays cleared in the mask: it is
+        reported by the first synchronised call after it (and the buffer then
+        refuses calls until update_ep_member())."""
+        failed = self._failed_ranks(work)
+        silent = [r for r in range(self.topo.num_ranks) if not mask[r]]
+        if failed or silent:
+            who = sorted(set(silent) | {r for r in failed if r >= 0}) or "an unknown rank"
+            raise RuntimeError(f"ranks {who} did not take part in the dispatch in time (the kernels' wait is bounded "
+                               "by num_gpu_timeout_secs)")
+
+    @staticmethod
+    def _payload(raw, row: RowFormat, data, sf, real, expansion):
+        """The received payload (and scales) at capacity: rows as received, or
+        one copy per expanded row; rows past them are zero."""
+        def field(begin: int, end: int, like: torch.Tensor) -> torch.Tensor:
+            part = raw[:, begin:end]
+            if expansion is None:
+                out = torch.where(real.unsqueeze(1), part, 0)
+            else:
+                out = rl.place_expanded(part, expansion)
+            return out.view(like.dtype)
+
+        payload = field(0, row.payload, data)
+        if sf is None:
+            return payload
+        return payload, field(row.payload, row.payload + row.scales, sf)
+
+    def join_refused(self, device: torch.device) -> None:
+        """This rank refused its arguments: it still takes its part in the
+        collectives and the kernels' call (sending nothing), saying so; the
+        others raise at their synchronisation."""
+        num_ranks = self.topo.num_ranks
+        facts = torch.zeros(num_ranks + len(FACTS) + 1, dtype=torch.int64, device=device)
+        facts[-1] = 1
+        table = torch.empty(num_ranks * facts.numel(), dtype=torch.int64, device=device)
+        dist.all_gather_into_tensor(table, facts, group=self.group, async_op=True).wait()
+        width = self.transport.width
+        nothing = torch.empty(0, width, dtype=torch.bfloat16, device=device)
+        self.transport.dispatch(nothing, torch.empty(0, 1, dtype=torch.int64, device=device), self._mask(device))
+        host = table.view(num_ranks, facts.numel())[:, num_ranks:].tolist()
+        check_call_table(host)
+
+    def dispatch_cached(self, data, sf, handle: EPHandle) -> Outputs:
+        routing: IpcRouting = handle.native_handle
+        row = RowFormat(data.size(1) * data.element_size(), sf.size(1) * sf.element_size() if sf is not None else 0,
+                        routing.num_topk)
+        recv, _, _ = self.transport.dispatch(self._send_rows(data, sf, row), routing.dest, self._mask(data.device))
+        raw = recv.view(torch.uint8)[:routing.capacity]
+        real = torch.arange(routing.capacity, device=data.device) < (routing.ranges.view(-1) & 0xFFFFFFFF).sum()
+        recv_x = self._payload(raw, row, data, sf, real, routing.expansion)
+        if routing.trimmed:
+            cut = routing.rows_for_combine
+            recv_x = tuple(t[:cut] for t in recv_x) if isinstance(recv_x, tuple) else recv_x[:cut]
+        return Outputs(recv_x, routing.recv_topk_idx.clone(), None, handle)
+
+    # ------------------------------------------------------------- combine
+    def combine(self, x: torch.Tensor, handle: EPHandle) -> torch.Tensor:
+        routing: IpcRouting = handle.native_handle
+        if routing.expansion is not None:
+            back = rl.reduce_expanded(x, routing.expansion.slots).to(torch.bfloat16)
+        else:
+            back = x[:routing.capacity]
+        rows = back.size(0)
+        y = torch.empty(self.topo.num_ranks * self.max_tokens, self.transport.width, dtype=torch.bfloat16,
+                        device=x.device)
+        y[:rows, :routing.hidden] = back
+        out = self.transport.combine(y, routing.src_token, routing.ranges, routing.dest, self._mask(x.device))
+        return out[:, :routing.hidden].contiguous()
+

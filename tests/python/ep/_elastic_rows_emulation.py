@@ -1,0 +1,62 @@
+"""A CPU twin of ``ipc_rows.KernelRows``: the same outputs (rows received at
+capacity, sources in rank order, each in token order; the token index of
+each; ``(begin << 32) | count`` per source), made from the group's own
+all_gather and all_to_all, so that the IPC path's layout and handles run in
+CI without a GPU. Combine adds each token's returned rows in ascending
+destination order in float32, as the kernels do."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from mooncake._ep_elastic import rows_layout as rl
+
+
+class EmulatedRows:
+    def __init__(self, group, rank: int, num_ranks: int, tokens: int, width: int):
+        self.group, self.rank, self.num_ranks = group, rank, num_ranks
+        self.tokens, self.width = tokens, width
+        self.calls: list[str] = []  # what ran through the seam, for the tests to see
+
+    def _all_to_all(self, send, send_counts, recv_counts):
+        recv = send.new_empty((sum(recv_counts), *send.shape[1:]))
+        dist.all_to_all_single(recv, send.contiguous(), output_split_sizes=recv_counts,
+                               input_split_sizes=send_counts, group=self.group)
+        return recv
+
+    def dispatch(self, rows: torch.Tensor, dest: torch.Tensor, mask: torch.Tensor):
+        del mask  # nothing times out here
+        self.calls.append("dispatch")
+        num_ranks = self.num_ranks
+        goes_to = rl.destination_table(dest, num_ranks)
+        to_rank, token = torch.nonzero(goes_to.t(), as_tuple=True)  # by destination, then token
+        send_counts = goes_to.sum(dim=0)
+        table = torch.empty(num_ranks * num_ranks, dtype=torch.int64)
+        dist.all_gather_into_tensor(table, send_counts, group=self.group)
+        counts = table.view(num_ranks, num_ranks)[:, self.rank]
+        got = self._all_to_all(rows[token], send_counts.tolist(), counts.tolist())
+        got_token = self._all_to_all(token.to(torch.int32), send_counts.tolist(), counts.tolist())
+        capacity = num_ranks * self.tokens
+        recv = torch.zeros(capacity, self.width, dtype=torch.bfloat16)
+        recv[:got.size(0)] = got
+        src_token = torch.full((1, capacity), -1, dtype=torch.int32)
+        src_token[0, :got.size(0)] = got_token
+        begins = torch.cumsum(counts, 0) - counts
+        return recv, src_token, ((begins << 32) | counts).view(1, num_ranks)
+
+    def combine(self, y, src_token, ranges, dest, mask):
+        del src_token, mask
+        self.calls.append("combine")
+        num_ranks = self.num_ranks
+        counts = (ranges.view(-1) & 0xFFFFFFFF)
+        goes_to = rl.destination_table(dest, num_ranks)
+        sent = goes_to.sum(dim=0)
+        back = self._all_to_all(y[:int(counts.sum())], counts.tolist(), sent.tolist())
+        total = torch.zeros(dest.size(0), self.width, dtype=torch.float32)
+        start = 0
+        for d in range(num_ranks):
+            tokens = torch.nonzero(goes_to[:, d]).squeeze(1)
+            total.index_add_(0, tokens, back[start:start + tokens.numel()].float())
+            start += tokens.numel()
+        return total.to(torch.bfloat16)

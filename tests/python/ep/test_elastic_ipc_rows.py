@@ -1,0 +1,93 @@
+"""ElasticBuffer's IPC path (``_ep_elastic.ipc_rows``) on CPU: its layout,
+handles, cached dispatch and combine, over a twin of the CUDA kernels made
+from the group's collectives (``_elastic_rows_emulation``), against the
+same dense references as the collective path (test_elastic_buffer.py); and
+the device-side layout functions against the host-side ones they mirror.
+On a GPU the same grid runs over the kernels (test_elastic_cuda.py)."""
+
+import pytest
+import torch
+
+from _elastic_refs import GRID
+from _elastic_rounds import elastic_buffer_of, run_elastic_grid
+from _ep_rounds import RANK_ENV
+from _harness import World
+
+from mooncake._ep_elastic import layout, rows_layout
+
+pytestmark = pytest.mark.timeout(240)
+
+SIZES = {"num_max_tokens_per_rank": 7, "hidden": 7168, "num_topk": 9}
+
+
+def _on_emulated_rows(ctx):
+    from _elastic_rows_emulation import EmulatedRows
+    from mooncake._ep_elastic.ipc_rows import IpcRowsPath, row_width
+
+    buffer = elastic_buffer_of(ctx, "rows", **SIZES)
+    rows = EmulatedRows(buffer.group, ctx.rank, ctx.size, SIZES["num_max_tokens_per_rank"],
+                        row_width(SIZES["hidden"], SIZES["num_topk"]))
+    buffer.runtime = IpcRowsPath(buffer.group, ctx.rank, buffer._topology, buffer._generation, rows,
+                                 SIZES["num_max_tokens_per_rank"], SIZES["num_topk"])
+    done = [run_elastic_round_on(ctx, ec, expand, sync) for ec in GRID for expand in (False, True)
+            for sync in (True, False)]
+    return done, buffer.path, rows.calls.count("dispatch"), rows.calls.count("combine")
+
+
+def run_elastic_round_on(ctx, ec, expand, sync):
+    from _elastic_rounds import run_elastic_round
+
+    return run_elastic_round(ctx, ec, expand=expand, cpu_sync=sync, buffer_name="rows")
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_ipc_path_matches_the_dense_reference(world):
+    with World(world, gloo=False, env=RANK_ENV) as w:
+        got = w.run(_on_emulated_rows, timeout=200)
+    rounds = 2 * 2 * len(GRID)
+    # Fresh and cached dispatch, and two combines, per round: all through the seam.
+    assert all(path == "ipc" and dispatches == 2 * rounds and combines == 2 * rounds
+               for _, path, dispatches, combines in got)
+    assert any(sum(done) for done, *_ in got)
+
+
+def _random_local(rows: int, k: int, num_local: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    picks = torch.stack([torch.randperm(num_local * 2, generator=g)[:k] for _ in range(rows)])
+    return torch.where(picks < num_local, picks, -1)  # about half of the lanes elsewhere
+
+
+@pytest.mark.parametrize("alignment", [1, 3, 8])
+def test_device_expansion_equals_the_host_one(alignment):
+    local = _random_local(23, 4, 5, alignment)
+    host = layout.expand(local, 5, alignment)
+    dev = rows_layout.expand(local, 5, alignment)
+    assert torch.equal(dev.slots, host.slots)
+    assert dev.counts.tolist() == host.counts and dev.ends.tolist() == host.ends
+    values = torch.arange(23 * 3, dtype=torch.float32).view(23, 3)
+    placed = torch.zeros(23 * 4 + 5 * (alignment - 1), 3)
+    placed[host.dst_row] = values[host.src_row]
+    assert torch.equal(rows_layout.place_expanded(values, dev), placed)
+    x = torch.randn(host.total, 16).to(torch.bfloat16)
+    assert torch.equal(rows_layout.reduce_expanded(x, dev.slots), layout.reduce_expanded(x, host.slots))
+
+
+def test_device_destination_slots_equal_the_host_ones():
+    num_ranks, num_local = 4, 3
+    g = torch.Generator().manual_seed(5)
+    topk = torch.stack([torch.randperm(num_ranks * num_local, generator=g)[:4] for _ in range(9)])
+    topk[2, 1] = topk[5, 0] = -1
+    my_begin = torch.tensor([0, 5, 2, 11])
+    from mooncake._ep_collective.routing import token_rows
+
+    offer = token_rows(topk, num_ranks, num_local, torch.ones(num_ranks, dtype=torch.bool))
+    host = layout.dst_slots(topk, num_local, offer.per_rank, offer.token, my_begin)
+    dest = rows_layout.unique_destinations(topk, num_local)
+    dev = rows_layout.dst_slots(rows_layout.picks_by_destination(topk, num_local),
+                                rows_layout.destination_table(dest, num_ranks), my_begin)
+    assert torch.equal(dev, host)
+    # Each token's destinations once, ascending, the rest -1.
+    for t, picks in enumerate(topk.tolist()):
+        want = sorted({p // num_local for p in picks if p >= 0})
+        row = [d for d in dest[t].tolist() if d >= 0]
+        assert row == want
