@@ -112,13 +112,19 @@ def _rank_main(rank, world, port, args, queue):
         backend = "mooncake"
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     group = dist.group.WORLD
-    buffer = Buffer(group)
+    shapes = [tuple(s) for s in args.shape] if args.shape else SHAPES
+    buffer = None if args.elastic_only else Buffer(group)
     elastic = ElasticBuffer(group)
+    # Sized at construction, as the reference's buffer is: on one host with CUDA, the IPC path.
+    sized = ElasticBuffer(group, num_max_tokens_per_rank=max(s[0] for s in shapes), hidden=max(s[1] for s in shapes),
+                          num_topk=max(s[3] for s in shapes))
     if rank == 0:
-        print(f"[ep_bench] world {world}: Buffer path {buffer.path} ({buffer.path_reason}); ElasticBuffer path "
-              f"{elastic.path}", file=sys.stderr, flush=True)
+        print(f"[ep_bench] world {world}: Buffer path {buffer.path if buffer else '-'} "
+              f"({buffer.path_reason if buffer else 'not run'}); ElasticBuffer path "
+              f"{elastic.path}; sized ElasticBuffer path {sized.path} ({sized.path_reason})", file=sys.stderr,
+              flush=True)
     rows = []
-    for T, H, E, K in SHAPES:
+    for T, H, E, K in shapes:
         if E % world:
             continue
         g = torch.Generator().manual_seed(rank)
@@ -128,7 +134,7 @@ def _rank_main(rank, world, port, args, queue):
         active = torch.ones(world, dtype=torch.int32, device=device)
         L = E // world
         baseline = AllGatherBaseline(group, T, H, E)
-        for fp8 in (False, True):
+        for fp8 in (False, True) if buffer is not None else ():
             times = {"dispatch": [], "combine": [], "agreement": []}
             base = {"dispatch": [], "combine": []}
             for it in range(args.warmup + args.iters):
@@ -172,15 +178,21 @@ def _rank_main(rank, world, port, args, queue):
                         rows.append((T, H, E, K, "fp8" if fp8 else "bf16", impl, phase, samples))
         for impl, phase, samples in _time_elastic(elastic, x, topk, weights, E, T, device, args):
             rows.append((T, H, E, K, "bf16", impl, phase, samples))
+        if sized.path == "ipc":
+            for impl, phase, samples in _time_elastic(sized, x, topk, weights, E, T, device, args, "elastic-ipc"):
+                if impl != "copy-bound":
+                    rows.append((T, H, E, K, "bf16", impl, phase, samples))
+            for phase, samples in _time_graphs(sized, x, topk, weights, E, T, args):
+                rows.append((T, H, E, K, "bf16", "elastic-ipc-graph", phase, samples))
     queue.put((rank, rows))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _time_elastic(elastic, x, topk, weights, E, T, device, args):
+def _time_elastic(elastic, x, topk, weights, E, T, device, args, label="elastic"):
     """ElasticBuffer: fresh dispatch, cached dispatch, combine; and the copy
     bound (a local copy of the rows the dispatch delivered here)."""
-    times = {("elastic", "dispatch"): [], ("elastic", "dispatch-cached"): [], ("elastic", "combine"): [],
+    times = {(label, "dispatch"): [], (label, "dispatch-cached"): [], (label, "combine"): [],
              ("copy-bound", "dispatch"): [], ("copy-bound", "combine"): []}
     for it in range(args.warmup + args.iters):
         dist.barrier()
@@ -212,6 +224,38 @@ def _time_elastic(elastic, x, topk, weights, E, T, device, args):
     return [(impl, phase, samples) for (impl, phase), samples in times.items()]
 
 
+def _time_graphs(elastic, x, topk, weights, E, T, args):
+    """The IPC path's dispatch (do_cpu_sync=False, outputs at capacity) and
+    combine, each captured in a CUDA graph and replayed: the kernels' time
+    without Python or launches."""
+    def dispatch():
+        return elastic.dispatch(x, topk_idx=topk, topk_weights=weights, num_experts=E, num_max_tokens_per_rank=T,
+                                do_cpu_sync=False)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        recv_x, _, _, handle, _ = dispatch()
+        elastic.combine(recv_x, handle)
+        dispatch_graph, combine_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(dispatch_graph, stream=side):
+            recv_x, _, _, handle, _ = dispatch()
+        with torch.cuda.graph(combine_graph, stream=side):
+            elastic.combine(recv_x, handle)
+    torch.cuda.current_stream().wait_stream(side)
+    times = {"dispatch": [], "combine": []}
+    for it in range(args.warmup + args.iters):
+        for phase, graph in (("dispatch", dispatch_graph), ("combine", combine_graph)):
+            dist.barrier()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            graph.replay()
+            torch.cuda.synchronize()
+            if it >= args.warmup:
+                times[phase].append(time.perf_counter() - t0)
+    return list(times.items())
+
+
 def _run_world(world, args):
     per_rank = run_ranks(_rank_main, world, args, args.timeout)
     out = []
@@ -232,6 +276,10 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--label", default="-", help="the run's mode column (e.g. time-sliced, mps)")
+    ap.add_argument("--shape", type=int, nargs=4, action="append", metavar=("T", "H", "E", "K"),
+                    help="tokens per rank, hidden, experts, top-k (repeatable; default: the two shapes above)")
+    ap.add_argument("--elastic-only", action="store_true", help="only the ElasticBuffer rows (large shapes, where "
+                    "the Buffer's per-expert region would not fit)")
     ap.add_argument("--csv")
     ap.add_argument("--append", action="store_true", help="add to --csv instead of overwriting it")
     args = ap.parse_args()

@@ -53,7 +53,7 @@ from mooncake._ep_elastic import checks, sizes
 from mooncake._ep_elastic import transport as transports
 from mooncake._ep_elastic.collective import CollectivePath
 from mooncake._ep_elastic.handle import EPHandle
-from mooncake._ep_elastic.ipc_rows import IpcRowsPath, KernelRows, RowFormat, row_width
+from mooncake._ep_elastic.ipc_rows import IpcRouting, IpcRowsPath, KernelRows, RowFormat, row_width
 from mooncake._ep_elastic.topology import local_ranks_setting, ranks_per_host, topology
 from mooncake._ep_ipc_path import IpcPath, choose_path, local_statement
 from mooncake._ep_ipc_path.choice import host_id
@@ -120,6 +120,7 @@ class ElasticBuffer:
             group, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch, allow_hybrid_mode)
         self._read_alive = group_mask_reader(group, self.num_ranks)
         self.runtime: CollectivePath | IpcRowsPath | None = None
+        self._collective: CollectivePath | None = None  # any call the IPC path does not take
         self._ipc: IpcPath | None = None
         self._path_reason = "not connected"
         self._broken: str | None = None
@@ -163,8 +164,9 @@ class ElasticBuffer:
         self.scaleup_rank_idx = topo.scaleup_index(self.rank_idx)
         self._generation = _Generation(max(r[3] for r in rows))
         self._close_ipc()  # collective: the peers close theirs in their _connect()
-        self.runtime = self._ipc_rows_path(topo) or CollectivePath(
-            self.group, self.rank_idx, topo, self._generation, timedelta(seconds=self.num_gpu_timeout_secs))
+        self._collective = CollectivePath(self.group, self.rank_idx, topo, self._generation,
+                                          timedelta(seconds=self.num_gpu_timeout_secs))
+        self.runtime = self._ipc_rows_path(topo) or self._collective
         self._broken = None
         if self.rank_idx == 0:
             _log.info("ElasticBuffer over %d rank(s): transport %s, %s path (%s), domains %dx%d", self.num_ranks,
@@ -241,7 +243,7 @@ class ElasticBuffer:
     def destroy(self) -> None:
         """Releases the buffer; collective on the IPC path (its kernels' buffers are mapped by the peers)."""
         self._close_ipc()
-        self.runtime = None
+        self.runtime = self._collective = None
 
     def barrier(self, use_comm_stream: bool = True, with_cpu_sync: bool = False) -> None:
         del use_comm_stream  # one stream here
@@ -322,9 +324,11 @@ class ElasticBuffer:
                 raise ValueError(f"x: must be on the device of the handle's dispatch ({handle.topk_idx.device}), "
                                  f"got {data.device}")
             self._check_usable("dispatch")
-            out = self._guarded("dispatch", lambda: self.runtime.dispatch_cached(data, sf, handle))
+            runtime = self._runtime_of(routing)
+            out = self._guarded("dispatch", lambda: runtime.dispatch_cached(data, sf, handle))
         else:
             self._check_usable("dispatch")
+            runtime = self.runtime
             try:
                 data, sf = checks.split_x(x)
                 num_tokens, hidden = data.shape
@@ -337,33 +341,31 @@ class ElasticBuffer:
                 if num_experts is None:  # the reference's rule (a CPU synchronisation)
                     num_experts = int(topk_idx.max()) + 1 if topk_idx.numel() else self.num_ranks
                 checks.check_num_experts(num_experts, self.num_ranks)
-                if not isinstance(self.runtime, IpcRowsPath):  # the IPC path reads no values (no synchronisation)
-                    checks.check_topk_values(topk_idx, num_experts)
                 if num_max_tokens_per_rank is None:
                     num_max_tokens_per_rank = self.num_max_tokens_per_rank or num_tokens
                 checks.check_tokens_per_rank(num_max_tokens_per_rank, num_tokens)
                 alignment = checks.check_alignment(1 if expert_alignment is None else expert_alignment)
                 self._check_fits(num_max_tokens_per_rank, hidden, topk_idx.size(1), sf is not None)
-                if isinstance(self.runtime, IpcRowsPath):
-                    why = self.runtime.fits(num_max_tokens_per_rank, RowFormat(
+                # Decided from the call's shape, which every rank shares (the collective path checks that).
+                if isinstance(runtime, IpcRowsPath) and not runtime.takes(num_max_tokens_per_rank, RowFormat(
                         data.size(1) * data.element_size(), sf.size(1) * sf.element_size() if sf is not None else 0,
-                        topk_idx.size(1)))
-                    if why:
-                        raise ValueError(f"dispatch: {why}; construct the buffer for the largest call (or set "
-                                         "MOONCAKE_EP_FAST_PATH=0 for the collective path, which takes any shape)")
+                        topk_idx.size(1))):
+                    runtime = self._collective
+                if runtime is self._collective:  # the IPC path reads no values (no synchronisation)
+                    checks.check_topk_values(topk_idx, num_experts)
             except (ValueError, TypeError):
                 # The others are in the count exchange already: meet them, saying so, then raise here.
                 device = x[0].device if isinstance(x, tuple) and isinstance(x[0], torch.Tensor) else \
                     x.device if isinstance(x, torch.Tensor) else control_device(self.group)
                 try:
-                    self._guarded("dispatch", lambda: self.runtime.join_refused(device))
+                    self._guarded("dispatch", lambda: runtime.join_refused(device))
                 except ValueError:
                     pass  # the others' refusal message; this rank raises its own
                 raise
             if num_sms is None:
                 num_sms = self.get_theoretical_num_sms(num_experts, topk_idx.size(1))
             cpu_sync = True if do_cpu_sync is None else bool(do_cpu_sync)
-            out = self._guarded("dispatch", lambda: self.runtime.dispatch(
+            out = self._guarded("dispatch", lambda: runtime.dispatch(
                 data, sf, topk_idx, topk_weights, num_experts, num_max_tokens_per_rank, alignment, bool(do_expand),
                 cpu_sync, num_sms))
         keep = (data, out.recv_x, out.recv_topk_idx) + ((sf,) if sf is not None else ())
@@ -384,7 +386,8 @@ class ElasticBuffer:
             checks.check_combine_weights(topk_weights, routing, handle.topk_idx.size(1))
         checks.check_num_sms(num_sms)
         self._check_usable("combine")
-        combined = self._guarded("combine", lambda: self.runtime.combine(x, handle))
+        runtime = self._runtime_of(routing)
+        combined = self._guarded("combine", lambda: runtime.combine(x, handle))
         event = call_event(async_with_compute_stream, x.device, (x, combined))
         return combined, None, event
 
@@ -397,6 +400,10 @@ class ElasticBuffer:
             raise ValueError("handle: comes from another ElasticBuffer or from before update_ep_member(); "
                              "dispatch again")
         return routing
+
+    def _runtime_of(self, routing):
+        """The path that made a handle runs its cached dispatch and combine."""
+        return self.runtime if isinstance(routing, IpcRouting) else self._collective
 
     def _check_fits(self, tokens_per_rank: int, hidden: int, num_topk: int, fp8: bool) -> None:
         if not self._num_bytes_given:

@@ -91,3 +91,25 @@ def test_device_destination_slots_equal_the_host_ones():
         want = sorted({p // num_local for p in picks if p >= 0})
         row = [d for d in dest[t].tolist() if d >= 0]
         assert row == want
+
+
+def _beyond_the_ipc_sizes(ctx):
+    from _elastic_refs import ElasticCase
+    from _elastic_rounds import run_elastic_round
+    from _ep_refs import Case
+
+    _, _, dispatches, _ = _on_emulated_rows(ctx)
+    buffer = elastic_buffer_of(ctx, "rows")
+    rows = buffer.runtime.transport
+    before = len(rows.calls)
+    # More tokens per rank than the buffer was constructed for: the collective path takes it.
+    n = run_elastic_round(ctx, ElasticCase(Case(hidden=128, experts_per_rank=2, num_topk=2, tokens=9)),
+                          buffer_name="rows")
+    return len(rows.calls) - before, n
+
+
+def test_calls_beyond_the_constructed_sizes_take_the_collective_path():
+    with World(2, gloo=False, env=RANK_ENV) as w:
+        got = w.run(_beyond_the_ipc_sizes, timeout=200)
+    assert [through_seam for through_seam, _ in got] == [0, 0]
+    assert sum(n for _, n in got) > 0
