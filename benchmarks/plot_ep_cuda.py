@@ -2,7 +2,8 @@
 GPU shared by the ranks, time-sliced and under MPS): median ms of dispatch and
 combine per world size, mode and shape, bf16, log scale: the Buffer (its CUDA
 IPC fast path there), the all-gather design, ElasticBuffer (fresh and cached
-dispatch) and the copy bound.
+dispatch), ElasticBuffer sized at construction (its IPC path, eager and
+replayed from a CUDA graph) and the copy bound.
 
     python3 benchmarks/plot_ep_cuda.py docs/benchmarks/ep_cuda.csv docs/benchmarks/ep_cuda.png
 """
@@ -16,13 +17,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 BUFFER, ALLGATHER, ELASTIC = "Buffer (fast path)", "all-gather design", "ElasticBuffer"
+IPC, IPC_GRAPH = "ElasticBuffer, IPC path", "ElasticBuffer, IPC path, CUDA graph"
 SERIES = {"dispatch": (("buffer", "dispatch", BUFFER), ("allgather-baseline", "dispatch", ALLGATHER),
                        ("elastic", "dispatch", ELASTIC), ("elastic", "dispatch-cached", "ElasticBuffer, cached"),
+                       ("elastic-ipc", "dispatch", IPC), ("elastic-ipc-graph", "dispatch", IPC_GRAPH),
                        ("copy-bound", "dispatch", "copy bound")),
           "combine": (("buffer", "combine", BUFFER), ("allgather-baseline", "combine", ALLGATHER),
-                      ("elastic", "combine", ELASTIC), ("copy-bound", "combine", "copy bound"))}
+                      ("elastic", "combine", ELASTIC), ("elastic-ipc", "combine", IPC),
+                      ("elastic-ipc-graph", "combine", IPC_GRAPH), ("copy-bound", "combine", "copy bound"))}
 COLORS = {"Buffer (fast path)": "C0", "all-gather design": "C1", "ElasticBuffer": "C2", "ElasticBuffer, cached": "C4",
-          "copy bound": "C3"}
+          "copy bound": "C3", IPC: "C5", IPC_GRAPH: "C6"}
 
 
 def main(src: str, dst: str) -> None:
