@@ -18,6 +18,7 @@
 
 #include "kernel_args.h"
 #include "signals.cuh"
+#include "warp_copy.cuh"
 
 namespace mooncake::ep::cuda {
 namespace {
@@ -48,14 +49,12 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Comb
   const int count = static_cast<int>(min(range & 0xffffffff, slots - begin));
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   constexpr int kWarps = kSendThreads / kWarp;
-  const size_t vectors = static_cast<size_t>(lay.H) * 2 / 16;
   for (int i = warp; i < count; i += kWarps) {
     const size_t row = le * rows_per_expert + begin + i;
     const int token = args.src_info[row];
     if (token < 0 || token >= lay.T) continue;  // not a dispatch handle's row: never write out of the slot table
-    const int4* src = reinterpret_cast<const int4*>(static_cast<const __nv_bfloat16*>(args.y) + row * lay.H);
-    int4* dst = reinterpret_cast<int4*>(region + lay.combineRow(parity, expert, token));
-    for (size_t v = lane; v < vectors; v += kWarp) dst[v] = src[v];
+    warpCopy(region + lay.combineRow(parity, expert, token), static_cast<const __nv_bfloat16*>(args.y) + row * lay.H,
+             2 * static_cast<size_t>(lay.H), lane);
   }
   // Every thread's rows before the signal: the barrier orders them before
   // thread 0's release, which is cumulative (see publishSignal).

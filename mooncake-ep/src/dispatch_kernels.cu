@@ -16,9 +16,12 @@
 // (EpStages); each half takes its call number from the device counters.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "fp8_quant.cuh"
 #include "kernel_args.h"
 #include "signals.cuh"
+#include "warp_copy.cuh"
 
 namespace mooncake::ep::cuda {
 namespace {
@@ -37,22 +40,6 @@ __device__ __forceinline__ bool picks(const int64_t* topk_idx, int token, int nu
     if (topk_idx[static_cast<size_t>(token) * num_topk + k] == expert) return true;
   }
   return false;
-}
-
-// 16-byte copy of `bytes` (a multiple of 16) by one warp.
-__device__ __forceinline__ void warpCopy(void* dst, const void* src, size_t bytes, int lane) {
-  int4* d = static_cast<int4*>(dst);
-  const int4* s = static_cast<const int4*>(src);
-  for (size_t i = lane; i < bytes / 16; i += kWarp) d[i] = s[i];
-}
-
-// The same out of the receive region, which peers write: loads cached in L2
-// only (the point of coherence for this GPU, where the peers' stores land),
-// never in a possibly stale L1 line of an earlier call.
-__device__ __forceinline__ void warpCopyFromRegion(void* dst, const void* src, size_t bytes, int lane) {
-  int4* d = static_cast<int4*>(dst);
-  const int4* s = static_cast<const int4*>(src);
-  for (size_t i = lane; i < bytes / 16; i += kWarp) d[i] = __ldcg(s + i);
 }
 
 __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const DispatchArgs& args) {
@@ -152,39 +139,53 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
   const int le = blockIdx.x, src = blockIdx.y;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   constexpr int kWarps = kCopyThreads / kWarp;
+  // gridDim.z blocks share a segment's rows, a warp's rows kWarps * gridDim.z apart.
+  const int first = static_cast<int>(blockIdx.z) * kWarps + warp, stride = kWarps * static_cast<int>(gridDim.z);
   const size_t rows_per_expert = static_cast<size_t>(lay.R) * lay.T;
   const int64_t range = args.layout_range[le * lay.R + src];
   const int begin = static_cast<int>(range >> 32), count = static_cast<int>(range & 0xffffffff);
   const char* region = ctx.regions[ctx.rank];
   const int parity = static_cast<int>(receivedSequence(&ctx.counters->dispatch) & 1);
   // The wait kernel's acquire loads ended before this kernel began (stream
-  // order), so the rows are visible here (read through L2, see warpCopyFromRegion).
-  for (int i = warp; i < count; i += kWarps) {
+  // order), so the rows are visible here (read through L2, see L2Load).
+  for (int i = first; i < count; i += stride) {
     const char* message = region + lay.dispatchMessage(parity, le, src, i);
     const size_t row = le * rows_per_expert + begin + i;
     if (lane == 0) args.src_info[row] = __ldcg(reinterpret_cast<const int32_t*>(message));
     const char* payload = message + kMessageHeaderBytes;
     if (args.use_fp8) {
-      warpCopyFromRegion(static_cast<uint8_t*>(args.recv_x) + row * lay.H, payload, lay.H, lane);
+      warpCopy(static_cast<uint8_t*>(args.recv_x) + row * lay.H, payload, lay.H, lane, L2Load());
       const float* scales = reinterpret_cast<const float*>(payload + lay.H);
       for (int g = lane; g < lay.H / kChannelsPerScale; g += kWarp) {
         args.recv_scales[(static_cast<size_t>(le) * (lay.H / kChannelsPerScale) + g) * rows_per_expert + begin + i] =
             __ldcg(scales + g);
       }
     } else {
-      warpCopyFromRegion(static_cast<__nv_bfloat16*>(args.recv_x) + row * lay.H, payload,
-                         2 * static_cast<size_t>(lay.H), lane);
+      warpCopy(static_cast<__nv_bfloat16*>(args.recv_x) + row * lay.H, payload, 2 * static_cast<size_t>(lay.H), lane,
+               L2Load());
     }
   }
   // Rows past the count have no source: src_info -1 (recv_x stays unwritten).
   const int total = args.recv_count[le];
-  for (size_t j = static_cast<size_t>(total) + static_cast<size_t>(src) * blockDim.x + threadIdx.x;
-       j < rows_per_expert; j += static_cast<size_t>(lay.R) * blockDim.x) {
+  const size_t filler = (static_cast<size_t>(blockIdx.z) * lay.R + src) * blockDim.x + threadIdx.x;
+  for (size_t j = static_cast<size_t>(total) + filler; j < rows_per_expert;
+       j += static_cast<size_t>(lay.R) * gridDim.z * blockDim.x) {
     args.src_info[le * rows_per_expert + j] = -1;
   }
 }
 
 enum class DispatchPhase : int { kSend, kWait, kCopy };
+
+// Blocks per (local expert, source) segment in the copy phase: enough for
+// about two waves on an H200's 132 SMs when there are few segments (one
+// "expert" per rank, as ElasticBuffer uses the kernels), never more than a
+// segment's rows can keep busy.
+int copyChunks(const RegionLayout& lay) {
+  constexpr int kTargetBlocks = 264;
+  const int segments = lay.L * lay.R;
+  const int by_rows = (lay.T + kCopyThreads / kWarp - 1) / (kCopyThreads / kWarp);
+  return std::max(1, std::min(by_rows, kTargetBlocks / segments));
+}
 
 // The three phases are one kernel, launched once per phase (the phase is the
 // same for every thread of a launch): a profiler then shows all of a
@@ -210,7 +211,8 @@ cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args,
   if (stages != EpStages::kSendOnly) {
     dispatch<<<1, kWaitThreads, 0, stream>>>(ctx, args, DispatchPhase::kWait);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-    dispatch<<<dim3(ctx.layout.L, ctx.layout.R), kCopyThreads, 0, stream>>>(ctx, args, DispatchPhase::kCopy);
+    dispatch<<<dim3(ctx.layout.L, ctx.layout.R, copyChunks(ctx.layout)), kCopyThreads, 0, stream>>>(
+        ctx, args, DispatchPhase::kCopy);
   }
   return cudaGetLastError();
 }

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .._env import positive_int
 from .._ep_collective.group import work_failure_reader
 from . import rows_layout as rl
 from .collective import FACTS, Outputs, call_facts, check_call_table
@@ -35,7 +36,8 @@ from .topology import Topology
 ROW_ALIGN_BYTES = 256  # rows are whole multiples of the kernels' 128 bf16 channels
 META_ALIGN_BYTES = 4
 # The most bytes of rows per rank (num_max_tokens_per_rank x row width) a
-# call may have on this path (see IpcRowsPath.takes).
+# call may have on this path (see IpcRowsPath.takes); the variable overrides it.
+MAX_CALL_BYTES_ENV = "MOONCAKE_EP_ELASTIC_IPC_MAX_BYTES"
 MAX_CALL_BYTES = 32 << 20
 
 
@@ -147,8 +149,9 @@ class IpcRowsPath:
         an H200: 16 ms against the collective path's 7 ms for 8192 tokens of
         hidden 7168 at world 2; ahead below a few thousand tokens). Larger
         calls take the collective path."""
+        limit = positive_int(MAX_CALL_BYTES_ENV, "bytes") or MAX_CALL_BYTES
         return (tokens_per_rank <= self.max_tokens and row.bytes <= 2 * self.transport.width
-                and tokens_per_rank * 2 * self.transport.width <= MAX_CALL_BYTES)
+                and tokens_per_rank * 2 * self.transport.width <= limit)
 
     # ------------------------------------------------------------ dispatch
     def _send_rows(self, data, sf, row: RowFormat, topk_idx=None, topk_weights=None) -> torch.Tensor:
