@@ -49,7 +49,7 @@ __device__ __forceinline__ uint32_t sendSequence(const CallCounters* c) {
 __device__ __forceinline__ void finishSendBlock(CallCounters* c, uint32_t sequence) {
   uint32_t before;
   asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(&c->send_blocks) : "memory");
-  if (before == gridDim.x - 1) {
+  if (before == gridDim.x * gridDim.y - 1) {
     c->send_blocks = 0;
     c->sent = sequence;
   }

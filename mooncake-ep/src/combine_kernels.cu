@@ -17,6 +17,7 @@
 #include <algorithm>
 
 #include "kernel_args.h"
+#include "send_tally.cuh"
 #include "signals.cuh"
 #include "warp_copy.cuh"
 
@@ -34,8 +35,12 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Comb
   const RegionLayout& lay = ctx.layout;
   const int dest = blockIdx.x / lay.L, le = blockIdx.x % lay.L;
   CallCounters* counters = &ctx.counters->combine;
+  auto* tally = reinterpret_cast<uint64_t*>(ctx.regions[ctx.rank] + lay.sendTally(1, blockIdx.x));
   const uint32_t sequence = beginSendBlock(counters, args.active_ranks, ctx.escape, ctx.rank, dest);
-  if (sequence == 0) return;
+  if (sequence == 0) {
+    if (threadIdx.x == 0) publishFromChunks(nullptr, 0, tally, 0, 0, /*skipped=*/true);
+    return;
+  }
   const int parity = static_cast<int>(sequence & 1);
   char* region = ctx.regions[dest];
   const int expert = ctx.rank * lay.L + le;
@@ -49,7 +54,8 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Comb
   const int count = static_cast<int>(min(range & 0xffffffff, slots - begin));
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   constexpr int kWarps = kSendThreads / kWarp;
-  for (int i = warp; i < count; i += kWarps) {
+  // gridDim.y blocks share the segment, a warp's rows kWarps * gridDim.y apart.
+  for (int i = static_cast<int>(blockIdx.y) * kWarps + warp; i < count; i += kWarps * static_cast<int>(gridDim.y)) {
     const size_t row = le * rows_per_expert + begin + i;
     const int token = args.src_info[row];
     if (token < 0 || token >= lay.T) continue;  // not a dispatch handle's row: never write out of the slot table
@@ -57,10 +63,12 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Comb
              2 * static_cast<size_t>(lay.H), lane);
   }
   // Every thread's rows before the signal: the barrier orders them before
-  // thread 0's release, which is cumulative (see publishSignal).
+  // thread 0's release, which is cumulative (see publishSignal, send_tally.cuh).
   __syncthreads();
   if (threadIdx.x == 0) {
-    publishSignal(region, lay.combineSignal(parity, expert), sequence, static_cast<uint32_t>(count));
+    // The count (not needed by the receiver, which addresses rows by token) is the segment's, once.
+    publishFromChunks(region, lay.combineSignal(parity, expert), tally, sequence,
+                      blockIdx.y == 0 ? static_cast<uint32_t>(count) : 0u, /*skipped=*/false);
     finishSendBlock(counters, sequence);
   }
 }
@@ -134,7 +142,8 @@ cudaError_t launchCombine(const EpKernelContext& ctx, const CombineArgs& args, E
                           cudaStream_t stream) {
   // Each launch checked at once: a kernel whose predecessor failed to launch is not enqueued.
   if (stages != EpStages::kReceiveOnly) {
-    combine<<<ctx.layout.E, kSendThreads, 0, stream>>>(ctx, args, CombinePhase::kSend);
+    const dim3 grid(ctx.layout.E, sendChunks(ctx.layout.E, ctx.layout.T));
+    combine<<<grid, kSendThreads, 0, stream>>>(ctx, args, CombinePhase::kSend);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess || stages == EpStages::kSendOnly) return err;
   }
   combine<<<1, kWaitThreads, 0, stream>>>(ctx, args, CombinePhase::kWait);

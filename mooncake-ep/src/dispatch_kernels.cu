@@ -20,6 +20,7 @@
 
 #include "fp8_quant.cuh"
 #include "kernel_args.h"
+#include "send_tally.cuh"
 #include "signals.cuh"
 #include "warp_copy.cuh"
 
@@ -46,21 +47,35 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
   const RegionLayout& lay = ctx.layout;
   const int expert = blockIdx.x, dest = expert / lay.L, le = expert % lay.L;
   CallCounters* counters = &ctx.counters->dispatch;
+  auto* tally = reinterpret_cast<uint64_t*>(ctx.regions[ctx.rank] + lay.sendTally(0, expert));
   const uint32_t sequence = beginSendBlock(counters, args.active_ranks, ctx.escape, ctx.rank, dest);
-  if (sequence == 0) return;
+  if (sequence == 0) {
+    if (threadIdx.x == 0) publishFromChunks(nullptr, 0, tally, 0, 0, /*skipped=*/true);
+    return;
+  }
   const int parity = static_cast<int>(sequence & 1);
   char* region = ctx.regions[dest];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   constexpr int kWarps = kSendThreads / kWarp;
+  // This block's tokens (gridDim.y blocks share the expert's), and how many
+  // tokens before them picked the expert: the first slot this block fills.
+  const int per_block = (args.num_tokens + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
+  const int first_token = min(args.num_tokens, static_cast<int>(blockIdx.y) * per_block);
+  const int end_token = min(args.num_tokens, first_token + per_block);
+  int picked_before = 0;
+  for (int base = 0; base < first_token; base += kSendThreads) {
+    const int token = base + threadIdx.x;
+    picked_before += __syncthreads_count(token < first_token && picks(args.topk_idx, token, args.num_topk, expert));
+  }
   __shared__ int warp_totals[kWarps];
   __shared__ int chunk_tokens[kSendThreads];
-  __shared__ int sent_before;  // tokens of earlier chunks that picked `expert`
-  if (threadIdx.x == 0) sent_before = 0;
+  __shared__ int sent_before;  // tokens before this chunk of the loop that picked `expert`
+  if (threadIdx.x == 0) sent_before = picked_before;
   __syncthreads();
-  for (int base = 0; base < args.num_tokens; base += kSendThreads) {
+  for (int base = first_token; base < end_token; base += kSendThreads) {
     // Slot of each picking token in this chunk: an exclusive scan in token order.
     const int token = base + threadIdx.x;
-    const bool picked = token < args.num_tokens && picks(args.topk_idx, token, args.num_topk, expert);
+    const bool picked = token < end_token && picks(args.topk_idx, token, args.num_topk, expert);
     const unsigned ballot = __ballot_sync(0xffffffffu, picked);
     if (lane == 0) warp_totals[warp] = __popc(ballot);
     __syncthreads();
@@ -89,10 +104,11 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
     __syncthreads();
   }
   // Every thread's rows before the signal: the barrier orders them before
-  // thread 0's release, which is cumulative (see publishSignal).
+  // thread 0's release, which is cumulative (see publishSignal, send_tally.cuh).
   __syncthreads();
   if (threadIdx.x == 0) {
-    publishSignal(region, lay.dispatchSignal(parity, le, ctx.rank), sequence, static_cast<uint32_t>(sent_before));
+    publishFromChunks(region, lay.dispatchSignal(parity, le, ctx.rank), tally, sequence,
+                      static_cast<uint32_t>(sent_before - picked_before), /*skipped=*/false);
     finishSendBlock(counters, sequence);
   }
 }
@@ -205,7 +221,8 @@ cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args,
                            cudaStream_t stream) {
   // Each launch checked at once: a kernel whose predecessor failed to launch is not enqueued.
   if (stages != EpStages::kReceiveOnly) {
-    dispatch<<<ctx.layout.E, kSendThreads, 0, stream>>>(ctx, args, DispatchPhase::kSend);
+    const dim3 grid(ctx.layout.E, sendChunks(ctx.layout.E, args.num_tokens));
+    dispatch<<<grid, kSendThreads, 0, stream>>>(ctx, args, DispatchPhase::kSend);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   }
   if (stages != EpStages::kSendOnly) {

@@ -8,7 +8,7 @@ namespace mooncake::ep::cuda {
 namespace {
 
 constexpr uint64_t kMagic = 0x4d43455049504331ull;  // "MCEPIPC1"
-constexpr uint32_t kVersion = 3;  // 3: departed_seen in the region (2: a build with device escape words)
+constexpr uint32_t kVersion = 4;  // 4: send tallies in the region (3: departed_seen; 2: device escape words)
 constexpr auto kWatchPeriod = std::chrono::milliseconds(2);
 
 size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }

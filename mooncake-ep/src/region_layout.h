@@ -10,6 +10,8 @@
 //   combine signals  [2][E]    uint64   (parity, global expert of the sender)
 //   call counters    GroupCounters       (this rank's own, never written by peers)
 //   departed seen    [R] uint32          (this rank's own: peers its kernels found gone)
+//   send tallies     [2][E] uint64       (this rank's own: dispatch, combine; blocks that share
+//                                         one destination's rows count themselves in, see send_tally.cuh)
 //   dispatch rows    [2][L][R][T] messages of msg_stride bytes:
 //                      int32 token index at the source, 12 bytes padding,
 //                      then bf16 [H], or e4m3 [H] followed by float32 [H / 128]
@@ -34,8 +36,8 @@ constexpr size_t kCountersBytes = 64;  // GroupCounters (call_sequence.cuh), wit
 struct RegionLayout {
   int T = 0, H = 0, E = 0, R = 0, L = 0;
   size_t msg_stride = 0;
-  size_t dispatch_signals = 0, combine_signals = 0, counters = 0, departed_seen = 0, dispatch_rows = 0,
-         combine_rows = 0, total = 0;
+  size_t dispatch_signals = 0, combine_signals = 0, counters = 0, departed_seen = 0, send_tallies = 0,
+         dispatch_rows = 0, combine_rows = 0, total = 0;
 
   static RegionLayout make(int tokens, int hidden, int experts, int ranks) {
     RegionLayout l;
@@ -51,7 +53,8 @@ struct RegionLayout {
     l.combine_signals = l.dispatch_signals + 2 * static_cast<size_t>(l.L) * ranks * sizeof(uint64_t);
     l.counters = l.combine_signals + 2 * static_cast<size_t>(experts) * sizeof(uint64_t);
     l.departed_seen = l.counters + kCountersBytes;
-    l.dispatch_rows = align(l.departed_seen + static_cast<size_t>(ranks) * sizeof(uint32_t));
+    l.send_tallies = (l.departed_seen + static_cast<size_t>(ranks) * sizeof(uint32_t) + 7) / 8 * 8;
+    l.dispatch_rows = align(l.send_tallies + 2 * static_cast<size_t>(experts) * sizeof(uint64_t));
     const size_t dispatch_half = static_cast<size_t>(l.L) * ranks * tokens * l.msg_stride;
     l.combine_rows = align(l.dispatch_rows + 2 * dispatch_half);
     const size_t combine_half = static_cast<size_t>(experts) * tokens * 2 * hidden;
@@ -64,6 +67,10 @@ struct RegionLayout {
   }
   __host__ __device__ size_t combineSignal(int parity, int expert) const {
     return combine_signals + (static_cast<size_t>(parity) * E + expert) * sizeof(uint64_t);
+  }
+  // kind 0: dispatch, 1: combine; one word per block group (a global expert).
+  __host__ __device__ size_t sendTally(int kind, int expert) const {
+    return send_tallies + (static_cast<size_t>(kind) * E + expert) * sizeof(uint64_t);
   }
   __host__ __device__ size_t dispatchMessage(int parity, int le, int src, int slot) const {
     return dispatch_rows + (((static_cast<size_t>(parity) * L + le) * R + src) * T + slot) * msg_stride;

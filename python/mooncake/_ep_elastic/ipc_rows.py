@@ -35,10 +35,9 @@ from .topology import Topology
 
 ROW_ALIGN_BYTES = 256  # rows are whole multiples of the kernels' 128 bf16 channels
 META_ALIGN_BYTES = 4
-# The most bytes of rows per rank (num_max_tokens_per_rank x row width) a
-# call may have on this path (see IpcRowsPath.takes); the variable overrides it.
+# Calls with more bytes of rows per rank (num_max_tokens_per_rank x row
+# width) than this variable says take the collective path (unset: none do).
 MAX_CALL_BYTES_ENV = "MOONCAKE_EP_ELASTIC_IPC_MAX_BYTES"
-MAX_CALL_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -144,14 +143,11 @@ class IpcRowsPath:
 
     def takes(self, tokens_per_rank: int, row: RowFormat) -> bool:
         """Whether this path runs a call of this shape: it fits the buffers
-        opened at construction, and its rows are few enough for the kernels,
-        which copy a destination's rows with one thread block (measured on
-        an H200: 16 ms against the collective path's 7 ms for 8192 tokens of
-        hidden 7168 at world 2; ahead below a few thousand tokens). Larger
-        calls take the collective path."""
-        limit = positive_int(MAX_CALL_BYTES_ENV, "bytes") or MAX_CALL_BYTES
+        opened at construction (and MOONCAKE_EP_ELASTIC_IPC_MAX_BYTES, when
+        set, bounds its rows). Other calls take the collective path."""
+        limit = positive_int(MAX_CALL_BYTES_ENV, "bytes")
         return (tokens_per_rank <= self.max_tokens and row.bytes <= 2 * self.transport.width
-                and tokens_per_rank * 2 * self.transport.width <= limit)
+                and (limit is None or tokens_per_rank * 2 * self.transport.width <= limit))
 
     # ------------------------------------------------------------ dispatch
     def _send_rows(self, data, sf, row: RowFormat, topk_idx=None, topk_weights=None) -> torch.Tensor:

@@ -47,7 +47,9 @@ TEST(EpRegionLayout, PartsDoNotOverlapAndStayAligned) {
     EXPECT_EQ(l.counters % 16, 0u);
     EXPECT_GE(l.departed_seen, l.counters + kCountersBytes);
     EXPECT_EQ(l.departed_seen % 4, 0u);
-    EXPECT_GE(l.dispatch_rows, l.departed_seen + 4 * static_cast<size_t>(ranks));
+    EXPECT_GE(l.send_tallies, l.departed_seen + 4 * static_cast<size_t>(ranks));
+    EXPECT_EQ(l.send_tallies % 8, 0u);
+    EXPECT_GE(l.dispatch_rows, l.sendTally(1, l.E - 1) + 8);
     EXPECT_GE(l.combine_rows, l.dispatchMessage(1, l.L - 1, ranks - 1, l.T - 1) + l.msg_stride);
     EXPECT_GE(l.total, l.combineRow(1, l.E - 1, l.T - 1) + 2 * static_cast<size_t>(l.H));
     EXPECT_EQ(l.msg_stride % 16, 0u);

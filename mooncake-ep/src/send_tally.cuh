@@ -1,0 +1,65 @@
+// One destination's rows sent by several thread blocks of a send kernel
+// (gridDim.y "chunks" of it), then one signal. With few destinations (an
+// ElasticBuffer opens the kernels with one "expert" per rank) a block per
+// destination left most SMs idle and bounded a large call; with several,
+// each block counts itself into a 64-bit tally word of this rank's region:
+//   bits 48..63  blocks arrived     bits 32..47  blocks that skipped
+//   bits  0..31  rows sent
+// and the last to arrive publishes the destination's signal with the rows of
+// all (or, when some block skipped the destination because it was masked
+// meanwhile, publishes nothing: the receiver then gives up on this rank, as
+// when a single block skips), and clears the word for the next call (which
+// starts after this kernel, in stream order).
+//
+// Ordering: each block's threads write their rows, meet at a barrier, and
+// thread 0 fences at system scope before its atomic add; the last block's
+// add reads the others' (one read-modify-write chain), and it fences again
+// before the release store of the signal. Whoever acquires the signal sees
+// every block's rows (the last-block pattern; publishSignal says why the
+// single-block case needs only the release).
+#pragma once
+
+#include <cstdint>
+
+#include "signals.cuh"
+
+namespace mooncake::ep::cuda {
+
+constexpr uint64_t kTallyArrival = uint64_t{1} << 48;
+constexpr uint64_t kTallySkip = uint64_t{1} << 32;
+
+// By thread 0 of a block, after the barrier that follows its rows. `rows`
+// is what this block sent; `skipped`: it sent nothing because the
+// destination is masked. Returns true when this block published.
+__device__ __forceinline__ bool publishFromChunks(char* dest_region, size_t signal_offset, uint64_t* tally,
+                                                  uint32_t sequence, uint32_t rows, bool skipped) {
+  const uint32_t chunks = gridDim.y;
+  if (chunks == 1) {
+    if (!skipped) publishSignal(dest_region, signal_offset, sequence, rows);
+    return !skipped;
+  }
+  __threadfence_system();  // this block's rows before its count
+  const uint64_t mine = kTallyArrival | (skipped ? kTallySkip : 0) | rows;
+  const uint64_t before = atomicAdd(reinterpret_cast<unsigned long long*>(tally), mine);
+  if ((before >> 48) != chunks - 1) return false;
+  const uint64_t all = before + mine;
+  *tally = 0;  // read by the next call's kernel only (stream order)
+  if ((all >> 32 & 0xffff) != 0) return false;
+  __threadfence_system();  // every block's rows (seen through its count) before the signal
+  publishSignal(dest_region, signal_offset, sequence, static_cast<uint32_t>(all));
+  return true;
+}
+
+// Blocks per destination for a send kernel over `experts` destinations and
+// at most `rows` rows each: about two waves on an H200's 132 SMs when there
+// are few destinations, at least 128 rows a block; one block each from 132
+// destinations up (every block then has its own SM already).
+inline int sendChunks(int experts, int rows) {
+  constexpr int kTargetBlocks = 264, kRowsPerChunk = 128;
+  if (experts <= 0 || experts >= kTargetBlocks / 2) return 1;
+  const int by_rows = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+  const int by_blocks = kTargetBlocks / experts;
+  return by_rows < 1 ? 1 : (by_rows < by_blocks ? by_rows : by_blocks);
+}
+
+}  // namespace mooncake::ep::cuda
