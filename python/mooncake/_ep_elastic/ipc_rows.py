@@ -164,7 +164,6 @@ class IpcRowsPath:
 
     def dispatch(self, data, sf, topk_idx, topk_weights, num_experts, tokens_per_rank, alignment, do_expand,
                  do_cpu_sync, num_sms) -> Outputs:
-        del num_sms
         num_ranks, me = self.topo.num_ranks, self.rank
         num_tokens, hidden = data.shape
         num_topk = topk_idx.size(1)
@@ -245,7 +244,7 @@ class IpcRowsPath:
                              trimmed=do_cpu_sync)
         handle = EPHandle(
             do_expand=do_expand, num_experts=num_experts, expert_alignment=alignment,
-            num_max_tokens_per_rank=tokens_per_rank, num_sms=0, topk_idx=topk_idx.clone(),
+            num_max_tokens_per_rank=tokens_per_rank, num_sms=num_sms, topk_idx=topk_idx.clone(),
             num_recv_tokens_per_expert_list=per_expert_list,
             psum_num_recv_tokens_per_scaleup_rank=scaleup_psum.to(torch.int32),
             psum_num_recv_tokens_per_expert=expert_psum.to(torch.int32),
