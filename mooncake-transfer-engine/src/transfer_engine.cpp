@@ -527,10 +527,11 @@ int EngineImpl::dispatchRpc(uint32_t type, const std::string& request, std::stri
 // ---- peers ----
 
 int EngineImpl::fetchDescriptor(PeerSegment& peer) {
-  std::string reply;
-  int rc = rpc::call(peer.host(), peer.port(), rpc::kGetDescriptor, segment_name_, reply, callOptions());
+  std::string reply, why;
+  int rc = rpc::call(peer.host(), peer.port(), rpc::kGetDescriptor, segment_name_, reply, callOptions(), &why);
   if (rc != kOk) {
-    MC_LOG(Warning) << "cannot fetch the descriptor of " << peer.name() << ": " << errorName(rc);
+    MC_LOG(Warning) << "cannot fetch the descriptor of " << peer.name() << ": " << errorName(rc)
+                    << (why.empty() ? "" : ": ") << why;
     return rc;
   }
   SegmentDescriptor d;

@@ -15,7 +15,7 @@ struct ListenChoice {
 };
 
 // `host`: the initialize() host without a port. An IP literal is bound as it
-// is; "localhost" is 127.0.0.1. Any other name binds every interface (its
+// is, an IPv6 one with its zone ("fe80::1%eth0"); "localhost" is 127.0.0.1. Any other name binds every interface (its
 // resolution here, often 127.0.1.1, may differ from what peers resolve), and
 // the reason says to pass an address instead.
 ListenChoice listenAddressFor(const std::string& host, bool listen_all);

@@ -16,6 +16,7 @@
 
 #include "mooncake/te/log.h"
 #include "mooncake/te/status.h"
+#include "net/ip_literal.h"
 
 namespace mooncake::te::net {
 namespace {
@@ -78,6 +79,17 @@ void setNoDelay(int fd) {
 }
 
 int connectTo(const std::string& host, uint16_t port, Deadline deadline, Socket& out) {
+  if (host.find('%') != std::string::npos) {
+    // getaddrinfo takes "fe80::1%eth0" as well, but says only "Name or
+    // service not known" for a zone that names no interface here.
+    sockaddr_storage unused{};
+    socklen_t unused_length = 0;
+    std::string why;
+    if (parseIpLiteral(host, port, unused, unused_length, why) != kOk) {
+      MC_LOG(Warning) << "cannot connect to '" << host << "': " << why;
+      return kDnsFailed;
+    }
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -188,14 +200,9 @@ int Listener::open(uint16_t min_port, uint16_t max_port, const std::string& addr
   socklen_t bound_length = 0;
   auto* v4 = reinterpret_cast<sockaddr_in*>(&bound);
   auto* v6 = reinterpret_cast<sockaddr_in6*>(&bound);
-  if (::inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    bound_length = sizeof(sockaddr_in);
-  } else if (::inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    bound_length = sizeof(sockaddr_in6);
-  } else {
-    MC_LOG(Error) << "listen: '" << address << "' is not an IP address";
+  std::string why;
+  if (parseIpLiteral(address, 0, bound, bound_length, why) != kOk) {
+    MC_LOG(Error) << "listen: '" << address << "': " << why;
     return kInvalidArgument;
   }
   const bool ipv6 = bound.ss_family == AF_INET6;

@@ -5,20 +5,33 @@
 
 namespace mooncake::te::rpc {
 
-int openAs(net::Socket& socket, uint32_t kind, const std::string& secret, net::Deadline deadline) {
+int openAs(net::Socket& socket, uint32_t kind, const std::string& secret, net::Deadline deadline, std::string& why) {
   const int fd = socket.fd();
   if (secret.empty()) return net::sendAll(fd, &kind, sizeof(kind), deadline);
   auth::ClientOpening opening(secret, kind);
-  if (!opening.ok()) return kSocketFailed;
+  if (!opening.ok()) {
+    why = "cannot draw a nonce for the authenticated opening (this build has no crypto library)";
+    return kSocketFailed;
+  }
   const std::vector<uint8_t> hello = opening.hello();
   if (int rc = net::sendAll(fd, hello.data(), hello.size(), deadline); rc != kOk) return rc;
   uint8_t reply[auth::kReplyBytes];
   if (int rc = net::recvAll(fd, reply, sizeof(reply), deadline); rc != kOk) {
-    // A server without the secret drops the opening: nothing comes back.
-    return rc == kPeerUnreachable ? kHandshakeRejected : rc;
+    // A server without the secret drops the opening: nothing comes back. So
+    // does one that is shutting down, which this side cannot tell apart.
+    if (rc != kPeerUnreachable) return rc;
+    why = std::string(
+              "the peer closed the connection instead of answering the authentication challenge: it has no "
+              "secret (or a build without authentication), or it is going away; if it has no secret, ") +
+          kSetTheSameSecret;
+    return kHandshakeRejected;
   }
   std::vector<uint8_t> proof;
-  if (!opening.answer(reply, proof)) return kHandshakeRejected;  // the server knows another secret
+  if (!opening.answer(reply, proof)) {
+    why = std::string("the peer requires authentication, but with another secret than this engine's: ") +
+          kSetTheSameSecret;
+    return kHandshakeRejected;
+  }
   return net::sendAll(fd, proof.data(), proof.size(), deadline);
 }
 

@@ -15,8 +15,15 @@
 
 namespace mooncake::te::rpc {
 
-// Client: opens `socket` (connected) as a connection of `kind`.
-int openAs(net::Socket& socket, uint32_t kind, const std::string& secret, net::Deadline deadline);
+// What a user does about a secret that differs between two engines, for the
+// messages of a refused opening.
+inline constexpr const char* kSetTheSameSecret =
+    "give both engines the same secret: MC_TE_AUTH_SECRET, or initialize_ext(..., auth_secret=...)";
+
+// Client: opens `socket` (connected) as a connection of `kind`. On failure
+// `why` says what was wrong; for a secret the peer does not share it says so
+// and how to set it.
+int openAs(net::Socket& socket, uint32_t kind, const std::string& secret, net::Deadline deadline, std::string& why);
 
 // Server: reads the opening. kOk with `kind` set for a connection to serve;
 // otherwise an error, with `why` saying what was wrong.

@@ -44,15 +44,36 @@ void serveRpc(net::Socket& socket, const RpcDispatcher& dispatch, size_t max_mes
 }
 
 int call(const std::string& host, uint16_t port, uint32_t type, const std::string& request, std::string& reply,
-         const CallOptions& options) {
-  net::Socket socket;
-  if (int rc = net::connectTo(host, port, net::after(options.connect_timeout), socket); rc != kOk) return rc;
-  net::Deadline deadline = net::after(options.reply_timeout);
-  if (int rc = openAs(socket, kRpcMagic, options.secret, deadline); rc != kOk) return rc;
-  if (int rc = sendFrame(socket.fd(), type, request, deadline); rc != kOk) return rc;
-  uint32_t status = 0;
-  if (int rc = recvFrame(socket.fd(), status, reply, options.max_message, deadline); rc != kOk) return rc;
-  return static_cast<int32_t>(status);
+         const CallOptions& options, std::string* why) {
+  std::string failure;
+  // After the connection was accepted: an engine with a secret closes an
+  // open (unauthenticated) connection without a word, so this side cannot be
+  // sure why it closed; an engine without one always replies to a
+  // well-formed request. The code stays kPeerUnreachable (callers read it as
+  // "the peer is gone"); the words point at the likely cause.
+  auto closedByThePeer = [&](int rc) {
+    if (rc == kPeerUnreachable && options.secret.empty()) {
+      failure = std::string(
+                    "the peer accepted the connection, then closed it without replying, as an engine that "
+                    "requires authentication does with one that has no secret; if it has one, ") +
+                kSetTheSameSecret;
+    }
+    return rc;
+  };
+  const int result = [&] {
+    net::Socket socket;
+    if (int rc = net::connectTo(host, port, net::after(options.connect_timeout), socket); rc != kOk) return rc;
+    net::Deadline deadline = net::after(options.reply_timeout);
+    if (int rc = openAs(socket, kRpcMagic, options.secret, deadline, failure); rc != kOk) return closedByThePeer(rc);
+    if (int rc = sendFrame(socket.fd(), type, request, deadline); rc != kOk) return closedByThePeer(rc);
+    uint32_t status = 0;
+    if (int rc = recvFrame(socket.fd(), status, reply, options.max_message, deadline); rc != kOk) {
+      return closedByThePeer(rc);
+    }
+    return static_cast<int>(static_cast<int32_t>(status));
+  }();
+  if (why) *why = result == kOk ? std::string() : std::move(failure);
+  return result;
 }
 
 }  // namespace mooncake::te::rpc

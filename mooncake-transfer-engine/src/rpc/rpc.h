@@ -40,8 +40,10 @@ struct CallOptions {
 
 // Client side: kOk with `reply` filled, the peer's non-zero status, or a
 // transport error (kPeerUnreachable, kTimeout, kDnsFailed, kMalformedMessage,
-// kHandshakeRejected when the secrets differ).
+// kHandshakeRejected when the secrets differ). `why`, when given, is set on a
+// failure the error's name does not explain: a secret the peer does not
+// share, in words that say how to set it, for the caller's log line.
 int call(const std::string& host, uint16_t port, uint32_t type, const std::string& request, std::string& reply,
-         const CallOptions& options);
+         const CallOptions& options, std::string* why = nullptr);
 
 }  // namespace mooncake::te::rpc

@@ -13,7 +13,9 @@
 #include "mooncake/te/auth_opening.h"
 #include "mooncake/te/status.h"
 #include "net/listen_address.h"
+#include "net/socket.h"
 #include "rpc/opening.h"
+#include "rpc/rpc.h"
 
 namespace mooncake::te {
 namespace {
@@ -132,7 +134,8 @@ TEST(AuthOpening, WrongSecretsAndPlainStartsAreRefused) {
 struct Outcome {
   int client_rc, server_rc;
   uint32_t kind;
-  std::string why;
+  std::string why;         // the server's
+  std::string client_why;  // the client's
 };
 
 Outcome openPair(const std::string& client_secret, const std::string& server_secret) {
@@ -145,10 +148,17 @@ Outcome openPair(const std::string& client_secret, const std::string& server_sec
     if (rc != kOk) server.close();  // as the connection server does
     return rc;
   });
-  out.client_rc = rpc::openAs(client, 0x12345678, client_secret, net::after(std::chrono::seconds(5)));
+  out.client_rc = rpc::openAs(client, 0x12345678, client_secret, net::after(std::chrono::seconds(5)), out.client_why);
   if (out.client_rc != kOk) client.close();  // as every caller does: the server sees the end at once
   out.server_rc = served.get();
   return out;
+}
+
+// What a user reads about a secret the two sides do not share names both
+// ways of setting one.
+void expectNamesHowToSetTheSecret(const std::string& why) {
+  EXPECT_NE(why.find("MC_TE_AUTH_SECRET"), std::string::npos) << why;
+  EXPECT_NE(why.find("initialize_ext(..., auth_secret=...)"), std::string::npos) << why;
 }
 
 TEST(Opening, OpenAndAuthenticatedConnectionsNameTheirKind) {
@@ -168,13 +178,80 @@ TEST(Opening, MismatchesFailOnBothSides) {
   Outcome different = openPair("a", "b");
   EXPECT_EQ(different.client_rc, kHandshakeRejected);  // the server's proof is wrong
   EXPECT_NE(different.server_rc, kOk);
+  EXPECT_NE(different.client_why.find("the peer requires authentication, but with another secret"), std::string::npos)
+      << different.client_why;
+  expectNamesHowToSetTheSecret(different.client_why);
   Outcome only_client = openPair("a", "");
   EXPECT_EQ(only_client.client_rc, kHandshakeRejected);
   EXPECT_EQ(only_client.server_rc, kHandshakeRejected);
   EXPECT_NE(only_client.why.find("has no secret"), std::string::npos);
+  EXPECT_NE(only_client.client_why.find("closed the connection instead of answering the authentication challenge"),
+            std::string::npos)
+      << only_client.client_why;
+  expectNamesHowToSetTheSecret(only_client.client_why);
   Outcome only_server = openPair("", "b");
   EXPECT_EQ(only_server.server_rc, kHandshakeRejected);
   EXPECT_NE(only_server.why.find("unauthenticated"), std::string::npos);
+}
+
+// One handshake RPC served as the engine's connection server serves it
+// (rpc/connection_server.cpp): the opening with `server_secret`, a reply of
+// kOk to the request, a close without a word when the opening fails.
+struct OneRpcServer {
+  explicit OneRpcServer(std::string server_secret) : secret(std::move(server_secret)) {
+    EXPECT_EQ(listener.open(0, 0, "127.0.0.1"), kOk);
+    served = std::async(std::launch::async, [this] {
+      net::Socket connection;
+      if (listener.accept(connection) != kOk) return;
+      uint32_t kind = 0;
+      std::string why;
+      if (rpc::acceptOpening(connection, secret, net::after(std::chrono::seconds(5)), kind, why) != kOk) return;
+      rpc::serveRpc(
+          connection, [](uint32_t, const std::string&, std::string&) { return static_cast<int>(kOk); }, 1024,
+          std::chrono::seconds(5));
+    });
+  }
+  ~OneRpcServer() {
+    listener.stop();
+    served.wait();
+  }
+
+  std::string secret;
+  net::Listener listener;
+  std::future<void> served;
+};
+
+int callOnce(const std::string& client_secret, const std::string& server_secret, std::string& why) {
+  OneRpcServer server(server_secret);
+  std::string reply;
+  rpc::CallOptions options;
+  options.secret = client_secret;
+  return rpc::call("127.0.0.1", server.listener.port(), rpc::kProbe, {}, reply, options, &why);
+}
+
+TEST(Opening, ACallWithoutTheSecretSaysHowToSetIt) {
+  if (!auth::available()) GTEST_SKIP() << "built without OpenSSL's libcrypto";
+  std::string why;
+  EXPECT_EQ(callOnce("s", "s", why), kOk);
+  EXPECT_EQ(why, "");
+  // The server closes an open connection without a word. The code stays
+  // kPeerUnreachable, which callers (the process group) read as the peer
+  // being gone; the words say what is the likely cause.
+  EXPECT_EQ(callOnce("", "s", why), kPeerUnreachable);
+  EXPECT_NE(why.find("as an engine that requires authentication does with one that has no secret"), std::string::npos)
+      << why;
+  expectNamesHowToSetTheSecret(why);
+  EXPECT_EQ(callOnce("other", "s", why), kHandshakeRejected);
+  EXPECT_NE(why.find("the peer requires authentication, but with another secret"), std::string::npos) << why;
+  expectNamesHowToSetTheSecret(why);
+  EXPECT_EQ(callOnce("s", "", why), kHandshakeRejected);
+  expectNamesHowToSetTheSecret(why);
+}
+
+TEST(Opening, ACallBetweenOpenEnginesHasNothingToExplain) {
+  std::string why = "stale";
+  EXPECT_EQ(callOnce("", "", why), kOk);
+  EXPECT_EQ(why, "");
 }
 
 }  // namespace

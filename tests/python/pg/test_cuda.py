@@ -3,7 +3,8 @@
 Every rank rebuilds every rank's input from a seed and computes the expected
 result on the CPU (see _refs.py). Covered: every collective on the CUDA IPC
 plane (active seats 0..n-1 of one host) and on the staged path (operations
-and layouts the plane does not take, P2P), stream semantics (ordering after
+and layouts the plane does not take, P2P), integer sums and products past
+the dtype's range (wrapping, as torch's own arithmetic), stream semantics (ordering after
 prior work on the current stream, async work waited on another stream), a
 CUDA graph capture replayed with new inputs, and a rank killed during a
 collective (the survivors' Work fails with a hint naming it, and their next
@@ -119,6 +120,47 @@ def _collectives_rank(ctx, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_collectives_on_the_ipc_plane(world, dtype):
     assert all(c > 0 for c in world.run(_collectives_rank, dtype, timeout=240))
+
+
+def _wrapping_inputs(dtype, n, rank, op):
+    """Rank `rank`'s input: for SUM, values within a few of the top (even
+    elements) or the bottom (odd ones) of `dtype`'s range, so that any two
+    ranks' sum overflows; for PRODUCT, values just above the square root of
+    the top, so that any two ranks' product does."""
+    info = torch.iinfo(dtype)
+    i = torch.arange(n, dtype=torch.int64)
+    offset = (i * 7 + rank * 3) % 5
+    if op == "SUM":
+        values = torch.where(i % 2 == 0, info.max - offset, info.min + offset)
+    else:
+        root = int(info.max**0.5) + 1
+        values = root + offset
+    return values.to(dtype)
+
+
+def _integer_wrapping_rank(ctx):
+    """Integer SUM and PRODUCT all_reduce past the dtype's range: torch (and
+    Gloo) wrap around, and so must the CUDA fold; on the fused small path
+    (one step) and on the reduce-scatter + all-gather path."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    checks = 0
+    for dtype in (torch.int8, torch.int32, torch.int64):
+        for n in (SIZES[1], SIZES[2]):
+            for op in ("SUM", "PRODUCT"):
+                ins = [_wrapping_inputs(dtype, n, q, op) for q in range(ctx.size)]
+                # torch's own elementwise + and * on the CPU, which wrap.
+                expect = ins[0].clone()
+                for other in ins[1:]:
+                    expect = expect + other if op == "SUM" else expect * other
+                t = ins[ctx.rank].to(dev)
+                dist.all_reduce(t, op=reduce_op(op))
+                assert_same_bits(t.cpu(), expect, f"all_reduce {op} {dtype} n={n} past the range, rank={ctx.rank}")
+                checks += 1
+    return checks
+
+
+def test_integer_sums_and_products_wrap_as_torch_does(world):
+    assert all(c > 0 for c in world.run(_integer_wrapping_rank, timeout=120))
 
 
 def _staged_rank(ctx):

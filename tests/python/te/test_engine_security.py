@@ -2,8 +2,9 @@
 /proc/net/tcp), and engines with a secret (MC_TE_AUTH_SECRET or
 initialize_ext's auth_secret) serve only peers that prove it: different
 secrets, or a secret on one side only, fail every transfer with both buffers
-unchanged; a raw socket that skips the challenge gets nothing; a flood of
-connections that say nothing leaves the engine serving (docs/security.md)."""
+unchanged, and the initiator's log says how to set the secret; a raw socket
+that skips the challenge gets nothing; a flood of connections that say
+nothing leaves the engine serving (docs/security.md)."""
 
 import socket
 import struct
@@ -82,6 +83,38 @@ def test_mismatched_secrets_fail_every_transfer_and_change_nothing(protocol, sec
     assert a.transfer_sync_read(target, addr(s), addr(d), 4096) == -1
     np.testing.assert_array_equal(s, pattern(1, s.size))
     np.testing.assert_array_equal(d, pattern(2, d.size))
+
+
+HOW_TO_SET_THE_SECRET = "give both engines the same secret: MC_TE_AUTH_SECRET, or initialize_ext(..., auth_secret=...)"
+
+
+@pytest.mark.parametrize(
+    "secrets, cause",
+    [
+        (("alpha", "beta"), "handshake rejected: the peer requires authentication, but with another secret"),
+        (("alpha", ""), "handshake rejected: the peer closed the connection instead of answering the "
+                        "authentication challenge: it has no secret"),
+        # The peer closes an open connection without a word, so the initiator
+        # only suspects why (and the code stays "peer unreachable").
+        (("", "alpha"), "peer unreachable: the peer accepted the connection, then closed it without replying, "
+                        "as an engine that requires authentication does with one that has no secret"),
+    ],
+    ids=["different", "only-initiator", "only-target"],
+)
+def test_a_secret_mismatch_is_logged_with_how_to_set_the_secret(secrets, cause, capfd, monkeypatch):
+    monkeypatch.delenv("MC_TE_AUTH_SECRET", raising=False)
+    monkeypatch.delenv("MC_LOG_LEVEL", raising=False)  # WARNING: the level of the line
+    a = _engine(secret=secrets[0])
+    b = _engine(secret=secrets[1])
+    s, d = _buffers(a, b)
+    target = f"{HOST}:{b.get_rpc_port()}"
+    capfd.readouterr()
+    assert a.transfer_sync_write(target, addr(s), addr(d), 4096) == -1
+    logged = capfd.readouterr().err
+    line = next((line for line in logged.splitlines() if f"cannot fetch the descriptor of {target}" in line), None)
+    assert line is not None, logged
+    assert cause in line, line
+    assert HOW_TO_SET_THE_SECRET in line, line
 
 
 @pytest.mark.parametrize("protocol", ["tcp", "shm"])

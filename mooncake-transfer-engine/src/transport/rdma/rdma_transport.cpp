@@ -286,17 +286,17 @@ int RdmaTransport::connect(const std::shared_ptr<Endpoint>& shared) {
   request.requester_device = static_cast<uint32_t>(device.index);
   request.responder_device = endpoint.remote_device;
   request.address = rdma::QpAddress{qp->number(), psn, device.address.lid, device.address.gid, device.address.mtu};
-  std::string reply;
+  std::string reply, why;
   const rpc::CallOptions options{context_.config->connect_timeout, context_.config->rpc_timeout,
                                  context_.config->max_rpc_message, context_.config->auth_secret};
   int rc = rpc::call(endpoint.host, endpoint.port, rpc::kRdmaConnect, rdma::encodeConnectRequest(request), reply,
-                     options);
+                     options, &why);
   rdma::QpAddress theirs;
   if (rc == kOk && !rdma::decodeQpAddress(reply, theirs)) rc = kMalformedMessage;
   if (rc == kOk) rc = qp->connect(theirs, psn, device.options);
   if (rc != kOk) {
     MC_LOG(Warning) << "rdma: cannot connect " << device.address.name << " to " << endpoint.peer_name << ": "
-                    << errorName(rc);
+                    << errorName(rc) << (why.empty() ? "" : ": ") << why;
     return rc;
   }
   MC_LOG(Info) << "rdma: connected " << device.address.name << " (queue pair " << qp->number() << ") to "

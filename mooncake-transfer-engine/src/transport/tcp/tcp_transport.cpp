@@ -88,7 +88,12 @@ class TcpTransport::ConnectionPool {
     reused = false;
     net::Deadline connect_deadline = std::min(deadline, net::after(connect_timeout_));
     if (int rc = net::connectTo(host_, port_, connect_deadline, out); rc != kOk) return rc;
-    return rpc::openAs(out, rpc::kTcpDataMagic, secret_, deadline);
+    // The descriptor's handshake proved the secrets alike, so an opening
+    // that fails here almost always means the peer is going away: the
+    // request's own failure says so, and the words about secrets would
+    // mislead.
+    std::string unused_why;
+    return rpc::openAs(out, rpc::kTcpDataMagic, secret_, deadline, unused_why);
   }
 
   // An idle connection, if there is one (never connects).
