@@ -24,10 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from .._env import positive_int
-from .._ep_collective.group import work_failure_reader
 from . import rows_layout as rl
 from .collective import FACTS, Outputs, call_facts, check_call_table
 from .handle import EPHandle
@@ -130,11 +128,11 @@ class IpcRowsPath:
         self.group, self.rank, self.topo, self.generation = group, rank, topo, generation
         self.transport = transport
         self.max_tokens, self.max_topk = max_tokens, max_topk
-        self._failed_ranks = work_failure_reader(group)
         self.mask: torch.Tensor | None = None  # the kernels' active ranks: a rank that times out is cleared
         # The calls' shapes as device tensors, made once per shape: a copy from
         # the host cannot be captured in a CUDA graph, a warmed-up shape can.
         self._facts: dict[tuple[int, ...], torch.Tensor] = {}
+        self._to_everyone: torch.Tensor | None = None  # [1, R]: one token that goes to every rank
 
     def _mask(self, device: torch.device) -> torch.Tensor:
         if self.mask is None:
@@ -180,15 +178,9 @@ class IpcRowsPath:
         # Counts per destination and the call's shape, gathered on the stream
         # (no wait on the host): the handle's dst_buffer_slot_idx needs where
         # this rank's block starts at each destination.
-        key = (*facts, 0)
-        if key not in self._facts:
-            self._facts[key] = torch.tensor(key, dtype=torch.int64, device=device)
-        mine = torch.cat([goes_to.sum(dim=0), self._facts[key]])
-        table = torch.empty(num_ranks * mine.numel(), dtype=torch.int64, device=device)
-        work = dist.all_gather_into_tensor(table, mine, group=self.group, async_op=True)
-        work.wait()
-        table = table.view(num_ranks, mine.numel())
         mask = self._mask(device)
+        table = self._gather(torch.cat([goes_to.sum(dim=0).to(torch.int32), self._facts_of((*facts, 0), device)]),
+                             mask)
         recv, src_token, ranges = self.transport.dispatch(self._send_rows(data, sf, row, topk_idx, topk_weights),
                                                           dest, mask)
 
@@ -223,11 +215,10 @@ class IpcRowsPath:
             # The one synchronisation: sizes, the shape agreement, and who answered.
             total = expansion.ends[-1:] if expansion is not None and num_local else torch.zeros(1, dtype=torch.int64,
                                                                                                 device=device)
-            host = torch.cat([table.view(-1), recv_count, per_expert, total.to(torch.int64),
-                              mask.to(torch.int64)]).tolist()
-            at = table.numel()
-            check_call_table([host[r * mine.numel() + num_ranks:(r + 1) * mine.numel()] for r in range(num_ranks)])
-            self._check_answered(work, host[-num_ranks:])
+            host = torch.cat([t.to(torch.int64) for t in (table.view(-1), recv_count, per_expert, total, mask)]).tolist()
+            at, width = table.numel(), table.size(1)
+            self._check_answered(host[-num_ranks:])
+            check_call_table([host[r * width + num_ranks:(r + 1) * width] for r in range(num_ranks)])
             num_recv = sum(host[at:at + num_ranks])
             per_expert_list = host[at + num_ranks:at + num_ranks + num_local]
             if expansion is not None:
@@ -251,15 +242,34 @@ class IpcRowsPath:
             recv_src_metadata=meta, dst_buffer_slot_idx=slots, native_handle=routing)
         return Outputs(recv_x, local, recv_w, handle)
 
-    def _check_answered(self, work, mask: list[int]) -> None:
+    def _facts_of(self, key: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        if key not in self._facts:
+            self._facts[key] = torch.tensor(key, dtype=torch.int32, device=device)
+        return self._facts[key]
+
+    def _gather(self, mine: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[R, n] int32: every rank's ``mine`` ([n] int32), through the kernels
+        themselves (one token that goes to every rank), so that a rank that
+        died is given up on within the kernels' bound, as for the rows. A
+        rank given up on reads as zeros, and stays cleared in ``mask``."""
+        num_ranks, n = self.topo.num_ranks, mine.numel()
+        device = mine.device
+        if self._to_everyone is None:
+            self._to_everyone = torch.arange(num_ranks, dtype=torch.int64, device=device).view(1, num_ranks)
+        row = torch.zeros(1, 2 * self.transport.width, dtype=torch.uint8, device=device)
+        row[0, :4 * n] = mine.view(torch.uint8)
+        recv, _, ranges = self.transport.dispatch(row.view(torch.bfloat16), self._to_everyone, mask)
+        count, begin = ranges.view(-1) & 0xFFFFFFFF, ranges.view(-1) >> 32
+        got = recv.view(torch.uint8)[:, :4 * n][begin.clamp(max=recv.size(0) - 1)].view(torch.int32)
+        return torch.where((count > 0).unsqueeze(1), got, 0)
+
+    def _check_answered(self, mask: list[int]) -> None:
         """A rank the kernels gave up on stays cleared in the mask: it is
         reported by the first synchronised call after it (and the buffer then
         refuses calls until update_ep_member())."""
-        failed = self._failed_ranks(work)
         silent = [r for r in range(self.topo.num_ranks) if not mask[r]]
-        if failed or silent:
-            who = sorted(set(silent) | {r for r in failed if r >= 0}) or "an unknown rank"
-            raise RuntimeError(f"ranks {who} did not take part in the dispatch in time (the kernels' wait is bounded "
+        if silent:
+            raise RuntimeError(f"ranks {silent} did not take part in the dispatch in time (the kernels' wait is bounded "
                                "by num_gpu_timeout_secs)")
 
     @staticmethod
@@ -284,15 +294,13 @@ class IpcRowsPath:
         collectives and the kernels' call (sending nothing), saying so; the
         others raise at their synchronisation."""
         num_ranks = self.topo.num_ranks
-        facts = torch.zeros(num_ranks + len(FACTS) + 1, dtype=torch.int64, device=device)
-        facts[-1] = 1
-        table = torch.empty(num_ranks * facts.numel(), dtype=torch.int64, device=device)
-        dist.all_gather_into_tensor(table, facts, group=self.group, async_op=True).wait()
-        width = self.transport.width
-        nothing = torch.empty(0, width, dtype=torch.bfloat16, device=device)
-        self.transport.dispatch(nothing, torch.empty(0, 1, dtype=torch.int64, device=device), self._mask(device))
-        host = table.view(num_ranks, facts.numel())[:, num_ranks:].tolist()
-        check_call_table(host)
+        mine = torch.zeros(num_ranks + len(FACTS) + 1, dtype=torch.int32, device=device)
+        mine[-1] = 1
+        mask = self._mask(device)
+        table = self._gather(mine, mask)
+        nothing = torch.empty(0, self.transport.width, dtype=torch.bfloat16, device=device)
+        self.transport.dispatch(nothing, torch.empty(0, 1, dtype=torch.int64, device=device), mask)
+        check_call_table(table[:, num_ranks:].tolist())
 
     def dispatch_cached(self, data, sf, handle: EPHandle) -> Outputs:
         routing: IpcRouting = handle.native_handle

@@ -45,8 +45,9 @@ def test_ipc_path_matches_the_dense_reference(world):
     with World(world, gloo=False, env=RANK_ENV) as w:
         got = w.run(_on_emulated_rows, timeout=200)
     rounds = 2 * 2 * len(GRID)
-    # Fresh and cached dispatch, and two combines, per round: all through the seam.
-    assert all(path == "ipc" and dispatches == 2 * rounds and combines == 2 * rounds
+    # Per round, all through the seam: a fresh dispatch (the counts' gather, then the rows), a
+    # cached one, and two combines.
+    assert all(path == "ipc" and dispatches == 3 * rounds and combines == 2 * rounds
                for _, path, dispatches, combines in got)
     assert any(sum(done) for done, *_ in got)
 
@@ -113,3 +114,32 @@ def test_calls_beyond_the_constructed_sizes_take_the_collective_path():
         got = w.run(_beyond_the_ipc_sizes, timeout=200)
     assert [through_seam for through_seam, _ in got] == [0, 0]
     assert sum(n for _, n in got) > 0
+
+
+def _one_rank_refuses(ctx):
+    from _elastic_refs import ElasticCase
+    from _elastic_rounds import run_elastic_round
+    from _ep_refs import Case, inputs_of
+
+    _on_emulated_rows(ctx)
+    buffer = elastic_buffer_of(ctx, "rows")
+    case = Case(hidden=128, experts_per_rank=2, num_topk=2, tokens=5)
+    inp = inputs_of(case, ctx.rank, ctx.size)
+    topk = inp.topk_idx.to(torch.int32) if ctx.rank == 1 else inp.topk_idx  # rank 1's is of the wrong dtype
+    try:
+        buffer.dispatch(inp.x, topk_idx=topk, num_experts=case.experts(ctx.size))
+        raised = ("none", "")
+    except (TypeError, ValueError) as err:
+        raised = (type(err).__name__, str(err))
+    # The next call pairs up on every rank and is right.
+    n = run_elastic_round(ctx, ElasticCase(case), buffer_name="rows")
+    return raised, n
+
+
+def test_a_rank_refusing_its_arguments_fails_the_call_everywhere_and_the_next_pairs():
+    with World(2, gloo=False, env=RANK_ENV) as w:
+        got = w.run(_one_rank_refuses, timeout=200)
+    (kind0, msg0), _ = got[0]
+    (kind1, msg1), _ = got[1]
+    assert kind0 == "ValueError" and "ranks [1] refused" in msg0, got[0]
+    assert kind1 == "TypeError" and "topk_idx" in msg1, got[1]
