@@ -52,7 +52,8 @@ class P2pChannel::Impl {
   }
   size_t chunkBytes() const { return options_.chunk_bytes; }
   void connect(const std::vector<P2pEndpoint>& peers);
-  void post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done, Sink sink = {});
+  void post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done, Sink sink, bool caller_drives);
+  void drive(const std::function<bool()>& finished, size_t largest_bytes);
   void abort(const std::string& why, const std::vector<int>& failed_ranks, bool mismatch);
   void reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch);
   void close(int peer, const std::string& why);
@@ -215,6 +216,15 @@ class P2pChannel::Impl {
 
   static uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
   void loop();
+  // Puts posted messages on their lanes (under step_mutex_, which also
+  // keeps them in post order whichever thread takes them).
+  void intake(std::vector<Posted>& incoming);
+  // Reaps writes and steps every lane once; whether anything moved.
+  bool stepLanes();
+  // Whether the lanes have work that needs polling (under step_mutex_);
+  // `writes`: writes in flight count (they need reaping, but nothing waits
+  // for that: no message is pending).
+  bool lanesBusy(bool writes = true) const;
   bool stepRecv(int peer);
   bool harvestAcks(int peer);
   bool stepSend(int peer);
@@ -385,9 +395,17 @@ class P2pChannel::Impl {
   std::vector<RecvLane> recv_lanes_;
   std::vector<SendLane> send_lanes_;
 
+  // Held by the thread moving the messages: the progress thread, or a
+  // caller in drive(). Everything below the options that is not guarded by
+  // mutex_ or atomic is touched only under it. Taken before mutex_.
+  std::mutex step_mutex_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<Posted> posted_;
+  int drivers_ = 0;  // callers in drive() (mutex_): the progress thread stays out of their way
+  // The lanes had work to poll when last stepped: the progress thread does
+  // not sleep on the condition variable (written under step_mutex_).
+  std::atomic<bool> lanes_busy_{false};
   // Work that must run on the progress thread, which alone touches lanes
   // (abort, reopen); the caller waits for it.
   struct ControlTask {
@@ -477,6 +495,7 @@ P2pChannel::Impl::~Impl() {
 }
 
 void P2pChannel::Impl::connect(const std::vector<P2pEndpoint>& peers) {
+  std::lock_guard step(step_mutex_);
   std::lock_guard lock(mutex_);
   for (int p = 0; p < size_; ++p) {
     peers_[p].endpoint = peers[p];
@@ -658,11 +677,15 @@ bool P2pChannel::Impl::closedByPeer(int p) {
   return true;
 }
 
-void P2pChannel::Impl::post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done, Sink sink) {
+void P2pChannel::Impl::post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done, Sink sink,
+                            bool caller_drives) {
   {
     std::lock_guard lock(mutex_);
     posted_.push_back(Posted{is_send, peer, tag, data, bytes, std::move(done), std::move(sink)});
   }
+  // A caller about to drive() moves it itself: waking the progress thread
+  // would only have two threads compete for it (and for the cores).
+  if (caller_drives && options_.caller_poll.count() > 0 && bytes <= eager_bytes_) return;
   cv_.notify_all();
 }
 
@@ -1384,6 +1407,122 @@ void P2pChannel::Impl::checkPeers(bool cut) {
   }
 }
 
+bool P2pChannel::Impl::lanesBusy(bool writes) const {
+  if (writes && !writes_.empty()) return true;
+  const auto now = Clock::now();
+  for (int p = 0; p < size_; ++p) {
+    if (!recv_lanes_[p].ops.empty() || !send_lanes_[p].ops.empty() || now < send_lanes_[p].drain_until ||
+        (recv_lanes_[p].eager.releaseOwed() && peers_[p].failure.empty()) || peers_[p].open_owed) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void P2pChannel::Impl::intake(std::vector<Posted>& incoming) {
+  for (Posted& op : incoming) {
+    Peer& peer = peers_[op.peer];
+    if (!peer.failure.empty()) {
+      op.done(failure(op.peer, peer.failure));
+    } else if (op.is_send) {
+      SendLane& lane = send_lanes_[op.peer];
+      SendOp send{};
+      send.tag = op.tag;
+      send.data = op.data;
+      send.total = op.bytes;
+      send.done = std::move(op.done);
+      send.tag_seq = lane.next_tag_seq[op.tag]++;
+      lane.ops.push_back(std::move(send));
+    } else {
+      RecvLane& lane = recv_lanes_[op.peer];
+      RecvOp recv{};
+      recv.tag = op.tag;
+      recv.data = op.data;
+      recv.total = op.bytes;
+      recv.done = std::move(op.done);
+      recv.sink = std::move(op.sink);
+      recv.op_id = lane.next_op_id++;
+      recv.tag_seq = lane.next_tag_seq[op.tag]++;
+      recv.eager = eager_slots_ > 0 && op.bytes <= eager_bytes_;
+      recv.credits_done = recv.eager;  // it waits for an eager message, not credits
+      recv.in_place = openWindow(op.peer, recv);
+      lane.ops.push_back(std::move(recv));
+    }
+    if (recv_lanes_[op.peer].ops.size() + send_lanes_[op.peer].ops.size() == 1) peer.last_progress = Clock::now();
+  }
+}
+
+bool P2pChannel::Impl::stepLanes() {
+  bool progressed = reapWrites();
+  for (int p = 0; p < size_; ++p) {
+    progressed |= stepRecv(p);
+    progressed |= stepEager(p);
+    progressed |= stepSend(p);
+  }
+  return progressed;
+}
+
+void P2pChannel::Impl::drive(const std::function<bool()>& finished, size_t largest_bytes) {
+  if (options_.caller_poll.count() <= 0 || largest_bytes > eager_bytes_ || finished()) {
+    bool posted = false;
+    {
+      std::lock_guard lock(mutex_);
+      posted = !posted_.empty();
+    }
+    if (posted) cv_.notify_all();  // messages posted for a driving caller are the progress thread's after all
+    return;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return;
+    ++drivers_;
+  }
+  auto last_progress = Clock::now();
+  std::vector<Posted> incoming;
+  bool pending = true;  // something on the lanes that the progress thread must see to
+  while (!finished()) {
+    bool progressed = false;
+    if (step_mutex_.try_lock()) {
+      {
+        std::lock_guard lock(mutex_);
+        if (stopping_) {
+          step_mutex_.unlock();
+          break;  // the progress thread ends what is pending
+        }
+        incoming.swap(posted_);
+      }
+      progressed = !incoming.empty();
+      intake(incoming);
+      incoming.clear();
+      // Test only: a cut process neither reads its slots nor writes the
+      // peers'. The progress thread's checks (timeouts, probes, notices)
+      // stay with it: it looks in while callers drive.
+      if (!test_faults::trafficCut()) progressed |= stepLanes();
+      lanes_busy_.store(lanesBusy(), std::memory_order_relaxed);
+      pending = lanesBusy(/*writes=*/false);
+      step_mutex_.unlock();
+    }
+    const auto now = Clock::now();
+    if (progressed) {
+      last_progress = now;
+    } else if (now - last_progress > options_.caller_poll) {
+      break;
+    } else {
+      std::this_thread::yield();  // the bytes come through this host's TCP threads: let them run
+    }
+  }
+  {
+    std::lock_guard lock(mutex_);
+    --drivers_;
+    pending |= !posted_.empty();
+  }
+  // What is left on the lanes is the progress thread's again. Writes that
+  // are only in flight (no message waits for them) are reaped by the next
+  // caller or round: waking the thread for them alone would cost a core's
+  // time on every call.
+  if (pending) cv_.notify_all();
+}
+
 void P2pChannel::Impl::loop() {
   // Sleeps of a few microseconds must be that short: the default timer
   // slack (50 us) would add a network round trip to every wake-up.
@@ -1391,72 +1530,56 @@ void P2pChannel::Impl::loop() {
   int idle_rounds = 0;
   Clock::time_point idle_since = Clock::now();
   std::vector<ControlTask*> control;
+  std::vector<Posted> incoming;
+  // While callers drive the lanes, this thread only looks in this often:
+  // timeouts, probes, the peers' notices.
+  constexpr auto kDriverWatch = std::chrono::milliseconds(1);
   for (;;) {
-    std::vector<Posted> incoming;
     {
       std::unique_lock lock(mutex_);
-      bool busy = !writes_.empty();
-      const auto now = Clock::now();
-      for (int p = 0; p < size_ && !busy; ++p) {
-        busy = !recv_lanes_[p].ops.empty() || !send_lanes_[p].ops.empty() || now < send_lanes_[p].drain_until ||
-               (recv_lanes_[p].eager.releaseOwed() && peers_[p].failure.empty()) || peers_[p].open_owed;
+      if (drivers_ > 0) {
+        cv_.wait_for(lock, kDriverWatch, [this] { return stopping_ || !control_.empty() || drivers_ == 0; });
       }
-      if (!busy) cv_.wait(lock, [this] { return stopping_ || !posted_.empty() || !control_.empty(); });
+      if (drivers_ == 0 && !lanes_busy_.load(std::memory_order_relaxed)) {
+        cv_.wait(lock, [this] {
+          return stopping_ || !posted_.empty() || !control_.empty() ||
+                 (drivers_ == 0 && lanes_busy_.load(std::memory_order_relaxed));
+        });
+      }
+    }
+    std::unique_lock step(step_mutex_);
+    bool stopping = false;
+    {
+      std::lock_guard lock(mutex_);
       incoming.swap(posted_);
       control.swap(control_);
+      stopping = stopping_;
     }
     for (ControlTask* task : control) {
       task->run();
       task->done.set_value();
     }
     control.clear();
-    {
+    if (stopping) {
       std::lock_guard lock(mutex_);
-      if (stopping_) {
-        posted_.insert(posted_.begin(), std::make_move_iterator(incoming.begin()), std::make_move_iterator(incoming.end()));
-        break;
-      }
-    }
-    for (Posted& op : incoming) {
-      Peer& peer = peers_[op.peer];
-      if (!peer.failure.empty()) {
-        op.done(failure(op.peer, peer.failure));
-      } else if (op.is_send) {
-        SendLane& lane = send_lanes_[op.peer];
-        SendOp send{};
-        send.tag = op.tag;
-        send.data = op.data;
-        send.total = op.bytes;
-        send.done = std::move(op.done);
-        send.tag_seq = lane.next_tag_seq[op.tag]++;
-        lane.ops.push_back(std::move(send));
-      } else {
-        RecvLane& lane = recv_lanes_[op.peer];
-        RecvOp recv{op.tag, op.data, op.bytes, std::move(op.done), std::move(op.sink), {}, {}, {}, {}, {}, {}, {}, {}, {}};
-        recv.op_id = lane.next_op_id++;
-        recv.tag_seq = lane.next_tag_seq[op.tag]++;
-        recv.eager = eager_slots_ > 0 && op.bytes <= eager_bytes_;
-        recv.credits_done = recv.eager;  // it waits for an eager message, not credits
-        recv.in_place = openWindow(op.peer, recv);
-        lane.ops.push_back(std::move(recv));
-      }
-      if (recv_lanes_[op.peer].ops.size() + send_lanes_[op.peer].ops.size() == 1) peer.last_progress = Clock::now();
+      posted_.insert(posted_.begin(), std::make_move_iterator(incoming.begin()),
+                     std::make_move_iterator(incoming.end()));
+      break;
     }
     bool progressed = !incoming.empty();
+    intake(incoming);
+    incoming.clear();
     // Test only: a cut process neither reads its slots nor writes the peers'.
     const bool cut = test_faults::trafficCut();
-    progressed |= reapWrites();
-    for (int p = 0; p < size_ && !cut; ++p) {
-      progressed |= stepRecv(p);
-      progressed |= stepEager(p);
-      progressed |= stepSend(p);
-    }
+    progressed |= cut ? reapWrites() : stepLanes();
     checkPeers(cut);
     if (!cut) {
       releaseQuarantine();
       sendOpenNotices();
       followReopens();
     }
+    lanes_busy_.store(lanesBusy(), std::memory_order_relaxed);
+    step.unlock();
     // Nothing moved: back off from spinning to short sleeps, so that waiting
     // for a slow peer does not burn a core.
     // A reply is due within about a round trip: keep polling (yielding the
@@ -1474,8 +1597,10 @@ void P2pChannel::Impl::loop() {
       std::this_thread::yield();
     }
   }
-  // Shutting down: the peers learn what this rank took (their sends of it
-  // end well), whatever is pending fails, and no abort() waits forever.
+  // Shutting down (this thread holds step_mutex_ to the end): the peers
+  // learn what this rank took (their sends of it end well), whatever is
+  // pending fails, and no abort() waits forever.
+  std::lock_guard step(step_mutex_);
   drainWrites();
   for (int p = 0; p < size_ && !test_faults::trafficCut(); ++p) startRelease(p);
   for (int p = 0; p < size_; ++p) failPeer(p, "the process group was shut down");
@@ -1497,14 +1622,18 @@ P2pChannel::~P2pChannel() = default;
 P2pEndpoint P2pChannel::localEndpoint() const { return impl_->localEndpoint(); }
 size_t P2pChannel::chunkBytes() const { return impl_->chunkBytes(); }
 void P2pChannel::connect(const std::vector<P2pEndpoint>& peers) { impl_->connect(peers); }
-void P2pChannel::send(int peer, int tag, const void* data, size_t bytes, Done done) {
-  impl_->post(true, peer, tag, const_cast<char*>(static_cast<const char*>(data)), bytes, std::move(done));
+void P2pChannel::send(int peer, int tag, const void* data, size_t bytes, Done done, bool caller_drives) {
+  impl_->post(true, peer, tag, const_cast<char*>(static_cast<const char*>(data)), bytes, std::move(done), {},
+              caller_drives);
 }
-void P2pChannel::recv(int peer, int tag, void* data, size_t bytes, Done done) {
-  impl_->post(false, peer, tag, static_cast<char*>(data), bytes, std::move(done));
+void P2pChannel::recv(int peer, int tag, void* data, size_t bytes, Done done, bool caller_drives) {
+  impl_->post(false, peer, tag, static_cast<char*>(data), bytes, std::move(done), {}, caller_drives);
 }
-void P2pChannel::recv(int peer, int tag, size_t bytes, Sink sink, Done done) {
-  impl_->post(false, peer, tag, nullptr, bytes, std::move(done), std::move(sink));
+void P2pChannel::recv(int peer, int tag, size_t bytes, Sink sink, Done done, bool caller_drives) {
+  impl_->post(false, peer, tag, nullptr, bytes, std::move(done), std::move(sink), caller_drives);
+}
+void P2pChannel::drive(const std::function<bool()>& finished, size_t largest_bytes) {
+  impl_->drive(finished, largest_bytes);
 }
 void P2pChannel::abort(const std::string& why, const std::vector<int>& failed_ranks, bool mismatch) {
   impl_->abort(why, failed_ranks, mismatch);

@@ -4,7 +4,8 @@
 
 namespace mooncake::pg {
 
-P2pChannel::Done P2pExchange::completion() {
+P2pChannel::Done P2pExchange::completion(size_t bytes) {
+  largest_ = std::max(largest_, bytes);
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     ++state_->pending;
@@ -27,18 +28,28 @@ P2pChannel::Done P2pExchange::completion() {
 }
 
 void P2pExchange::send(int peer, const void* data, size_t bytes) {
-  channel_.send(toChannel(peer), tag_, data, bytes, completion());
+  channel_.send(toChannel(peer), tag_, data, bytes, completion(bytes), /*caller_drives=*/true);
 }
 
 void P2pExchange::recv(int peer, void* data, size_t bytes) {
-  channel_.recv(toChannel(peer), tag_, data, bytes, completion());
+  channel_.recv(toChannel(peer), tag_, data, bytes, completion(bytes), /*caller_drives=*/true);
 }
 
 void P2pExchange::recv(int peer, size_t bytes, P2pChannel::Sink sink) {
-  channel_.recv(toChannel(peer), tag_, bytes, std::move(sink), completion());
+  channel_.recv(toChannel(peer), tag_, bytes, std::move(sink), completion(bytes), /*caller_drives=*/true);
 }
 
 OpResult P2pExchange::wait() {
+  // Small messages: this thread moves them itself for a while (their bytes
+  // are due within about a round trip), instead of sleeping until the
+  // progress thread has.
+  channel_.drive(
+      [state = state_.get()] {
+        std::lock_guard<std::mutex> lock(state->mutex);
+        return state->pending == 0;
+      },
+      largest_);
+  largest_ = 0;
   // No deadline here: the channel ends every message, at the latest when its
   // peer made no progress for the channel's timeout.
   std::unique_lock<std::mutex> lock(state_->mutex);

@@ -2,6 +2,10 @@
 // step of a collective built on P2pChannel (a ring step, a fan-out). Posting
 // never blocks; wait() returns once every message has ended, successfully or
 // not, so no message can still write into a buffer after its step returned.
+// Messages of at most the channel's eager size are moved by the waiting
+// caller itself (P2pChannel::drive), and posting them does not wake the
+// progress thread: call wait() right after posting, without waiting for
+// anything else in between.
 #pragma once
 
 #include <condition_variable>
@@ -34,13 +38,14 @@ class P2pExchange {
     int pending = 0;
     OpResult result;
   };
-  P2pChannel::Done completion();
+  P2pChannel::Done completion(size_t bytes);
   int toChannel(int rank) const { return channel_rank_of_.empty() ? rank : channel_rank_of_[rank]; }
 
   P2pChannel& channel_;
   const int tag_;
   const std::vector<int>& channel_rank_of_;
   std::shared_ptr<State> state_;  // shared with the callbacks, which may outlive a thrown-out caller
+  size_t largest_ = 0;            // the largest message posted since the last wait()
 };
 
 }  // namespace mooncake::pg

@@ -56,6 +56,11 @@ struct P2pOptions {
   // closed before its receive ends, cutting short writes still landing.
   bool recv_in_place = true;
   size_t recv_in_place_min_bytes = 256u << 10;
+  // A caller waiting for messages of at most the eager size moves them on
+  // its own thread (P2pChannel::drive) until none progressed for this long,
+  // then sleeps and leaves them to the progress thread
+  // (MOONCAKE_P2P_CALLER_POLL_US; 0: never).
+  std::chrono::microseconds caller_poll{250};
 };
 
 // What a rank publishes so peers can reach its slots (exchanged by the caller).
@@ -85,7 +90,8 @@ class P2pChannel {
   using Done = std::function<void(const OpResult&)>;
   // Takes the bytes [offset, offset + length) of a received message from
   // where they landed, instead of a copy into a buffer: a collective folds
-  // them straight into its result. Runs on the progress thread, once per
+  // them straight into its result. Runs on the thread moving the messages
+  // (the progress thread, or a caller in drive()), once per
   // piece, pieces in any order, each starting at a multiple of the chunk
   // size (chunkBytes()); it must not throw.
   using Sink = std::function<void(size_t offset, const char* bytes, size_t length)>;
@@ -100,12 +106,24 @@ class P2pChannel {
   // The peers' endpoints, indexed by rank. Before the first send/recv.
   void connect(const std::vector<P2pEndpoint>& peers);
 
-  // Queue a message; `done` runs on the progress thread when it ends. The
-  // buffer must stay valid until then.
-  void send(int peer, int tag, const void* data, size_t bytes, Done done);
-  void recv(int peer, int tag, void* data, size_t bytes, Done done);
+  // Queue a message; `done` runs when it ends, on the thread moving the
+  // messages (the progress thread, or a caller in drive()). The buffer must
+  // stay valid until then. `caller_drives`: the caller waits for it in
+  // drive() right after posting, so the progress thread is not woken for a
+  // message drive() will move (one of at most the eager size).
+  void send(int peer, int tag, const void* data, size_t bytes, Done done, bool caller_drives = false);
+  void recv(int peer, int tag, void* data, size_t bytes, Done done, bool caller_drives = false);
   // A receive whose bytes go to `sink` (which must stay valid until `done`).
-  void recv(int peer, int tag, size_t bytes, Sink sink, Done done);
+  void recv(int peer, int tag, size_t bytes, Sink sink, Done done, bool caller_drives = false);
+  // Moves messages (every lane's, not only the caller's) on the calling
+  // thread while `finished()` is false and something progressed within the
+  // caller-poll time (P2pOptions::caller_poll), instead of handing each step
+  // to the progress thread and back: a small message whose bytes are in
+  // memory then costs no thread hand-off. Only for waits on messages of at
+  // most the eager size (`largest_bytes`); returns at once otherwise. The
+  // caller then waits as before; nothing here waits without a bound. Not
+  // from a completion callback.
+  void drive(const std::function<bool()>& finished, size_t largest_bytes);
 
   // Gives up for good: every pending and later message fails with `why`,
   // naming `failed_ranks` (the ranks at fault, which need not include this
