@@ -45,4 +45,13 @@ if command -v clang++ >/dev/null; then
 else
   echo "== fuzz targets skipped: clang++ not found (Debian: clang)"
 fi
+# One core suite under ASan/UBSan per run, the other the next day
+# (SANITIZE=te, pg, both, or 0 to skip; default: by the day of the year's parity).
+day=$((10#$(date +%j)))
+SANITIZE=${SANITIZE:-$([ $((day % 2)) = 0 ] && echo te || echo pg)}
+if [ "$SANITIZE" != 0 ]; then
+  echo "== ASan/UBSan: $SANITIZE"
+  if [ "$SANITIZE" = both ]; then scripts/sanitize.sh te pg; else scripts/sanitize.sh "$SANITIZE"; fi
+  took "sanitizers ($SANITIZE)"
+fi
 echo "== all tests took $SECONDS s"
