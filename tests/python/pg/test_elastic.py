@@ -608,6 +608,10 @@ def _big_allreduce(ctx):
     except Exception as e:  # noqa: BLE001
         outcome = (type(e).__name__, None, None, ctx.pg.get_failed_ranks_hint(work).tolist())
     ctx.say(outcome)
+    if ctx.rank == 3:
+        # The victim goes no further: when the large all_reduce ends before the
+        # kill (a fast run), it must not take part in the next one either.
+        time.sleep(120)
     t = torch.full((8,), float(ctx.rank + 1))
     dist.all_reduce(t)
     ctx.say((t.tolist(), ctx.pg.get_active_ranks(_world()).tolist()))
