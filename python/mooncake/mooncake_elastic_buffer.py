@@ -201,8 +201,7 @@ class ElasticBuffer:
             return None
         self._ipc = ipc
         self._path_reason = choice.reason
-        return IpcRowsPath(self.group, self.rank_idx, topo, self._generation, rows, self.num_max_tokens_per_rank,
-                           self.num_topk)
+        return IpcRowsPath(self.rank_idx, topo, self._generation, rows, self.num_max_tokens_per_rank)
 
     def _close_ipc(self) -> None:
         if self._ipc is not None:
@@ -347,9 +346,8 @@ class ElasticBuffer:
                 alignment = checks.check_alignment(1 if expert_alignment is None else expert_alignment)
                 self._check_fits(num_max_tokens_per_rank, hidden, topk_idx.size(1), sf is not None)
                 # Decided from the call's shape, which every rank shares (the collective path checks that).
-                if isinstance(runtime, IpcRowsPath) and not runtime.takes(num_max_tokens_per_rank, RowFormat(
-                        data.size(1) * data.element_size(), sf.size(1) * sf.element_size() if sf is not None else 0,
-                        topk_idx.size(1))):
+                if isinstance(runtime, IpcRowsPath) and not runtime.takes(
+                        num_max_tokens_per_rank, RowFormat.of(data, sf, topk_idx.size(1))):
                     runtime = self._collective
                 if runtime is self._collective:  # the IPC path reads no values (no synchronisation)
                     checks.check_topk_values(topk_idx, num_experts)

@@ -1,7 +1,8 @@
 """ElasticBuffer's IPC path: the rows travel through the Buffer fast path's
 kernels (``mooncake._ep_ipc``, CUDA IPC between the GPUs of one host), and
 the layout is computed on the device (``rows_layout``), so a dispatch costs
-two collectives' kernels and a few dozen tensor operations, and at most one
+two calls of the kernels (the counts, then the rows) and a few dozen tensor
+operations, and at most one
 host synchronisation: none with ``do_cpu_sync=False``, which a CUDA graph
 can then capture.
 
@@ -44,6 +45,12 @@ class RowFormat:
     payload: int
     scales: int
     num_topk: int
+
+    @classmethod
+    def of(cls, data: torch.Tensor, sf: torch.Tensor | None, num_topk: int) -> "RowFormat":
+        """The rows of a call with payload ``data`` and scales ``sf`` (or None)."""
+        return cls(data.size(1) * data.element_size(), sf.size(1) * sf.element_size() if sf is not None else 0,
+                   num_topk)
 
     @property
     def ids(self) -> int:
@@ -123,11 +130,10 @@ class IpcRouting:
 class IpcRowsPath:
     name = "ipc"
 
-    def __init__(self, group, rank: int, topo: Topology, generation: object, transport, max_tokens: int,
-                 max_topk: int):
-        self.group, self.rank, self.topo, self.generation = group, rank, topo, generation
+    def __init__(self, rank: int, topo: Topology, generation: object, transport, max_tokens: int):
+        self.rank, self.topo, self.generation = rank, topo, generation
         self.transport = transport
-        self.max_tokens, self.max_topk = max_tokens, max_topk
+        self.max_tokens = max_tokens
         self.mask: torch.Tensor | None = None  # the kernels' active ranks: a rank that times out is cleared
         # The calls' shapes as device tensors, made once per shape: a copy from
         # the host cannot be captured in a CUDA graph, a warmed-up shape can.
@@ -168,12 +174,12 @@ class IpcRowsPath:
         num_local = num_experts // num_ranks
         device = data.device
         capacity = num_ranks * tokens_per_rank
-        row = RowFormat(data.size(1) * data.element_size(), sf.size(1) * sf.element_size() if sf is not None else 0,
-                        num_topk)
+        row = RowFormat.of(data, sf, num_topk)
 
         facts = call_facts(tokens_per_rank, hidden, num_topk, num_experts, sf is not None, topk_weights is not None,
                            do_expand)
-        dest = rl.unique_destinations(topk_idx, num_local)
+        by_dest = rl.picks_by_destination(topk_idx, num_local)
+        dest = rl.unique_destinations(by_dest)
         goes_to = rl.destination_table(dest, num_ranks)
         # Counts per destination and the call's shape, gathered on the stream
         # (no wait on the host): the handle's dst_buffer_slot_idx needs where
@@ -186,7 +192,7 @@ class IpcRowsPath:
 
         counts = table[:, :num_ranks]
         my_begin = torch.cumsum(counts, 0)[me] - counts[me]
-        slots = rl.dst_slots(rl.picks_by_destination(topk_idx, num_local), goes_to, my_begin)
+        slots = rl.dst_slots(by_dest, goes_to, my_begin)
         recv_count = ranges.view(-1) & 0xFFFFFFFF
         rx = rl.received(recv_count, src_token.view(-1)[:capacity])
         raw = recv.view(torch.uint8)[:capacity]
@@ -224,7 +230,7 @@ class IpcRowsPath:
             if expansion is not None:
                 expanded_rows = host[at + num_ranks + num_local]
             cut = expanded_rows if expansion is not None else num_recv
-            recv_x = tuple(t[:cut] for t in recv_x) if isinstance(recv_x, tuple) else recv_x[:cut]
+            recv_x = _first_rows(recv_x, cut)
             if recv_w is not None:
                 recv_w = recv_w[:cut]
             local, meta = local[:num_recv], meta[:num_recv]
@@ -304,15 +310,13 @@ class IpcRowsPath:
 
     def dispatch_cached(self, data, sf, handle: EPHandle) -> Outputs:
         routing: IpcRouting = handle.native_handle
-        row = RowFormat(data.size(1) * data.element_size(), sf.size(1) * sf.element_size() if sf is not None else 0,
-                        routing.num_topk)
+        row = RowFormat.of(data, sf, routing.num_topk)
         recv, _, _ = self.transport.dispatch(self._send_rows(data, sf, row), routing.dest, self._mask(data.device))
         raw = recv.view(torch.uint8)[:routing.capacity]
         real = torch.arange(routing.capacity, device=data.device) < (routing.ranges.view(-1) & 0xFFFFFFFF).sum()
         recv_x = self._payload(raw, row, data, sf, real, routing.expansion)
         if routing.trimmed:
-            cut = routing.rows_for_combine
-            recv_x = tuple(t[:cut] for t in recv_x) if isinstance(recv_x, tuple) else recv_x[:cut]
+            recv_x = _first_rows(recv_x, routing.rows_for_combine)
         return Outputs(recv_x, routing.recv_topk_idx.clone(), None, handle)
 
     # ------------------------------------------------------------- combine
@@ -329,3 +333,7 @@ class IpcRowsPath:
         out = self.transport.combine(y, routing.src_token, routing.ranges, routing.dest, self._mask(x.device))
         return out[:, :routing.hidden].contiguous()
 
+
+def _first_rows(recv_x, rows: int):
+    """``recv_x`` (a tensor, or FP8 data and scales) cut to its first ``rows``."""
+    return tuple(t[:rows] for t in recv_x) if isinstance(recv_x, tuple) else recv_x[:rows]

@@ -23,11 +23,11 @@ def picks_by_destination(topk_idx: torch.Tensor, num_local: int) -> torch.Tensor
     return torch.where(topk_idx >= 0, torch.div(topk_idx, num_local, rounding_mode="floor"), -1)
 
 
-def unique_destinations(topk_idx: torch.Tensor, num_local: int) -> torch.Tensor:
-    """[N, k] int64: the destination rank of each pick, ascending per token,
-    each rank once (repeats and -1 picks become -1, sorted first). Combine
+def unique_destinations(by_dest: torch.Tensor) -> torch.Tensor:
+    """[N, k] int64: ``by_dest`` (``picks_by_destination``) ascending per
+    token, each rank once (repeats and -1 picks become -1, sorted first). Combine
     adds the destinations' rows in this order, as ``layout.sum_returned``."""
-    dest = torch.sort(picks_by_destination(topk_idx, num_local), dim=1).values
+    dest = torch.sort(by_dest, dim=1).values
     if dest.size(1) > 1:
         repeat = torch.zeros_like(dest, dtype=torch.bool)
         repeat[:, 1:] = dest[:, 1:] == dest[:, :-1]

@@ -27,8 +27,8 @@ def _on_emulated_rows(ctx):
     buffer = elastic_buffer_of(ctx, "rows", **SIZES)
     rows = EmulatedRows(buffer.group, ctx.rank, ctx.size, SIZES["num_max_tokens_per_rank"],
                         row_width(SIZES["hidden"], SIZES["num_topk"]))
-    buffer.runtime = IpcRowsPath(buffer.group, ctx.rank, buffer._topology, buffer._generation, rows,
-                                 SIZES["num_max_tokens_per_rank"], SIZES["num_topk"])
+    buffer.runtime = IpcRowsPath(ctx.rank, buffer._topology, buffer._generation, rows,
+                                 SIZES["num_max_tokens_per_rank"])
     done = [run_elastic_round_on(ctx, ec, expand, sync) for ec in GRID for expand in (False, True)
             for sync in (True, False)]
     return done, buffer.path, rows.calls.count("dispatch"), rows.calls.count("combine")
@@ -83,9 +83,9 @@ def test_device_destination_slots_equal_the_host_ones():
 
     offer = token_rows(topk, num_ranks, num_local, torch.ones(num_ranks, dtype=torch.bool))
     host = layout.dst_slots(topk, num_local, offer.per_rank, offer.token, my_begin)
-    dest = rows_layout.unique_destinations(topk, num_local)
-    dev = rows_layout.dst_slots(rows_layout.picks_by_destination(topk, num_local),
-                                rows_layout.destination_table(dest, num_ranks), my_begin)
+    by_dest = rows_layout.picks_by_destination(topk, num_local)
+    dest = rows_layout.unique_destinations(by_dest)
+    dev = rows_layout.dst_slots(by_dest, rows_layout.destination_table(dest, num_ranks), my_begin)
     assert torch.equal(dev, host)
     # Each token's destinations once, ascending, the rest -1.
     for t, picks in enumerate(topk.tolist()):
