@@ -184,6 +184,8 @@ def _rank_main(rank, world, port, args, queue):
                     rows.append((T, H, E, K, "bf16", impl, phase, samples))
             for phase, samples in _time_graphs(sized, x, topk, weights, E, T, args):
                 rows.append((T, H, E, K, "bf16", "elastic-ipc-graph", phase, samples))
+            if args.profile:
+                _profile(sized, x, topk, weights, E, T, rank, world)
     queue.put((rank, rows))
     dist.barrier()
     dist.destroy_process_group()
@@ -256,6 +258,31 @@ def _time_graphs(elastic, x, topk, weights, E, T, args):
     return list(times.items())
 
 
+def _profile(elastic, x, topk, weights, E, T, rank, world, calls=5):
+    """Rank 0 prints where the device time of the IPC path's dispatch
+    (without host synchronisation) and combine goes: the torch profiler's
+    kernels by total device time over ``calls`` calls."""
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    def step():
+        recv_x, _, _, handle, _ = elastic.dispatch(x, topk_idx=topk, topk_weights=weights, num_experts=E,
+                                                   num_max_tokens_per_rank=T, do_cpu_sync=False)
+        elastic.combine(recv_x, handle)
+
+    step()
+    torch.cuda.synchronize()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    dist.barrier()
+    if rank == 0:
+        print(f"[ep_bench] profile, world {world}, T={T} H={x.size(1)} E={E} k={topk.size(1)}, {calls} calls of "
+              "dispatch (do_cpu_sync=False) + combine:", file=sys.stderr)
+        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=30), file=sys.stderr, flush=True)
+
+
 def _run_world(world, args):
     per_rank = run_ranks(_rank_main, world, args, args.timeout)
     out = []
@@ -280,6 +307,8 @@ def main():
                     help="tokens per rank, hidden, experts, top-k (repeatable; default: the two shapes above)")
     ap.add_argument("--elastic-only", action="store_true", help="only the ElasticBuffer rows (large shapes, where "
                     "the Buffer's per-expert region would not fit)")
+    ap.add_argument("--profile", action="store_true", help="rank 0 prints the IPC path's kernels by device time "
+                    "(torch profiler) after each shape")
     ap.add_argument("--csv")
     ap.add_argument("--append", action="store_true", help="add to --csv instead of overwriting it")
     args = ap.parse_args()

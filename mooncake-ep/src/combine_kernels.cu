@@ -31,6 +31,11 @@ constexpr int kMinBlocks = 3;
 constexpr int kWarp = 32;
 constexpr int kChannelsPerThread = 8;  // one 16-byte load of bf16
 
+// The channels that travel (y's and out's row strides); rows in the region keep H.
+__host__ __device__ __forceinline__ int channelsOf(const CombineArgs& args, const RegionLayout& lay) {
+  return args.channels > 0 ? args.channels : lay.H;
+}
+
 __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const CombineArgs& args) {
   const RegionLayout& lay = ctx.layout;
   const int dest = blockIdx.x / lay.L, le = blockIdx.x % lay.L;
@@ -54,13 +59,14 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Comb
   const int count = static_cast<int>(min(range & 0xffffffff, slots - begin));
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   constexpr int kWarps = kSendThreads / kWarp;
+  const int channels = channelsOf(args, lay);
   // gridDim.y blocks share the segment, a warp's rows kWarps * gridDim.y apart.
   for (int i = static_cast<int>(blockIdx.y) * kWarps + warp; i < count; i += kWarps * static_cast<int>(gridDim.y)) {
     const size_t row = le * rows_per_expert + begin + i;
     const int token = args.src_info[row];
     if (token < 0 || token >= lay.T) continue;  // not a dispatch handle's row: never write out of the slot table
-    warpCopy(region + lay.combineRow(parity, expert, token), static_cast<const __nv_bfloat16*>(args.y) + row * lay.H,
-             2 * static_cast<size_t>(lay.H), lane);
+    warpCopy(region + lay.combineRow(parity, expert, token), static_cast<const __nv_bfloat16*>(args.y) + row * channels,
+             2 * static_cast<size_t>(channels), lane);
   }
   // Every thread's rows before the signal: the barrier orders them before
   // thread 0's release, which is cumulative (see publishSignal, send_tally.cuh).
@@ -96,7 +102,8 @@ __device__ __forceinline__ void reducePhase(const EpKernelContext& ctx, const Co
   const bool self_active = loadActive(args.active_ranks + ctx.rank) != 0;
   const char* region = ctx.regions[ctx.rank];
   const int parity = static_cast<int>(receivedSequence(&ctx.counters->combine) & 1);
-  for (int c = threadIdx.x * kChannelsPerThread; c < lay.H; c += blockDim.x * kChannelsPerThread) {
+  const int channels = channelsOf(args, lay);
+  for (int c = threadIdx.x * kChannelsPerThread; c < channels; c += blockDim.x * kChannelsPerThread) {
     float acc[kChannelsPerThread];
     for (int i = 0; i < kChannelsPerThread; ++i) acc[i] = 0.0f;
     for (int k = 0; self_active && k < args.num_topk; ++k) {
@@ -120,7 +127,7 @@ __device__ __forceinline__ void reducePhase(const EpKernelContext& ctx, const Co
     int4 packed;
     __nv_bfloat162* out_pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
     for (int i = 0; i < kChannelsPerThread / 2; ++i) out_pairs[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-    *reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(args.out) + static_cast<size_t>(token) * lay.H + c) = packed;
+    *reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(args.out) + static_cast<size_t>(token) * channels + c) = packed;
   }
 }
 
@@ -149,7 +156,7 @@ cudaError_t launchCombine(const EpKernelContext& ctx, const CombineArgs& args, E
   combine<<<1, kWaitThreads, 0, stream>>>(ctx, args, CombinePhase::kWait);
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   if (args.num_tokens > 0) {
-    const int threads = std::min(kMaxThreads, ctx.layout.H / kChannelsPerThread);
+    const int threads = std::min(kMaxThreads, channelsOf(args, ctx.layout) / kChannelsPerThread);
     combine<<<args.num_tokens, threads, 0, stream>>>(ctx, args, CombinePhase::kReduce);
   }
   return cudaGetLastError();

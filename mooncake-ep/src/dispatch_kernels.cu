@@ -10,8 +10,9 @@
 //         then lays the segments out by source rank (layout_range,
 //         recv_count) from the final mask.
 //   copy  one block per (local expert, source): moves the segment's rows
-//         from the receive region into recv_x / recv_scales / src_info, and
-//         fills src_info past the count with -1.
+//         from the receive region into recv_x / recv_scales / src_info (or
+//         bytes.recv_tail), and fills src_info past the count with -1 (and
+//         byte rows up to bytes.zeroed_rows with zeros).
 // The send phase is the call's first half, wait and copy its second
 // (EpStages); each half takes its call number from the device counters.
 #include <cuda_bf16.h>
@@ -95,6 +96,10 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
       if (args.use_fp8) {
         quantizeTokenWarp(src, reinterpret_cast<uint8_t*>(payload), reinterpret_cast<float*>(payload + lay.H), lay.H,
                           lane);
+      } else if (args.bytes.enabled) {
+        const ByteRows& b = args.bytes;
+        warpCopy(payload, static_cast<const char*>(args.x) + t * b.head_bytes, b.head_bytes, lane);
+        warpCopy(payload + b.head_bytes, static_cast<const char*>(b.tail) + t * b.tail_bytes, b.tail_bytes, lane);
       } else {
         warpCopy(payload, src, 2 * static_cast<size_t>(lay.H), lane);
       }
@@ -176,6 +181,11 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
         args.recv_scales[(static_cast<size_t>(le) * (lay.H / kChannelsPerScale) + g) * rows_per_expert + begin + i] =
             __ldcg(scales + g);
       }
+    } else if (args.bytes.enabled) {
+      const ByteRows& b = args.bytes;
+      warpCopy(static_cast<char*>(args.recv_x) + row * b.head_bytes, payload, b.head_bytes, lane, L2Load());
+      warpCopy(static_cast<char*>(b.recv_tail) + row * b.tail_bytes, payload + b.head_bytes, b.tail_bytes, lane,
+               L2Load());
     } else {
       warpCopy(static_cast<__nv_bfloat16*>(args.recv_x) + row * lay.H, payload, 2 * static_cast<size_t>(lay.H), lane,
                L2Load());
@@ -187,6 +197,16 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
   for (size_t j = static_cast<size_t>(total) + filler; j < rows_per_expert;
        j += static_cast<size_t>(lay.R) * gridDim.z * blockDim.x) {
     args.src_info[le * rows_per_expert + j] = -1;
+  }
+  if (args.bytes.enabled) {  // and zeros up to zeroed_rows, a warp per row
+    const ByteRows& b = args.bytes;
+    const size_t warps = static_cast<size_t>(lay.R) * gridDim.z * kWarps;
+    const size_t zeroed = min(static_cast<size_t>(b.zeroed_rows), rows_per_expert);
+    for (size_t j = total + (static_cast<size_t>(blockIdx.z) * lay.R + src) * kWarps + warp; j < zeroed;
+         j += warps) {
+      warpZero(static_cast<char*>(args.recv_x) + (le * rows_per_expert + j) * b.head_bytes, b.head_bytes, lane);
+      warpZero(static_cast<char*>(b.recv_tail) + (le * rows_per_expert + j) * b.tail_bytes, b.tail_bytes, lane);
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 // calls themselves (call_sequence.cuh).
 #include "mooncake/ep/cuda/ep_ipc_group.h"
 
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -29,6 +30,27 @@ std::string checkSizes(int rank, int num_ranks, const EpIpcGroupOptions& o) {
   }
   if (o.num_experts < num_ranks || o.num_experts % num_ranks != 0) {
     return "num_experts must be a positive multiple of the number of ranks";
+  }
+  return {};
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The rules of DispatchArgs::bytes (the kernels copy 16-byte vectors).
+std::string checkByteRows(const DispatchArgs& args, const RegionLayout& layout) {
+  const ByteRows& b = args.bytes;
+  if (args.use_fp8) return "bytes rows are moved as given: use_fp8 (quantising in the kernel) does not apply";
+  if (b.head_bytes % 16 != 0 || b.tail_bytes % 16 != 0 || b.head_bytes + b.tail_bytes > 2 * size_t(layout.H)) {
+    return "bytes.head_bytes and bytes.tail_bytes must be multiples of 16 adding up to at most 2 * hidden";
+  }
+  if (b.tail_bytes > 0 && (b.recv_tail == nullptr || (args.num_tokens > 0 && b.tail == nullptr))) {
+    return "bytes.tail and bytes.recv_tail are required with tail_bytes";
+  }
+  if (b.zeroed_rows < 0 || b.zeroed_rows > layout.R * layout.T) {
+    return "bytes.zeroed_rows must be in [0, num_ranks * max_tokens_per_rank]";
+  }
+  if (!aligned16(args.x) || !aligned16(b.tail) || !aligned16(args.recv_x) || !aligned16(b.recv_tail)) {
+    return "x, bytes.tail, recv_x and bytes.recv_tail must be 16-byte aligned";
   }
   return {};
 }
@@ -185,11 +207,16 @@ bool EpIpcGroup::dispatch(const DispatchArgs& args, cudaStream_t stream, std::st
   if (args.num_tokens < 0 || args.num_tokens > g.layout.T) {
     return fail("num_tokens must be in [0, max_tokens_per_rank]");
   }
+  const ByteRows& bytes = args.bytes;
+  const bool needs_x = !bytes.enabled || bytes.head_bytes > 0;
   if (args.num_topk < 0 || (args.num_tokens > 0 && args.num_topk > 0 && args.topk_idx == nullptr) ||
-      (args.num_tokens > 0 && args.x == nullptr)) {
+      (args.num_tokens > 0 && needs_x && args.x == nullptr)) {
     return fail("x and topk_idx are required");
   }
-  if (args.active_ranks == nullptr || args.recv_x == nullptr || args.recv_count == nullptr ||
+  if (bytes.enabled) {
+    if (const std::string why = checkByteRows(args, g.layout); !why.empty()) return fail(why);
+  }
+  if (args.active_ranks == nullptr || (needs_x && args.recv_x == nullptr) || args.recv_count == nullptr ||
       args.src_info == nullptr || args.layout_range == nullptr || (args.use_fp8 && args.recv_scales == nullptr)) {
     return fail("active_ranks and every output are required (recv_scales with use_fp8)");
   }
@@ -213,6 +240,9 @@ bool EpIpcGroup::combine(const CombineArgs& args, cudaStream_t stream, std::stri
   }
   if (args.y == nullptr || args.src_info == nullptr || args.layout_range == nullptr || args.active_ranks == nullptr) {
     return fail("y, the dispatch handle (src_info, layout_range) and active_ranks are required");
+  }
+  if (args.channels < 0 || args.channels % 8 != 0 || args.channels > g.layout.H) {
+    return fail("channels must be a multiple of 8 in [0, hidden] (0: hidden)");
   }
   if (args.timeout_us < -1) return fail("timeout_us must be -1 or >= 0");
   const std::string why = enqueueCall([&] { return launchCombine(g.context(args.timeout_us), args, stages, stream); });

@@ -55,4 +55,10 @@ __device__ __forceinline__ void warpCopy(void* dst, const void* src, size_t byte
   }
 }
 
+// Zeros `bytes` (a multiple of 16; 16-byte aligned) with lane `lane` of the calling warp.
+__device__ __forceinline__ void warpZero(void* dst, size_t bytes, int lane) {
+  int4* d = static_cast<int4*>(dst);
+  for (size_t i = lane; i < bytes / 16; i += kCopyWarp) d[i] = make_int4(0, 0, 0, 0);
+}
+
 }  // namespace mooncake::ep::cuda

@@ -97,9 +97,30 @@ class PyEpIpcGroup {
     if (!group().dispatch(a, streamOf(stream), &error, stagesOf(stages))) throw std::runtime_error(error);
   }
 
+  // Rows as bytes in two parts (ByteRows): the head from x, the tail from `tail`.
+  void dispatchBytes(uintptr_t x, size_t head_bytes, uintptr_t tail, size_t tail_bytes, uintptr_t topk_idx,
+                     int num_tokens, int num_topk, uintptr_t active_ranks, int64_t timeout_us, uintptr_t recv_x,
+                     uintptr_t recv_tail, int zeroed_rows, uintptr_t recv_count, uintptr_t src_info,
+                     uintptr_t layout_range, uintptr_t stream, const std::string& stages) {
+    DispatchArgs a;
+    a.x = pointer<const void>(x);
+    a.topk_idx = pointer<const int64_t>(topk_idx);
+    a.num_tokens = num_tokens;
+    a.num_topk = num_topk;
+    a.active_ranks = pointer<int32_t>(active_ranks);
+    a.timeout_us = timeout_us;
+    a.recv_x = pointer<void>(recv_x);
+    a.recv_count = pointer<int32_t>(recv_count);
+    a.src_info = pointer<int32_t>(src_info);
+    a.layout_range = pointer<int64_t>(layout_range);
+    a.bytes = ByteRows{true, head_bytes, pointer<const void>(tail), tail_bytes, pointer<void>(recv_tail), zeroed_rows};
+    std::string error;
+    if (!group().dispatch(a, streamOf(stream), &error, stagesOf(stages))) throw std::runtime_error(error);
+  }
+
   void combine(uintptr_t y, uintptr_t src_info, uintptr_t layout_range, uintptr_t topk_idx, uintptr_t topk_weights,
                int num_tokens, int num_topk, uintptr_t active_ranks, int64_t timeout_us, uintptr_t out,
-               uintptr_t stream, const std::string& stages) {
+               uintptr_t stream, const std::string& stages, int channels) {
     CombineArgs a;
     a.y = pointer<const void>(y);
     a.src_info = pointer<const int32_t>(src_info);
@@ -111,6 +132,7 @@ class PyEpIpcGroup {
     a.active_ranks = pointer<int32_t>(active_ranks);
     a.timeout_us = timeout_us;
     a.out = pointer<void>(out);
+    a.channels = channels;
     std::string error;
     if (!group().combine(a, streamOf(stream), &error, stagesOf(stages))) throw std::runtime_error(error);
   }
@@ -132,11 +154,19 @@ PYBIND11_MODULE(_ep_ipc, m) {
            "the same name with the same sizes and the same `absent`.")
       .def("close", &PyEpIpcGroup::close)
       .def("dispatch", &PyEpIpcGroup::dispatch, py::arg("x"), py::arg("topk_idx"), py::arg("num_tokens"),
-           py::arg("num_topk"), py::arg("active_ranks"), py::arg("timeout_us"), py::arg("use_fp8"),
-           py::arg("recv_x"), py::arg("recv_scales"), py::arg("recv_count"), py::arg("src_info"),
-           py::arg("layout_range"), py::arg("stream"), py::arg("stages") = "all")
+           py::arg("num_topk"), py::arg("active_ranks"), py::arg("timeout_us"), py::arg("use_fp8"), py::arg("recv_x"),
+           py::arg("recv_scales"), py::arg("recv_count"), py::arg("src_info"), py::arg("layout_range"),
+           py::arg("stream"), py::arg("stages") = "all")
       .def("combine", &PyEpIpcGroup::combine, py::arg("y"), py::arg("src_info"), py::arg("layout_range"),
            py::arg("topk_idx"), py::arg("topk_weights"), py::arg("num_tokens"), py::arg("num_topk"),
-           py::arg("active_ranks"), py::arg("timeout_us"), py::arg("out"), py::arg("stream"),
-           py::arg("stages") = "all");
+           py::arg("active_ranks"), py::arg("timeout_us"), py::arg("out"), py::arg("stream"), py::arg("stages") = "all",
+           py::arg("channels") = 0, "channels: bf16 channels of y's and out's rows, their row stride (0: hidden)")
+      .def("dispatch_bytes", &PyEpIpcGroup::dispatchBytes, py::arg("x"), py::arg("head_bytes"), py::arg("tail"),
+           py::arg("tail_bytes"), py::arg("topk_idx"), py::arg("num_tokens"), py::arg("num_topk"),
+           py::arg("active_ranks"), py::arg("timeout_us"), py::arg("recv_x"), py::arg("recv_tail"),
+           py::arg("zeroed_rows"), py::arg("recv_count"), py::arg("src_info"), py::arg("layout_range"),
+           py::arg("stream"), py::arg("stages") = "all",
+           "Rows as bytes in two parts: head_bytes of each row of x, then tail_bytes of each row of tail; "
+           "received into recv_x [L, S, head_bytes] and recv_tail [L, S, tail_bytes]; each local expert's rows "
+           "from its count up to zeroed_rows are zeros. Sizes are multiples of 16 adding up to at most 2 * hidden.");
 }

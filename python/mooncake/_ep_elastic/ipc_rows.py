@@ -34,6 +34,8 @@ from .topology import Topology
 
 ROW_ALIGN_BYTES = 256  # rows are whole multiples of the kernels' 128 bf16 channels
 META_ALIGN_BYTES = 4
+VECTOR_BYTES = 16  # the kernels copy rows in 16-byte vectors
+CHANNELS_PER_VECTOR = VECTOR_BYTES // 2  # bf16
 # Calls with more bytes of rows per rank (num_max_tokens_per_rank x row
 # width) than this variable says take the collective path (unset: none do).
 MAX_CALL_BYTES_ENV = "MOONCAKE_EP_ELASTIC_IPC_MAX_BYTES"
@@ -41,7 +43,10 @@ MAX_CALL_BYTES_ENV = "MOONCAKE_EP_ELASTIC_IPC_MAX_BYTES"
 
 @dataclass(frozen=True)
 class RowFormat:
-    """Byte offsets of one dispatched row: payload, scales, ids, weights."""
+    """Byte offsets of one dispatched row: payload, scales, ids, weights.
+    The kernels move a row in two parts: the head, the payload read where
+    the caller's tensor is (when its rows are whole 16-byte vectors), and
+    the tail, the rest, staged (small beside the payload)."""
     payload: int
     scales: int
     num_topk: int
@@ -64,6 +69,16 @@ class RowFormat:
     def bytes(self) -> int:
         return self.weights + 4 * self.num_topk
 
+    @property
+    def head(self) -> int:
+        """Bytes of a row sent from the payload itself (0: all in the tail)."""
+        return self.payload if self.payload % VECTOR_BYTES == 0 else 0
+
+    @property
+    def tail(self) -> int:
+        """Bytes of a row sent from the staged tail, which starts at ``head``."""
+        return -(-self.bytes // VECTOR_BYTES) * VECTOR_BYTES - self.head
+
 
 def row_width(hidden: int, num_topk: int) -> int:
     """bf16 channels of the kernels' rows for calls up to these sizes (bf16
@@ -82,26 +97,39 @@ class KernelRows:
         self.group = ipc_path.group_for(device, tokens, width, num_ranks, timeout_us)
         self.device = device
 
-    def dispatch(self, rows: torch.Tensor, dest: torch.Tensor, mask: torch.Tensor):
+    def dispatch(self, head: torch.Tensor | None, tail: torch.Tensor, dest: torch.Tensor, mask: torch.Tensor,
+                 zeroed_rows: int):
+        """Rows of ``head`` ([N, h] bytes, or None) then ``tail`` ([N, t]
+        bytes) to the ranks of ``dest``. Returns the rows received at capacity,
+        as head ([C, h], None without) and tail ([C, t]), each source's in
+        token order (then zeros up to row ``zeroed_rows``; past those, what
+        the buffers held), the source token of each row and
+        ``(begin << 32) | count`` per source."""
         capacity = self.num_ranks * self.tokens
-        recv = torch.empty(1, capacity, self.width, dtype=torch.bfloat16, device=self.device)
+        head_bytes = head.size(1) if head is not None else 0
+        recv_head = torch.empty(capacity, head_bytes, dtype=torch.uint8, device=self.device)
+        recv_tail = torch.empty(capacity, tail.size(1), dtype=torch.uint8, device=self.device)
         count = torch.empty(1, dtype=torch.int32, device=self.device)
         src_token = torch.empty(1, capacity, dtype=torch.int32, device=self.device)
         ranges = torch.empty(1, self.num_ranks, dtype=torch.int64, device=self.device)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        self.group.dispatch(rows.data_ptr(), dest.data_ptr(), rows.size(0), dest.size(1), mask.data_ptr(),
-                            self.timeout_us, False, recv.data_ptr(), 0, count.data_ptr(), src_token.data_ptr(),
-                            ranges.data_ptr(), stream, "all")
-        return recv[0], src_token, ranges
+        self.group.dispatch_bytes(head.data_ptr() if head is not None else 0, head_bytes, tail.data_ptr(),
+                                  tail.size(1), dest.data_ptr(), tail.size(0), dest.size(1), mask.data_ptr(),
+                                  self.timeout_us, recv_head.data_ptr(), recv_tail.data_ptr(), zeroed_rows,
+                                  count.data_ptr(), src_token.data_ptr(), ranges.data_ptr(), stream, "all")
+        return recv_head if head is not None else None, recv_tail, src_token, ranges
 
     def combine(self, y: torch.Tensor, src_token: torch.Tensor, ranges: torch.Tensor, dest: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
+        """``y``: bf16 [rows, c], c a multiple of 8; returns bf16 [N, c]."""
         num_tokens, num_topk = dest.shape
+        channels = y.size(1)
         ones = torch.ones(num_tokens, num_topk, dtype=torch.float32, device=self.device)
-        out = torch.empty(num_tokens, self.width, dtype=torch.bfloat16, device=self.device)
+        out = torch.empty(num_tokens, channels, dtype=torch.bfloat16, device=self.device)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self.group.combine(y.data_ptr(), src_token.data_ptr(), ranges.data_ptr(), dest.data_ptr(), ones.data_ptr(),
-                           num_tokens, num_topk, mask.data_ptr(), self.timeout_us, out.data_ptr(), stream, "all")
+                           num_tokens, num_topk, mask.data_ptr(), self.timeout_us, out.data_ptr(), stream, "all",
+                           channels)
         return out
 
 
@@ -154,17 +182,28 @@ class IpcRowsPath:
                 and (limit is None or tokens_per_rank * 2 * self.transport.width <= limit))
 
     # ------------------------------------------------------------ dispatch
-    def _send_rows(self, data, sf, row: RowFormat, topk_idx=None, topk_weights=None) -> torch.Tensor:
+    def _send_rows(self, data, sf, row: RowFormat, topk_idx=None, topk_weights=None):
+        """The two parts of the rows: the payload itself as the head (when
+        it can be), and the rest staged as the tail."""
         num_tokens = data.size(0)
-        staged = torch.empty(num_tokens, 2 * self.transport.width, dtype=torch.uint8, device=data.device)
-        staged[:, :row.payload] = data.view(torch.uint8)
+        data = data.contiguous()
+        if data.data_ptr() % VECTOR_BYTES:
+            data = data.clone()
+        payload = data.view(torch.uint8).view(num_tokens, row.payload)
+        tail = torch.empty(num_tokens, row.tail, dtype=torch.uint8, device=data.device)
+
+        def put(begin: int, values: torch.Tensor) -> None:
+            tail[:, begin - row.head:begin - row.head + values.size(1)] = values
+
+        if not row.head:
+            put(0, payload)
         if sf is not None:
-            staged[:, row.payload:row.payload + row.scales] = sf.view(torch.uint8)
+            put(row.payload, sf.contiguous().view(torch.uint8).view(num_tokens, row.scales))
         if topk_idx is not None:
-            staged[:, row.ids:row.weights] = topk_idx.to(torch.int32).view(torch.uint8)
+            put(row.ids, topk_idx.to(torch.int32).view(torch.uint8))
         if topk_weights is not None:
-            staged[:, row.weights:row.bytes] = topk_weights.view(torch.uint8)
-        return staged.view(torch.bfloat16)
+            put(row.weights, topk_weights.contiguous().view(torch.uint8))
+        return (payload if row.head else None), tail
 
     def dispatch(self, data, sf, topk_idx, topk_weights, num_experts, tokens_per_rank, alignment, do_expand,
                  do_cpu_sync, num_sms) -> Outputs:
@@ -187,31 +226,34 @@ class IpcRowsPath:
         mask = self._mask(device)
         table = self._gather(torch.cat([goes_to.sum(dim=0).to(torch.int32), self._facts_of((*facts, 0), device)]),
                              mask)
-        recv, src_token, ranges = self.transport.dispatch(self._send_rows(data, sf, row, topk_idx, topk_weights),
-                                                          dest, mask)
+        # Rows past the received ones are cut (do_cpu_sync), or read through
+        # the expansion, which never picks them; else they are the output's zeros.
+        head, tail = self._send_rows(data, sf, row, topk_idx, topk_weights)
+        recv_head, recv_tail, src_token, ranges = self.transport.dispatch(
+            head, tail, dest, mask, zeroed_rows=0 if do_cpu_sync or do_expand else capacity)
+        received = ReceivedRows(row, recv_head, recv_tail, capacity)
 
         counts = table[:, :num_ranks]
         my_begin = torch.cumsum(counts, 0)[me] - counts[me]
         slots = rl.dst_slots(by_dest, goes_to, my_begin)
         recv_count = ranges.view(-1) & 0xFFFFFFFF
         rx = rl.received(recv_count, src_token.view(-1)[:capacity])
-        raw = recv.view(torch.uint8)[:capacity]
-        ids = raw[:, row.ids:row.weights].view(torch.int32).to(torch.int64)
+        ids = received.field(row.ids, row.weights).view(torch.int32).to(torch.int64)
         local = rl.local_picks(ids, rx.real, me, num_local)
         weights = None
         if topk_weights is not None:
-            weights = torch.where(local >= 0, raw[:, row.weights:row.bytes].view(torch.float32), 0.0)
+            weights = torch.where(local >= 0, received.field(row.weights, row.bytes).view(torch.float32), 0.0)
 
         expansion = rl.expand(local, num_local, alignment) if do_expand else None
         meta = rl.metadata(rx, local, tokens_per_rank, expansion.slots if expansion is not None else None)
         if expansion is None:
             per_expert = rl.per_expert_counts(local, num_local)
             expert_psum = torch.cumsum(per_expert, 0)
-            recv_x = self._payload(raw, row, data, sf, rx.real, None)
+            recv_x = received.payload(data, sf, rx.real, None)
             recv_w = weights
         else:
             per_expert, expert_psum = expansion.counts, expansion.ends
-            recv_x = self._payload(raw, row, data, sf, rx.real, expansion)
+            recv_x = received.payload(data, sf, rx.real, expansion)
             recv_w = rl.place_expanded_weights(weights, expansion) if weights is not None else None
         scaleup_psum = torch.cumsum(recv_count, 0)
 
@@ -262,11 +304,11 @@ class IpcRowsPath:
         device = mine.device
         if self._to_everyone is None:
             self._to_everyone = torch.arange(num_ranks, dtype=torch.int64, device=device).view(1, num_ranks)
-        row = torch.zeros(1, 2 * self.transport.width, dtype=torch.uint8, device=device)
+        row = torch.zeros(1, -(-4 * n // VECTOR_BYTES) * VECTOR_BYTES, dtype=torch.uint8, device=device)
         row[0, :4 * n] = mine.view(torch.uint8)
-        recv, _, ranges = self.transport.dispatch(row.view(torch.bfloat16), self._to_everyone, mask)
+        _, recv, _, ranges = self.transport.dispatch(None, row, self._to_everyone, mask, zeroed_rows=0)
         count, begin = ranges.view(-1) & 0xFFFFFFFF, ranges.view(-1) >> 32
-        got = recv.view(torch.uint8)[:, :4 * n][begin.clamp(max=recv.size(0) - 1)].view(torch.int32)
+        got = recv[:, :4 * n][begin.clamp(max=recv.size(0) - 1)].contiguous().view(torch.int32)
         return torch.where((count > 0).unsqueeze(1), got, 0)
 
     def _check_answered(self, mask: list[int]) -> None:
@@ -278,23 +320,6 @@ class IpcRowsPath:
             raise RuntimeError(f"ranks {silent} did not take part in the dispatch in time (the kernels' wait is bounded "
                                "by num_gpu_timeout_secs)")
 
-    @staticmethod
-    def _payload(raw, row: RowFormat, data, sf, real, expansion):
-        """The received payload (and scales) at capacity: rows as received, or
-        one copy per expanded row; rows past them are zero."""
-        def field(begin: int, end: int, like: torch.Tensor) -> torch.Tensor:
-            part = raw[:, begin:end]
-            if expansion is None:
-                out = torch.where(real.unsqueeze(1), part, 0)
-            else:
-                out = rl.place_expanded(part, expansion)
-            return out.view(like.dtype)
-
-        payload = field(0, row.payload, data)
-        if sf is None:
-            return payload
-        return payload, field(row.payload, row.payload + row.scales, sf)
-
     def join_refused(self, device: torch.device) -> None:
         """This rank refused its arguments: it still takes its part in the
         collectives and the kernels' call (sending nothing), saying so; the
@@ -304,17 +329,20 @@ class IpcRowsPath:
         mine[-1] = 1
         mask = self._mask(device)
         table = self._gather(mine, mask)
-        nothing = torch.empty(0, self.transport.width, dtype=torch.bfloat16, device=device)
-        self.transport.dispatch(nothing, torch.empty(0, 1, dtype=torch.int64, device=device), mask)
+        nothing = torch.empty(0, VECTOR_BYTES, dtype=torch.uint8, device=device)
+        self.transport.dispatch(None, nothing, torch.empty(0, 1, dtype=torch.int64, device=device), mask,
+                                zeroed_rows=0)
         check_call_table(table[:, num_ranks:].tolist())
 
     def dispatch_cached(self, data, sf, handle: EPHandle) -> Outputs:
         routing: IpcRouting = handle.native_handle
-        row = RowFormat.of(data, sf, routing.num_topk)
-        recv, _, _ = self.transport.dispatch(self._send_rows(data, sf, row), routing.dest, self._mask(data.device))
-        raw = recv.view(torch.uint8)[:routing.capacity]
+        row = RowFormat.of(data, sf, 0)  # the payload (and scales) only
+        head, tail = self._send_rows(data, sf, row)
+        recv_head, recv_tail, _, _ = self.transport.dispatch(
+            head, tail, routing.dest, self._mask(data.device),
+            zeroed_rows=0 if routing.trimmed or routing.expansion is not None else routing.capacity)
         real = torch.arange(routing.capacity, device=data.device) < (routing.ranges.view(-1) & 0xFFFFFFFF).sum()
-        recv_x = self._payload(raw, row, data, sf, real, routing.expansion)
+        recv_x = ReceivedRows(row, recv_head, recv_tail, routing.capacity).payload(data, sf, real, routing.expansion)
         if routing.trimmed:
             recv_x = _first_rows(recv_x, routing.rows_for_combine)
         return Outputs(recv_x, routing.recv_topk_idx.clone(), None, handle)
@@ -326,12 +354,56 @@ class IpcRowsPath:
             back = rl.reduce_expanded(x, routing.expansion.slots).to(torch.bfloat16)
         else:
             back = x[:routing.capacity]
-        rows = back.size(0)
-        y = torch.empty(self.topo.num_ranks * self.max_tokens, self.transport.width, dtype=torch.bfloat16,
-                        device=x.device)
-        y[:rows, :routing.hidden] = back
+        # The rows as they are when they can be: bf16, contiguous, whole
+        # 16-byte vectors (the kernels' unit), else padded to them.
+        hidden = routing.hidden
+        channels = -(-hidden // CHANNELS_PER_VECTOR) * CHANNELS_PER_VECTOR
+        if channels == hidden:
+            y = back.to(torch.bfloat16).contiguous()
+            if y.data_ptr() % VECTOR_BYTES:
+                y = y.clone()
+        else:
+            y = torch.zeros(back.size(0), channels, dtype=torch.bfloat16, device=x.device)
+            y[:, :hidden] = back
         out = self.transport.combine(y, routing.src_token, routing.ranges, routing.dest, self._mask(x.device))
-        return out[:, :routing.hidden].contiguous()
+        return out if channels == hidden else out[:, :hidden].contiguous()
+
+
+class ReceivedRows:
+    """The rows a dispatch received, at capacity: the head (payload) where
+    it was sent apart, and the tail; fields by their offsets in the row."""
+
+    def __init__(self, row: RowFormat, head: torch.Tensor | None, tail: torch.Tensor, capacity: int):
+        """``capacity``: the call's rows at capacity (the buffers hold those of the largest call)."""
+        self.row = row
+        self.head = head[:capacity] if head is not None else None
+        self.tail = tail[:capacity]
+
+    def field(self, begin: int, end: int) -> torch.Tensor:
+        """[C, end - begin] bytes of each row (the head, or a slice of the tail)."""
+        if self.head is not None and (begin, end) == (0, self.row.head):
+            return self.head
+        return self.tail[:, begin - self.row.head:end - self.row.head]
+
+    def payload(self, data, sf, real, expansion):
+        """The received payload (and scales) at capacity: rows as received
+        (a head received apart is returned as it is: the kernels zeroed the
+        rows past ``real`` where it matters), or one copy per expanded row."""
+        def values(begin: int, end: int, like: torch.Tensor) -> torch.Tensor:
+            part = self.field(begin, end)
+            if expansion is not None:
+                out = rl.place_expanded(part, expansion)
+            elif part is self.head:
+                out = part
+            else:
+                out = torch.where(real.unsqueeze(1), part, 0)
+            return out.view(like.dtype)
+
+        row = self.row
+        payload = values(0, row.payload, data)
+        if sf is None:
+            return payload
+        return payload, values(row.payload, row.payload + row.scales, sf)
 
 
 def _first_rows(recv_x, rows: int):

@@ -25,10 +25,17 @@ class EmulatedRows:
                                input_split_sizes=send_counts, group=self.group)
         return recv
 
-    def dispatch(self, rows: torch.Tensor, dest: torch.Tensor, mask: torch.Tensor):
+    def dispatch(self, head, tail, dest, mask, zeroed_rows):
         del mask  # nothing times out here
         self.calls.append("dispatch")
         num_ranks = self.num_ranks
+        head_bytes = head.size(1) if head is not None else 0
+        assert head_bytes % 16 == 0 and tail.size(1) % 16 == 0, "the kernels move whole 16-byte vectors"
+        assert head_bytes + tail.size(1) <= 2 * self.width, "a row is at most the kernels' width"
+        # Messages of the kernels' whole width, as in their receive region:
+        # ranks may send parts of other sizes (a rank that refused its call sends none).
+        rows = torch.zeros(tail.size(0), 2 * self.width, dtype=torch.uint8)
+        rows[:, :head_bytes + tail.size(1)] = torch.cat([head, tail], dim=1) if head is not None else tail
         goes_to = rl.destination_table(dest, num_ranks)
         to_rank, token = torch.nonzero(goes_to.t(), as_tuple=True)  # by destination, then token
         send_counts = goes_to.sum(dim=0)
@@ -38,12 +45,17 @@ class EmulatedRows:
         got = self._all_to_all(rows[token], send_counts.tolist(), counts.tolist())
         got_token = self._all_to_all(token.to(torch.int32), send_counts.tolist(), counts.tolist())
         capacity = num_ranks * self.tokens
-        recv = torch.zeros(capacity, self.width, dtype=torch.bfloat16)
+        # Past the rows received and the zeros asked for: bytes of no meaning,
+        # as the kernels' outputs hold there, so that nothing relies on them.
+        recv = torch.full((capacity, rows.size(1)), 0xA5, dtype=torch.uint8)
+        recv[got.size(0):max(got.size(0), zeroed_rows)] = 0
         recv[:got.size(0)] = got
         src_token = torch.full((1, capacity), -1, dtype=torch.int32)
         src_token[0, :got.size(0)] = got_token
         begins = torch.cumsum(counts, 0) - counts
-        return recv, src_token, ((begins << 32) | counts).view(1, num_ranks)
+        recv_head = recv[:, :head_bytes].contiguous() if head is not None else None
+        recv_tail = recv[:, head_bytes:head_bytes + tail.size(1)].contiguous()
+        return recv_head, recv_tail, src_token, ((begins << 32) | counts).view(1, num_ranks)
 
     def combine(self, y, src_token, ranges, dest, mask):
         del src_token, mask
@@ -52,8 +64,9 @@ class EmulatedRows:
         counts = (ranges.view(-1) & 0xFFFFFFFF)
         goes_to = rl.destination_table(dest, num_ranks)
         sent = goes_to.sum(dim=0)
+        assert y.dtype == torch.bfloat16 and y.size(1) % 8 == 0 and y.size(1) <= self.width
         back = self._all_to_all(y[:int(counts.sum())], counts.tolist(), sent.tolist())
-        total = torch.zeros(dest.size(0), self.width, dtype=torch.float32)
+        total = torch.zeros(dest.size(0), y.size(1), dtype=torch.float32)
         start = 0
         for d in range(num_ranks):
             tokens = torch.nonzero(goes_to[:, d]).squeeze(1)

@@ -47,6 +47,22 @@ struct EpIpcGroupOptions {
 // Device bytes of one rank's receive region for these sizes (both parities).
 size_t epReceiveRegionBytes(int max_tokens_per_rank, int hidden, int num_experts, int num_ranks);
 
+// Rows as bytes in two parts, instead of bf16 [H] tokens from x: a caller
+// whose rows carry more than a token (ElasticBuffer's: payload, then FP8
+// scales, top-k ids and weights) sends each part from where it already is,
+// with no staging copy of the payload, and receives each part at its own row
+// stride. A message holds head then tail; bytes past them are not moved.
+struct ByteRows {
+  bool enabled = false;
+  size_t head_bytes = 0;       // of each row of x, which is also x's row stride; may be 0 (no x)
+  const void* tail = nullptr;  // [num_tokens, tail_bytes]
+  size_t tail_bytes = 0;       // both sizes multiples of 16, head_bytes + tail_bytes <= 2 H
+  void* recv_tail = nullptr;   // [L, S, tail_bytes]; recv_x is then [L, S, head_bytes]
+  // Rows [count, zeroed_rows) of each local expert are zeroed in recv_x and
+  // recv_tail (the rows of a caller's output past those received; 0: none).
+  int zeroed_rows = 0;
+};
+
 // Inputs and outputs of dispatch, all in device memory of the group's device.
 // L = E / R local experts, S = R * T rows per local expert.
 struct DispatchArgs {
@@ -62,6 +78,7 @@ struct DispatchArgs {
   int32_t* recv_count = nullptr;   // [L]
   int32_t* src_info = nullptr;     // [L, S]: token index at the source rank; -1 past the count
   int64_t* layout_range = nullptr;  // [L, R]: (begin << 32) | count of each source's rows
+  ByteRows bytes;                   // enabled: x and recv_x as its fields say (not with use_fp8)
 };
 
 // Inputs and outputs of combine. y, src_info and layout_range are in the row
@@ -77,6 +94,10 @@ struct CombineArgs {
   int32_t* active_ranks = nullptr;
   int64_t timeout_us = -1;
   void* out = nullptr;  // bf16 [num_tokens, H]
+  // bf16 channels of y's and out's rows, which are also their row strides (a
+  // multiple of 8, at most H): a caller whose tokens are narrower than the
+  // group's H moves and adds only those. 0: H.
+  int channels = 0;
 };
 
 // Which kernels of a call to enqueue. kAll: the whole call. kSendOnly then,
