@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "mooncake/pg/reduce_step.h"
 #include "mooncake/pg/types.h"
 
 namespace mooncake::pg {
@@ -87,44 +88,7 @@ template <> struct Accum<BFloat16> {
   static BFloat16 store(float v) { return fromFloatBf16(v); }
 };
 
-// Integers wrap around on overflow, as torch's and Gloo's reductions do. In
-// C++ a signed (or promoted-to-int) overflow is undefined, so integer sums
-// and products are computed in an unsigned type at least as wide as int.
-template <typename A>
-using WrapType = std::conditional_t<(sizeof(A) <= sizeof(unsigned)), unsigned, unsigned long long>;
-
-template <typename A, ReduceOp Op>
-inline A combine(A a, A b) {
-  if constexpr (Op == ReduceOp::kSum || Op == ReduceOp::kAvg) {
-    if constexpr (std::is_same_v<A, bool>) return a || b;
-    else if constexpr (std::is_integral_v<A>)
-      return static_cast<A>(static_cast<WrapType<A>>(a) + static_cast<WrapType<A>>(b));
-    else return static_cast<A>(a + b);
-  } else if constexpr (Op == ReduceOp::kProduct) {
-    if constexpr (std::is_same_v<A, bool>) return a && b;
-    else if constexpr (std::is_integral_v<A>)
-      return static_cast<A>(static_cast<WrapType<A>>(a) * static_cast<WrapType<A>>(b));
-    else return static_cast<A>(a * b);
-  } else if constexpr (Op == ReduceOp::kMin) {
-    if constexpr (std::is_floating_point_v<A>) {
-      return (std::isnan(a) || std::isnan(b)) ? std::numeric_limits<A>::quiet_NaN() : std::min(a, b);
-    } else {
-      return std::min(a, b);
-    }
-  } else if constexpr (Op == ReduceOp::kMax) {
-    if constexpr (std::is_floating_point_v<A>) {
-      return (std::isnan(a) || std::isnan(b)) ? std::numeric_limits<A>::quiet_NaN() : std::max(a, b);
-    } else {
-      return std::max(a, b);
-    }
-  } else if constexpr (std::is_integral_v<A>) {
-    if constexpr (Op == ReduceOp::kBand) return static_cast<A>(a & b);
-    else if constexpr (Op == ReduceOp::kBor) return static_cast<A>(a | b);
-    else return static_cast<A>(a ^ b);
-  } else {
-    return a;  // unreachable: rejected by reductionUnsupportedReason
-  }
-}
+using reduce_step::combine;  // the step, shared with the device fold
 
 template <typename T, ReduceOp Op>
 void reduceTyped(void* dst_raw, const void* const* srcs_raw, int nsrc, size_t count) {

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "kernel_args.h"
+#include "mooncake/pg/reduce_step.h"
 
 namespace mooncake::pg::cuda {
 namespace fold {
@@ -50,54 +51,7 @@ struct Lane<BoolByte> {
   static __device__ __forceinline__ BoolByte store(bool a) { return BoolByte{static_cast<uint8_t>(a ? 1 : 0)}; }
 };
 
-template <typename A>
-__device__ __forceinline__ A quietNan() {
-  if constexpr (std::is_same_v<A, double>) return __longlong_as_double(0x7ff8000000000000ll);
-  else return __int_as_float(0x7fc00000);
-}
-
-// Integers wrap around on overflow, as torch's and Gloo's reductions do (and
-// reduce.cpp on the host). A signed overflow is undefined behaviour in CUDA
-// C++ as in C++, and int8/int16 (and their unsigned kin) are promoted to int
-// before + and *, so sums and products are computed in an unsigned type at
-// least as wide as int, whose overflow is defined to wrap; converting back to
-// A keeps the low bits (two's complement), which is the wrapped result.
-template <typename A>
-using WrapType = std::conditional_t<(sizeof(A) <= sizeof(unsigned)), unsigned, unsigned long long>;
-
-// One step of the fold, exactly as reduce.cpp's combine(). constexpr so that
-// the integer cases can be checked at compile time, where an overflow in
-// signed arithmetic is an error (tests/cpp/pg_cuda/fold_wrapping_checks.cu).
-template <typename A, ReduceOp Op>
-__device__ __forceinline__ constexpr A combine(A a, A b) {
-  if constexpr (Op == ReduceOp::kSum || Op == ReduceOp::kAvg) {
-    if constexpr (std::is_same_v<A, bool>) return a || b;
-    else if constexpr (std::is_integral_v<A>)
-      return static_cast<A>(static_cast<WrapType<A>>(a) + static_cast<WrapType<A>>(b));
-    else return static_cast<A>(a + b);
-  } else if constexpr (Op == ReduceOp::kProduct) {
-    if constexpr (std::is_same_v<A, bool>) return a && b;
-    else if constexpr (std::is_integral_v<A>)
-      return static_cast<A>(static_cast<WrapType<A>>(a) * static_cast<WrapType<A>>(b));
-    else return static_cast<A>(a * b);
-  } else if constexpr (Op == ReduceOp::kMin) {
-    if constexpr (std::is_floating_point_v<A>) {
-      if (a != a || b != b) return quietNan<A>();
-    }
-    return b < a ? b : a;  // std::min
-  } else if constexpr (Op == ReduceOp::kMax) {
-    if constexpr (std::is_floating_point_v<A>) {
-      if (a != a || b != b) return quietNan<A>();
-    }
-    return a < b ? b : a;  // std::max
-  } else if constexpr (Op == ReduceOp::kBand) {
-    return static_cast<A>(a & b);
-  } else if constexpr (Op == ReduceOp::kBor) {
-    return static_cast<A>(a | b);
-  } else {
-    return static_cast<A>(a ^ b);
-  }
-}
+using reduce_step::combine;  // one step of the fold, exactly as reduce.cpp's (reduce_step.h)
 
 template <typename A, ReduceOp Op>
 __device__ __forceinline__ A finish(A acc, int nsrc) {
