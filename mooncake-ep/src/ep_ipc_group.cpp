@@ -15,6 +15,7 @@
 namespace mooncake::ep::cuda {
 namespace {
 
+using mooncake::pg::cuda::chosenDevice;
 using mooncake::pg::cuda::cudaWhat;
 using mooncake::pg::cuda::DeviceScope;
 using mooncake::pg::cuda::exportIpcHandle;
@@ -110,12 +111,8 @@ std::unique_ptr<EpIpcGroup> EpIpcGroup::open(const std::string& name, int rank, 
   state->rank = rank;
   state->num_ranks = num_ranks;
   state->options = options;
+  if (std::string why = chosenDevice(options.device, &state->device); !why.empty()) return fail(why);
   cudaError_t err = cudaSuccess;
-  if (options.device >= 0) {
-    state->device = options.device;
-  } else if ((err = cudaGetDevice(&state->device)) != cudaSuccess) {
-    return fail(cudaWhat("cudaGetDevice", err));
-  }
   DeviceScope scope(state->device);
   state->layout = RegionLayout::make(options.max_tokens_per_rank, options.hidden, options.num_experts, num_ranks);
   if ((err = cudaMalloc(reinterpret_cast<void**>(&state->region), state->layout.total)) != cudaSuccess) {

@@ -47,12 +47,8 @@ std::unique_ptr<CudaIpcGroup> CudaIpcGroup::open(const std::string& name, int ra
   state->rank = rank;
   state->size = size;
   state->options = options;
+  if (std::string why = chosenDevice(options.device, &state->device); !why.empty()) return fail(why);
   cudaError_t err = cudaSuccess;
-  if (options.device >= 0) {
-    state->device = options.device;
-  } else if ((err = cudaGetDevice(&state->device)) != cudaSuccess) {
-    return fail(cudaWhat("cudaGetDevice", err));
-  }
   DeviceScope scope(state->device);
   if ((err = cudaDeviceGetAttribute(&state->sm_count, cudaDevAttrMultiProcessorCount, state->device)) != cudaSuccess) {
     return fail(cudaWhat("cudaDeviceGetAttribute", err));

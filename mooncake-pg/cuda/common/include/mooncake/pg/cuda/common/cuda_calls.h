@@ -19,6 +19,17 @@ inline std::string cudaWhat(const char* call, cudaError_t err) {
   return std::string(call) + ": " + cudaGetErrorString(err);
 }
 
+// The device a group opens on: `requested` when it is an ordinal (>= 0),
+// else the calling thread's current device. "" or why not.
+inline std::string chosenDevice(int requested, int* device) {
+  if (requested >= 0) {
+    *device = requested;
+    return {};
+  }
+  const cudaError_t err = cudaGetDevice(device);
+  return err == cudaSuccess ? std::string() : cudaWhat("cudaGetDevice", err);
+}
+
 // Makes `device` current while in scope; the previous device is current
 // again afterwards (nothing is switched when it already was `device`).
 class DeviceScope {
