@@ -34,8 +34,10 @@ using WrapType = std::conditional_t<(sizeof(A) <= sizeof(unsigned)), unsigned, u
 template <typename A>
 MOONCAKE_REDUCE_STEP A quietNan() {
 #if defined(__CUDA_ARCH__)
-  if constexpr (std::is_same_v<A, double>) return __longlong_as_double(0x7ff8000000000000ll);
-  else return __int_as_float(0x7fc00000);
+  if constexpr (std::is_same_v<A, double>)
+    return __longlong_as_double(0x7ff8000000000000ll);
+  else
+    return __int_as_float(0x7fc00000);
 #else
   return std::numeric_limits<A>::quiet_NaN();
 #endif
@@ -44,15 +46,19 @@ MOONCAKE_REDUCE_STEP A quietNan() {
 template <typename A, ReduceOp Op>
 MOONCAKE_REDUCE_STEP A combine(A a, A b) {
   if constexpr (Op == ReduceOp::kSum || Op == ReduceOp::kAvg) {
-    if constexpr (std::is_same_v<A, bool>) return a || b;
+    if constexpr (std::is_same_v<A, bool>)
+      return a || b;
     else if constexpr (std::is_integral_v<A>)
       return static_cast<A>(static_cast<WrapType<A>>(a) + static_cast<WrapType<A>>(b));
-    else return static_cast<A>(a + b);
+    else
+      return static_cast<A>(a + b);
   } else if constexpr (Op == ReduceOp::kProduct) {
-    if constexpr (std::is_same_v<A, bool>) return a && b;
+    if constexpr (std::is_same_v<A, bool>)
+      return a && b;
     else if constexpr (std::is_integral_v<A>)
       return static_cast<A>(static_cast<WrapType<A>>(a) * static_cast<WrapType<A>>(b));
-    else return static_cast<A>(a * b);
+    else
+      return static_cast<A>(a * b);
   } else if constexpr (Op == ReduceOp::kMin) {
     if constexpr (std::is_floating_point_v<A>) {
       if (a != a || b != b) return quietNan<A>();  // a != a: NaN, without <cmath> on the device
@@ -64,9 +70,12 @@ MOONCAKE_REDUCE_STEP A combine(A a, A b) {
     }
     return a < b ? b : a;  // std::max
   } else if constexpr (std::is_integral_v<A>) {
-    if constexpr (Op == ReduceOp::kBand) return static_cast<A>(a & b);
-    else if constexpr (Op == ReduceOp::kBor) return static_cast<A>(a | b);
-    else return static_cast<A>(a ^ b);
+    if constexpr (Op == ReduceOp::kBand)
+      return static_cast<A>(a & b);
+    else if constexpr (Op == ReduceOp::kBor)
+      return static_cast<A>(a | b);
+    else
+      return static_cast<A>(a ^ b);
   } else {
     return a;  // unreachable: bitwise operations on other types are refused before any fold
   }
