@@ -72,6 +72,29 @@ class PyEpIpcGroup {
     group_.reset();
   }
 
+  // The arguments both forms of dispatch take.
+  static DispatchArgs dispatchArgs(uintptr_t x, uintptr_t topk_idx, int num_tokens, int num_topk,
+                                   uintptr_t active_ranks, int64_t timeout_us, uintptr_t recv_x, uintptr_t recv_count,
+                                   uintptr_t src_info, uintptr_t layout_range) {
+    DispatchArgs a;
+    a.x = pointer<const void>(x);
+    a.topk_idx = pointer<const int64_t>(topk_idx);
+    a.num_tokens = num_tokens;
+    a.num_topk = num_topk;
+    a.active_ranks = pointer<int32_t>(active_ranks);
+    a.timeout_us = timeout_us;
+    a.recv_x = pointer<void>(recv_x);
+    a.recv_count = pointer<int32_t>(recv_count);
+    a.src_info = pointer<int32_t>(src_info);
+    a.layout_range = pointer<int64_t>(layout_range);
+    return a;
+  }
+
+  void enqueueDispatch(const DispatchArgs& a, uintptr_t stream, const std::string& stages) {
+    std::string error;
+    if (!group().dispatch(a, streamOf(stream), &error, stagesOf(stages))) throw std::runtime_error(error);
+  }
+
   EpIpcGroup& group() {
     if (!group_) throw std::runtime_error("EP IPC group: already closed");
     return *group_;
@@ -80,21 +103,11 @@ class PyEpIpcGroup {
   void dispatch(uintptr_t x, uintptr_t topk_idx, int num_tokens, int num_topk, uintptr_t active_ranks,
                 int64_t timeout_us, bool use_fp8, uintptr_t recv_x, uintptr_t recv_scales, uintptr_t recv_count,
                 uintptr_t src_info, uintptr_t layout_range, uintptr_t stream, const std::string& stages) {
-    DispatchArgs a;
-    a.x = pointer<const void>(x);
-    a.topk_idx = pointer<const int64_t>(topk_idx);
-    a.num_tokens = num_tokens;
-    a.num_topk = num_topk;
-    a.active_ranks = pointer<int32_t>(active_ranks);
-    a.timeout_us = timeout_us;
+    DispatchArgs a = dispatchArgs(x, topk_idx, num_tokens, num_topk, active_ranks, timeout_us, recv_x, recv_count,
+                                  src_info, layout_range);
     a.use_fp8 = use_fp8;
-    a.recv_x = pointer<void>(recv_x);
     a.recv_scales = pointer<float>(recv_scales);
-    a.recv_count = pointer<int32_t>(recv_count);
-    a.src_info = pointer<int32_t>(src_info);
-    a.layout_range = pointer<int64_t>(layout_range);
-    std::string error;
-    if (!group().dispatch(a, streamOf(stream), &error, stagesOf(stages))) throw std::runtime_error(error);
+    enqueueDispatch(a, stream, stages);
   }
 
   // Rows as bytes in two parts (ByteRows): the head from x, the tail from `tail`.
@@ -102,20 +115,10 @@ class PyEpIpcGroup {
                      int num_tokens, int num_topk, uintptr_t active_ranks, int64_t timeout_us, uintptr_t recv_x,
                      uintptr_t recv_tail, int zeroed_rows, uintptr_t recv_count, uintptr_t src_info,
                      uintptr_t layout_range, uintptr_t stream, const std::string& stages) {
-    DispatchArgs a;
-    a.x = pointer<const void>(x);
-    a.topk_idx = pointer<const int64_t>(topk_idx);
-    a.num_tokens = num_tokens;
-    a.num_topk = num_topk;
-    a.active_ranks = pointer<int32_t>(active_ranks);
-    a.timeout_us = timeout_us;
-    a.recv_x = pointer<void>(recv_x);
-    a.recv_count = pointer<int32_t>(recv_count);
-    a.src_info = pointer<int32_t>(src_info);
-    a.layout_range = pointer<int64_t>(layout_range);
+    DispatchArgs a = dispatchArgs(x, topk_idx, num_tokens, num_topk, active_ranks, timeout_us, recv_x, recv_count,
+                                  src_info, layout_range);
     a.bytes = ByteRows{true, head_bytes, pointer<const void>(tail), tail_bytes, pointer<void>(recv_tail), zeroed_rows};
-    std::string error;
-    if (!group().dispatch(a, streamOf(stream), &error, stagesOf(stages))) throw std::runtime_error(error);
+    enqueueDispatch(a, stream, stages);
   }
 
   void combine(uintptr_t y, uintptr_t src_info, uintptr_t layout_range, uintptr_t topk_idx, uintptr_t topk_weights,
