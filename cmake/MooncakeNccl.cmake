@@ -58,10 +58,10 @@ function(mooncake_find_nccl_device)
   set(MOONCAKE_NCCL_VERSION_CODE "${_code}" PARENT_SCOPE)
 endfunction()
 
-# mooncake::nccl_headers: NCCL's headers (no library: see above), for the
-# transport's targets only.
-function(mooncake_add_nccl_headers_target)
-  add_library(mooncake_nccl_headers INTERFACE)
-  add_library(mooncake::nccl_headers ALIAS mooncake_nccl_headers)
-  target_include_directories(mooncake_nccl_headers SYSTEM INTERFACE "${MOONCAKE_NCCL_INCLUDE_DIR}")
+# mooncake_use_nccl_headers(<target>): NCCL's headers (no library: see
+# above) for one of the transport's targets, ahead of every other include
+# folder: the CUDA toolkit carries an NCCL of its own in its include folder,
+# which must not shadow the one found here.
+function(mooncake_use_nccl_headers target)
+  target_include_directories(${target} SYSTEM BEFORE PRIVATE "${MOONCAKE_NCCL_INCLUDE_DIR}")
 endfunction()

@@ -51,7 +51,7 @@ class PyEpNcclGroup {
 
   ~PyEpNcclGroup() {
     try {
-      close();
+      close(false);
     } catch (const std::exception& e) {  // a destructor must not throw: the process would end
       std::fprintf(stderr, "mooncake EP: closing an NCCL group failed: %s\n", e.what());
     }
@@ -59,9 +59,10 @@ class PyEpNcclGroup {
   PyEpNcclGroup(const PyEpNcclGroup&) = delete;
   PyEpNcclGroup& operator=(const PyEpNcclGroup&) = delete;
 
-  void close() {
+  void close(bool abandon) {
     if (!group_) return;
     py::gil_scoped_release release;
+    if (abandon) group_->abandon();
     group_.reset();
   }
 
@@ -115,8 +116,9 @@ PYBIND11_MODULE(_ep_nccl, m) {
            py::arg("num_ranks"), py::arg("max_tokens_per_rank"), py::arg("hidden"), py::arg("num_experts"),
            py::arg("device"), py::arg("setup_timeout_ms"),
            "Collective over every rank, bounded by setup_timeout_ms: the same unique_id and sizes everywhere.")
-      .def("close", &PyEpNcclGroup::close)
-      .def("mark_departed", [](PyEpNcclGroup& g, int rank) { g.group().markDeparted(rank); }, py::arg("rank"))
+      .def("close", &PyEpNcclGroup::close, py::arg("abandon") = false,
+           "Collective, bounded; abandon=True (after a failure) aborts the communicator instead of meeting the "
+           "peers")
       .def("dispatch", &PyEpNcclGroup::dispatch, py::arg("x"), py::arg("topk_idx"), py::arg("num_tokens"),
            py::arg("num_topk"), py::arg("active_ranks"), py::arg("timeout_us"), py::arg("use_fp8"),
            py::arg("recv_x"), py::arg("recv_scales"), py::arg("recv_count"), py::arg("src_info"),

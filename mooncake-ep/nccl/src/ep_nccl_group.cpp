@@ -23,17 +23,14 @@ using cuda::RegionLayout;
 using mooncake::pg::cuda::cudaWhat;
 using mooncake::pg::cuda::DeviceScope;
 
-// Words the kernels read where a plain CPU store reaches them while they
-// spin (host memory, mapped; ep_control_block.h says why not device
-// memory): departed[r] = 1 once the caller said rank r is gone; abort = 1
-// once this rank gave up its waits.
+// The word the kernels read to give up their waits, where a plain CPU store
+// reaches them while they spin (host memory, mapped; ep_control_block.h says
+// why not device memory). There are no "departed" words: NCCL has no
+// liveness of its own to feed them, so a dead peer costs the call's timeout.
 struct EscapeWords {
-  std::atomic<uint32_t> departed[cuda::kMaxEpRanks];
   std::atomic<uint32_t> abort;
 };
-static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "the kernels read the words as uint32_t");
-
-const uint32_t* plain(const std::atomic<uint32_t>* w) { return reinterpret_cast<const uint32_t*>(w); }
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "the kernels read the word as uint32_t");
 
 }  // namespace
 
@@ -67,12 +64,8 @@ struct EpNcclGroup::State {
     ctx.rank = rank;
     ctx.counters = reinterpret_cast<cuda::GroupCounters*>(region + layout.counters);
     for (int r = 0; r < num_ranks; ++r) ctx.regions[r] = peer_regions[r];
-    ctx.escape.departed = plain(escape_device->departed);
-    ctx.escape.abort = plain(&escape_device->abort);
+    ctx.escape.abort = reinterpret_cast<const uint32_t*>(&escape_device->abort);
     ctx.escape.departed_seen = reinterpret_cast<uint32_t*>(region + layout.departed_seen);
-    for (int r = 0; r < num_ranks; ++r) {
-      if (escape_host->departed[r].load(std::memory_order_acquire) != 0) ctx.escape.departed_bits |= 1u << r;
-    }
     ctx.timeout_ns = timeout_us < 0 ? -1 : timeout_us * 1000;
     return ctx;
   }
@@ -200,10 +193,9 @@ int EpNcclGroup::device() const { return state_->device; }
 
 void EpNcclGroup::abortWaits() { state_->escape_host->abort.store(1, std::memory_order_release); }
 
-void EpNcclGroup::markDeparted(int peer) {
-  if (peer >= 0 && peer < state_->num_ranks && peer != state_->rank) {
-    state_->escape_host->departed[peer].store(1, std::memory_order_release);
-  }
+void EpNcclGroup::abandon() {
+  abortWaits();
+  state_->comm->abort();
 }
 
 bool EpNcclGroup::dispatch(const DispatchArgs& args, cudaStream_t stream, std::string* error, EpStages stages) {

@@ -65,9 +65,9 @@ class EpNcclGroup {
 
   // Releases every wait of this rank's kernels, now and later.
   void abortWaits();
-  // Rank `peer` is gone (its process group said so): the kernels stop
-  // waiting for it and writing to it at once, without the timeout.
-  void markDeparted(int peer);
+  // After a failure: releases this rank's waits and aborts the communicator,
+  // so that closing does not wait for peers that are gone.
+  void abandon();
 
   struct State;
 
