@@ -34,8 +34,8 @@ std::string checkDispatchCall(const DispatchArgs& args, const RegionLayout& layo
 
 std::string checkCombineCall(const CombineArgs& args, const RegionLayout& layout) {
   if (args.num_tokens < 0 || args.num_tokens > layout.T) return "num_tokens must be in [0, max_tokens_per_rank]";
-  if (args.num_topk < 0 || (args.num_tokens > 0 && (args.topk_idx == nullptr || args.topk_weights == nullptr ||
-                                                    args.out == nullptr))) {
+  if (args.num_topk < 0 ||
+      (args.num_tokens > 0 && (args.topk_idx == nullptr || args.topk_weights == nullptr || args.out == nullptr))) {
     return "topk_idx, topk_weights and out are required";
   }
   if (args.y == nullptr || args.src_info == nullptr || args.layout_range == nullptr || args.active_ranks == nullptr) {

@@ -31,10 +31,9 @@ inline EpStages stagesOf(const std::string& stages) {
   throw pybind11::value_error("stages: must be 'all', 'send' or 'receive', got '" + stages + "'");
 }
 
-inline DispatchArgs dispatchArgs(uintptr_t x, uintptr_t topk_idx, int num_tokens, int num_topk,
-                                 uintptr_t active_ranks, int64_t timeout_us, bool use_fp8, uintptr_t recv_x,
-                                 uintptr_t recv_scales, uintptr_t recv_count, uintptr_t src_info,
-                                 uintptr_t layout_range) {
+inline DispatchArgs dispatchArgs(uintptr_t x, uintptr_t topk_idx, int num_tokens, int num_topk, uintptr_t active_ranks,
+                                 int64_t timeout_us, bool use_fp8, uintptr_t recv_x, uintptr_t recv_scales,
+                                 uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range) {
   DispatchArgs a;
   a.x = pointer<const void>(x);
   a.topk_idx = pointer<const int64_t>(topk_idx);

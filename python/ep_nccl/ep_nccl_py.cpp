@@ -120,9 +120,9 @@ PYBIND11_MODULE(_ep_nccl, m) {
            "Collective, bounded; abandon=True (after a failure) aborts the communicator instead of meeting the "
            "peers")
       .def("dispatch", &PyEpNcclGroup::dispatch, py::arg("x"), py::arg("topk_idx"), py::arg("num_tokens"),
-           py::arg("num_topk"), py::arg("active_ranks"), py::arg("timeout_us"), py::arg("use_fp8"),
-           py::arg("recv_x"), py::arg("recv_scales"), py::arg("recv_count"), py::arg("src_info"),
-           py::arg("layout_range"), py::arg("stream"), py::arg("stages") = "all")
+           py::arg("num_topk"), py::arg("active_ranks"), py::arg("timeout_us"), py::arg("use_fp8"), py::arg("recv_x"),
+           py::arg("recv_scales"), py::arg("recv_count"), py::arg("src_info"), py::arg("layout_range"),
+           py::arg("stream"), py::arg("stages") = "all")
       .def("combine", &PyEpNcclGroup::combine, py::arg("y"), py::arg("src_info"), py::arg("layout_range"),
            py::arg("topk_idx"), py::arg("topk_weights"), py::arg("num_tokens"), py::arg("num_topk"),
            py::arg("active_ranks"), py::arg("timeout_us"), py::arg("out"), py::arg("stream"),

@@ -93,7 +93,8 @@ std::string EpNcclGroup::makeUniqueId(std::string* error) { return NcclCommunica
 std::unique_ptr<EpNcclGroup> EpNcclGroup::open(const std::string& unique_id, int rank, int num_ranks,
                                                const EpIpcGroupOptions& options, std::string* error) {
   auto fail = [&](const std::string& why) -> std::unique_ptr<EpNcclGroup> {
-    if (error) *error = "EP NCCL group (rank " + std::to_string(rank) + " of " + std::to_string(num_ranks) + "): " + why;
+    if (error)
+      *error = "EP NCCL group (rank " + std::to_string(rank) + " of " + std::to_string(num_ranks) + "): " + why;
     return nullptr;
   };
   if (std::string why = cuda::checkGroupSizes(rank, num_ranks, options); !why.empty()) return fail(why);
@@ -202,8 +203,9 @@ bool EpNcclGroup::dispatch(const DispatchArgs& args, cudaStream_t stream, std::s
   State& g = *state_;
   std::string why = cuda::checkDispatchCall(args, g.layout);
   if (why.empty()) {
-    why = g.gate.run(g.device, [&] { return cuda::launchDispatch(g.context(args.timeout_us), args, stages, stream); },
-                     [this] { abortWaits(); });
+    why = g.gate.run(
+        g.device, [&] { return cuda::launchDispatch(g.context(args.timeout_us), args, stages, stream); },
+        [this] { abortWaits(); });
   }
   if (!why.empty() && error) *error = "EP dispatch: " + why;
   return why.empty();
@@ -213,8 +215,9 @@ bool EpNcclGroup::combine(const CombineArgs& args, cudaStream_t stream, std::str
   State& g = *state_;
   std::string why = cuda::checkCombineCall(args, g.layout);
   if (why.empty()) {
-    why = g.gate.run(g.device, [&] { return cuda::launchCombine(g.context(args.timeout_us), args, stages, stream); },
-                     [this] { abortWaits(); });
+    why = g.gate.run(
+        g.device, [&] { return cuda::launchCombine(g.context(args.timeout_us), args, stages, stream); },
+        [this] { abortWaits(); });
   }
   if (!why.empty() && error) *error = "EP combine: " + why;
   return why.empty();

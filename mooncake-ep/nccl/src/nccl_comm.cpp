@@ -31,8 +31,8 @@ std::string NcclCommunicator::makeUniqueId(std::string* error) {
 std::unique_ptr<NcclCommunicator> NcclCommunicator::create(const std::string& unique_id, int rank, int num_ranks,
                                                            int device, Deadline deadline, std::string* error) {
   auto fail = [&](const std::string& why) -> std::unique_ptr<NcclCommunicator> {
-    if (error) *error = "NCCL communicator (rank " + std::to_string(rank) + " of " + std::to_string(num_ranks) +
-                        "): " + why;
+    if (error)
+      *error = "NCCL communicator (rank " + std::to_string(rank) + " of " + std::to_string(num_ranks) + "): " + why;
     return nullptr;
   };
   const NcclLibrary* nccl = ncclLibrary(error);
@@ -55,8 +55,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(const std::string& un
   config.commName = "mooncake-ep-elastic";
   const ncclResult_t issued = nccl->commInitRankConfig(&c->comm_, num_ranks, id, rank, &config);
   if (std::string why = c->await(issued, "ncclCommInitRankConfig", deadline); !why.empty()) return fail(why);
-  MC_LOG(Info) << "NCCL communicator up: rank " << rank << " of " << num_ranks << ", NCCL "
-               << nccl->version;
+  MC_LOG(Info) << "NCCL communicator up: rank " << rank << " of " << num_ranks << ", NCCL " << nccl->version;
   return c;
 }
 
@@ -92,8 +91,9 @@ std::string NcclCommunicator::await(ncclResult_t issued, const char* what, Deadl
     }
     if (pastDeadline(deadline)) {
       abort();
-      return std::string(what) + ": not complete by the deadline (a peer died or never came); the communicator "
-                                 "was aborted";
+      return std::string(what) +
+             ": not complete by the deadline (a peer died or never came); the communicator "
+             "was aborted";
     }
     std::this_thread::sleep_for(kPollInterval);
   }
@@ -125,8 +125,8 @@ std::string NcclCommunicator::allMin(int value, int* minimum, Deadline deadline)
 
 std::string NcclCommunicator::registerWindow(void* base, size_t bytes, ncclWindow_t* window, Deadline deadline) {
   if (comm_ == nullptr) return "the communicator was aborted earlier";
-  return await(nccl_.commWindowRegister(comm_, base, bytes, window, NCCL_WIN_COLL_SYMMETRIC),
-               "ncclCommWindowRegister", deadline);
+  return await(nccl_.commWindowRegister(comm_, base, bytes, window, NCCL_WIN_COLL_SYMMETRIC), "ncclCommWindowRegister",
+               deadline);
 }
 
 std::string NcclCommunicator::deregisterWindow(ncclWindow_t window, Deadline deadline) {

@@ -25,8 +25,8 @@ class NcclCommunicator {
   static std::string makeUniqueId(std::string* error);
 
   // Collective: every rank passes the same id; bounded by `deadline`.
-  static std::unique_ptr<NcclCommunicator> create(const std::string& unique_id, int rank, int num_ranks,
-                                                  int device, Deadline deadline, std::string* error);
+  static std::unique_ptr<NcclCommunicator> create(const std::string& unique_id, int rank, int num_ranks, int device,
+                                                  Deadline deadline, std::string* error);
   // Aborts the communicator when close() did not end it.
   ~NcclCommunicator();
   NcclCommunicator(const NcclCommunicator&) = delete;

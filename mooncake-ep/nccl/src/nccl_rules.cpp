@@ -43,20 +43,21 @@ std::string runtimeVersionProblem(int runtime_code, int header_code) {
   }
   if (runtime_code < header_code || runtime_code < kMinNcclVersionCode) {
     return "the NCCL loaded in this process is " + running + " (torch 2.11 ships 2.28.9); the NCCL transport needs " +
-           ncclVersionText(header_code > kMinNcclVersionCode ? header_code : kMinNcclVersionCode) +
-           " or newer; " + preload;
+           ncclVersionText(header_code > kMinNcclVersionCode ? header_code : kMinNcclVersionCode) + " or newer; " +
+           preload;
   }
   return {};
 }
 
 std::string lsaTeamProblem(int num_ranks, int lsa_team_size) {
   if (num_ranks > cuda::kMaxEpRanks) {
-    return std::to_string(num_ranks) + " ranks: the EP kernels address at most " +
-           std::to_string(cuda::kMaxEpRanks) + " peers";
+    return std::to_string(num_ranks) + " ranks: the EP kernels address at most " + std::to_string(cuda::kMaxEpRanks) +
+           " peers";
   }
   if (lsa_team_size != num_ranks) {
     return "NCCL's LSA team of this rank holds " + std::to_string(lsa_team_size) + " of the " +
-           std::to_string(num_ranks) + " ranks (the others are reached only over the network, through GIN, which "
+           std::to_string(num_ranks) +
+           " ranks (the others are reached only over the network, through GIN, which "
            "this transport does not use yet); the NCCL transport needs every rank in one LSA team (one host, or one "
            "multi-node NVLink domain)";
   }
