@@ -175,7 +175,10 @@ class ElasticBuffer:
                                           timedelta(seconds=self.num_gpu_timeout_secs))
         nccl_rows = self._nccl_rows_path(topo, explicit=request == "nccl") if chosen == "nccl" else None
         self.transport = "nccl" if nccl_rows is not None else "ibgda"  # auto falls back when NCCL cannot be set up
+        fallback = self._path_reason if chosen == "nccl" and nccl_rows is None else ""
         self.runtime = nccl_rows or self._ipc_rows_path(topo) or self._collective
+        if fallback:  # why not NCCL, then why this path
+            self._path_reason = f"{fallback}; then {self._path_reason}"
         self._broken = None
         if self.rank_idx == 0:
             _log.info("ElasticBuffer over %d rank(s): transport %s, %s path (%s), domains %dx%d", self.num_ranks,

@@ -61,6 +61,8 @@ def _fake_nccl(rank_0_fails: bool):
 
 
 def _share(ctx, rank_0_fails):
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
 
@@ -69,14 +71,14 @@ def _share(ctx, rank_0_fails):
     nccl = _fake_nccl(rank_0_fails)
     if ctx.rank:  # only rank 0 may make the id
         nccl.make_unique_id = None
-    return errors_of({"share": lambda: boot.share_unique_id(
-        dist.group.WORLD, ctx.rank, nccl, torch.device("cpu"), __import__("datetime").timedelta(seconds=30),
-        work_failure_reader(dist.group.WORLD))}) or "ok"
+    share = lambda: boot.share_unique_id(dist.group.WORLD, ctx.rank, nccl, torch.device("cpu"),  # noqa: E731
+                                         timedelta(seconds=30), work_failure_reader(dist.group.WORLD))
+    return share() if not rank_0_fails else errors_of({"share": share})
 
 
 def test_unique_id_reaches_every_rank_and_so_does_rank_0s_failure():
     with World(3, gloo=False, env=RANK_ENV) as world:
-        assert world.run(_share, False, timeout=60) == ["ok"] * 3
+        assert world.run(_share, False, timeout=60) == [UID] * 3  # rank 0's: the others cannot make one
         seen = world.run(_share, True, timeout=60)
     assert_errors(seen, {"share": ("RuntimeError", "rank 0 could not make the NCCL unique id: ncclGetUniqueId: "
                                                    "bootstrap failed")})
