@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from _elastic_refs import GRID
-from _elastic_rounds import elastic_buffer_of, run_elastic_round
+from _elastic_rounds import dies_between_calls, elastic_buffer_of, run_elastic_round
 from _ep_rounds import RANK_ENV
 from _harness import World
 
@@ -73,39 +73,13 @@ def test_the_nccl_transport_gives_the_collective_paths_bits():
     assert got == [("nccl", "collective", [True, True])] * WORLD
 
 
-def _dies_between_calls(ctx, victim):
-    import os
-    import time
-
-    import torch.distributed as dist
-    from _elastic_refs import ElasticCase
-    from _ep_refs import Case
-
-    case = ElasticCase(Case(hidden=256, experts_per_rank=2, num_topk=2, tokens=6, seed=5))
-    buffer = elastic_buffer_of(ctx, "death", transport="nccl", num_max_tokens_per_rank=6, hidden=256, num_topk=2,
-                               num_gpu_timeout_secs=5)
-    run_elastic_round(ctx, case, buffer_name="death", device="cuda")
-    dist.barrier()
-    if ctx.rank == victim:
-        os._exit(17)
-    outcomes = []
-    for _ in range(2):  # the failure, then a call refused until update_ep_member()
-        start = time.monotonic()
-        try:
-            run_elastic_round(ctx, case, buffer_name="death", device="cuda")
-            outcomes.append(("none", "", time.monotonic() - start))
-        except RuntimeError as err:
-            outcomes.append(("RuntimeError", str(err), time.monotonic() - start))
-    return buffer.path, outcomes
-
-
 def test_a_dead_rank_is_bounded_by_the_gpu_timeout():
     """No process watchdog here (NCCL has none to feed the kernels): the
     survivors' kernels give the dead rank up at num_gpu_timeout_secs (5 s),
     the call raises naming update_ep_member(), and later calls are refused."""
     victim = WORLD - 1
     with World(WORLD, gloo=False, env=RANK_ENV, backend="mooncake") as world:
-        got = world.run(_dies_between_calls, victim, allow_dead=(victim,), timeout=120)
+        got = world.run(dies_between_calls, victim, allow_dead=(victim,), timeout=120, transport="nccl")
     assert got[victim] is None
     for r in range(WORLD - 1):
         path, outcomes = got[r]
