@@ -1,12 +1,14 @@
-// The EP kernels' call arguments from what Python passes (device addresses
-// as integers, the stream as its raw handle, the stages by name): one
-// spelling for every binding of a group that runs the kernels (mooncake._ep_ipc,
-// mooncake._ep_nccl).
+// The EP kernels' calls as Python makes them (device addresses as integers,
+// the stream as its raw handle, the stages by name): one spelling for every
+// binding of a group that runs the kernels (mooncake._ep_ipc's EpIpcGroup,
+// mooncake._ep_nccl's EpNcclGroup), which derives from KernelCalls and
+// declares them with defineKernelCalls.
 #pragma once
 
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 #include "mooncake/ep/cuda/ep_ipc_group.h"
@@ -65,6 +67,46 @@ inline CombineArgs combineArgs(uintptr_t y, uintptr_t src_info, uintptr_t layout
   a.timeout_us = timeout_us;
   a.out = pointer<void>(out);
   return a;
+}
+
+// dispatch() and combine() of a binding `Binding` whose group() returns the
+// native group; a refused call raises RuntimeError with the group's words.
+template <typename Binding>
+class KernelCalls {
+ public:
+  void dispatch(uintptr_t x, uintptr_t topk_idx, int num_tokens, int num_topk, uintptr_t active_ranks,
+                int64_t timeout_us, bool use_fp8, uintptr_t recv_x, uintptr_t recv_scales, uintptr_t recv_count,
+                uintptr_t src_info, uintptr_t layout_range, uintptr_t stream, const std::string& stages) {
+    const DispatchArgs a = dispatchArgs(x, topk_idx, num_tokens, num_topk, active_ranks, timeout_us, use_fp8, recv_x,
+                                        recv_scales, recv_count, src_info, layout_range);
+    std::string error;
+    if (!self().group().dispatch(a, streamOf(stream), &error, stagesOf(stages))) throw std::runtime_error(error);
+  }
+
+  void combine(uintptr_t y, uintptr_t src_info, uintptr_t layout_range, uintptr_t topk_idx, uintptr_t topk_weights,
+               int num_tokens, int num_topk, uintptr_t active_ranks, int64_t timeout_us, uintptr_t out,
+               uintptr_t stream, const std::string& stages) {
+    const CombineArgs a = combineArgs(y, src_info, layout_range, topk_idx, topk_weights, num_tokens, num_topk,
+                                      active_ranks, timeout_us, out);
+    std::string error;
+    if (!self().group().combine(a, streamOf(stream), &error, stagesOf(stages))) throw std::runtime_error(error);
+  }
+
+ private:
+  Binding& self() { return static_cast<Binding&>(*this); }
+};
+
+// The Python names and arguments of KernelCalls on `cls`.
+template <typename Binding, typename Class>
+void defineKernelCalls(Class& cls) {
+  namespace py = pybind11;
+  cls.def("dispatch", &Binding::dispatch, py::arg("x"), py::arg("topk_idx"), py::arg("num_tokens"), py::arg("num_topk"),
+          py::arg("active_ranks"), py::arg("timeout_us"), py::arg("use_fp8"), py::arg("recv_x"), py::arg("recv_scales"),
+          py::arg("recv_count"), py::arg("src_info"), py::arg("layout_range"), py::arg("stream"),
+          py::arg("stages") = "all");
+  cls.def("combine", &Binding::combine, py::arg("y"), py::arg("src_info"), py::arg("layout_range"), py::arg("topk_idx"),
+          py::arg("topk_weights"), py::arg("num_tokens"), py::arg("num_topk"), py::arg("active_ranks"),
+          py::arg("timeout_us"), py::arg("out"), py::arg("stream"), py::arg("stages") = "all");
 }
 
 }  // namespace mooncake::ep::python

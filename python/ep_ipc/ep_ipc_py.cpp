@@ -13,32 +13,21 @@
 #include <stdexcept>
 #include <string>
 
+#include "ep_call_args.h"
 #include "mooncake/ep/cuda/ep_ipc_group.h"
 
 namespace py = pybind11;
 using namespace mooncake::ep::cuda;
+using mooncake::ep::python::defineKernelCalls;
+using mooncake::ep::python::KernelCalls;
 
 namespace {
 
-template <typename T>
-T* pointer(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
-}
-
-cudaStream_t streamOf(uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
-
-EpStages stagesOf(const std::string& stages) {
-  if (stages == "all") return EpStages::kAll;
-  if (stages == "send") return EpStages::kSendOnly;
-  if (stages == "receive") return EpStages::kReceiveOnly;
-  throw py::value_error("stages: must be 'all', 'send' or 'receive', got '" + stages + "'");
-}
-
 // Holds the group; close() ends it early (collective), as the destructor would.
-class PyEpIpcGroup {
+class PyEpIpcGroup : public KernelCalls<PyEpIpcGroup> {
  public:
-  PyEpIpcGroup(const std::string& name, int rank, int num_ranks, int max_tokens_per_rank, int hidden,
-               int num_experts, int device, int attach_timeout_ms, uint32_t absent) {
+  PyEpIpcGroup(const std::string& name, int rank, int num_ranks, int max_tokens_per_rank, int hidden, int num_experts,
+               int device, int attach_timeout_ms, uint32_t absent) {
     EpIpcGroupOptions options;
     options.absent = absent;
     options.max_tokens_per_rank = max_tokens_per_rank;
@@ -77,44 +66,6 @@ class PyEpIpcGroup {
     return *group_;
   }
 
-  void dispatch(uintptr_t x, uintptr_t topk_idx, int num_tokens, int num_topk, uintptr_t active_ranks,
-                int64_t timeout_us, bool use_fp8, uintptr_t recv_x, uintptr_t recv_scales, uintptr_t recv_count,
-                uintptr_t src_info, uintptr_t layout_range, uintptr_t stream, const std::string& stages) {
-    DispatchArgs a;
-    a.x = pointer<const void>(x);
-    a.topk_idx = pointer<const int64_t>(topk_idx);
-    a.num_tokens = num_tokens;
-    a.num_topk = num_topk;
-    a.active_ranks = pointer<int32_t>(active_ranks);
-    a.timeout_us = timeout_us;
-    a.use_fp8 = use_fp8;
-    a.recv_x = pointer<void>(recv_x);
-    a.recv_scales = pointer<float>(recv_scales);
-    a.recv_count = pointer<int32_t>(recv_count);
-    a.src_info = pointer<int32_t>(src_info);
-    a.layout_range = pointer<int64_t>(layout_range);
-    std::string error;
-    if (!group().dispatch(a, streamOf(stream), &error, stagesOf(stages))) throw std::runtime_error(error);
-  }
-
-  void combine(uintptr_t y, uintptr_t src_info, uintptr_t layout_range, uintptr_t topk_idx, uintptr_t topk_weights,
-               int num_tokens, int num_topk, uintptr_t active_ranks, int64_t timeout_us, uintptr_t out,
-               uintptr_t stream, const std::string& stages) {
-    CombineArgs a;
-    a.y = pointer<const void>(y);
-    a.src_info = pointer<const int32_t>(src_info);
-    a.layout_range = pointer<const int64_t>(layout_range);
-    a.topk_idx = pointer<const int64_t>(topk_idx);
-    a.topk_weights = pointer<const float>(topk_weights);
-    a.num_tokens = num_tokens;
-    a.num_topk = num_topk;
-    a.active_ranks = pointer<int32_t>(active_ranks);
-    a.timeout_us = timeout_us;
-    a.out = pointer<void>(out);
-    std::string error;
-    if (!group().combine(a, streamOf(stream), &error, stagesOf(stages))) throw std::runtime_error(error);
-  }
-
  private:
   std::unique_ptr<EpIpcGroup> group_;
 };
@@ -124,19 +75,13 @@ class PyEpIpcGroup {
 PYBIND11_MODULE(_ep_ipc, m) {
   m.doc() = "EP dispatch/combine kernels over CUDA IPC between the processes of one host (docs/ep-kernels.md)";
   m.attr("MAX_RANKS") = kMaxEpRanks;
-  py::class_<PyEpIpcGroup>(m, "EpIpcGroup")
+  py::class_<PyEpIpcGroup> group_class(m, "EpIpcGroup");
+  group_class
       .def(py::init<const std::string&, int, int, int, int, int, int, int, uint32_t>(), py::arg("name"),
            py::arg("rank"), py::arg("num_ranks"), py::arg("max_tokens_per_rank"), py::arg("hidden"),
            py::arg("num_experts"), py::arg("device"), py::arg("attach_timeout_ms"), py::arg("absent") = 0,
            "Collective: every rank of the host group but the `absent` ones (bit r: rank r takes no part) opens "
            "the same name with the same sizes and the same `absent`.")
-      .def("close", &PyEpIpcGroup::close)
-      .def("dispatch", &PyEpIpcGroup::dispatch, py::arg("x"), py::arg("topk_idx"), py::arg("num_tokens"),
-           py::arg("num_topk"), py::arg("active_ranks"), py::arg("timeout_us"), py::arg("use_fp8"),
-           py::arg("recv_x"), py::arg("recv_scales"), py::arg("recv_count"), py::arg("src_info"),
-           py::arg("layout_range"), py::arg("stream"), py::arg("stages") = "all")
-      .def("combine", &PyEpIpcGroup::combine, py::arg("y"), py::arg("src_info"), py::arg("layout_range"),
-           py::arg("topk_idx"), py::arg("topk_weights"), py::arg("num_tokens"), py::arg("num_topk"),
-           py::arg("active_ranks"), py::arg("timeout_us"), py::arg("out"), py::arg("stream"),
-           py::arg("stages") = "all");
+      .def("close", &PyEpIpcGroup::close);
+  defineKernelCalls<PyEpIpcGroup>(group_class);
 }

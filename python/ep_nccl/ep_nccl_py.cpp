@@ -22,15 +22,13 @@
 
 namespace py = pybind11;
 using namespace mooncake::ep::nccl;
-using mooncake::ep::python::combineArgs;
-using mooncake::ep::python::dispatchArgs;
-using mooncake::ep::python::stagesOf;
-using mooncake::ep::python::streamOf;
+using mooncake::ep::python::defineKernelCalls;
+using mooncake::ep::python::KernelCalls;
 
 namespace {
 
 // Holds the group; close() ends it early (collective, bounded), as the destructor would.
-class PyEpNcclGroup {
+class PyEpNcclGroup : public KernelCalls<PyEpNcclGroup> {
  public:
   PyEpNcclGroup(const py::bytes& unique_id, int rank, int num_ranks, int max_tokens_per_rank, int hidden,
                 int num_experts, int device, int setup_timeout_ms) {
@@ -71,24 +69,6 @@ class PyEpNcclGroup {
     return *group_;
   }
 
-  void dispatch(uintptr_t x, uintptr_t topk_idx, int num_tokens, int num_topk, uintptr_t active_ranks,
-                int64_t timeout_us, bool use_fp8, uintptr_t recv_x, uintptr_t recv_scales, uintptr_t recv_count,
-                uintptr_t src_info, uintptr_t layout_range, uintptr_t stream, const std::string& stages) {
-    const auto a = dispatchArgs(x, topk_idx, num_tokens, num_topk, active_ranks, timeout_us, use_fp8, recv_x,
-                                recv_scales, recv_count, src_info, layout_range);
-    std::string error;
-    if (!group().dispatch(a, streamOf(stream), &error, stagesOf(stages))) throw std::runtime_error(error);
-  }
-
-  void combine(uintptr_t y, uintptr_t src_info, uintptr_t layout_range, uintptr_t topk_idx, uintptr_t topk_weights,
-               int num_tokens, int num_topk, uintptr_t active_ranks, int64_t timeout_us, uintptr_t out,
-               uintptr_t stream, const std::string& stages) {
-    const auto a = combineArgs(y, src_info, layout_range, topk_idx, topk_weights, num_tokens, num_topk, active_ranks,
-                               timeout_us, out);
-    std::string error;
-    if (!group().combine(a, streamOf(stream), &error, stagesOf(stages))) throw std::runtime_error(error);
-  }
-
  private:
   std::unique_ptr<EpNcclGroup> group_;
 };
@@ -111,20 +91,14 @@ PYBIND11_MODULE(_ep_nccl, m) {
   m.def("version_text", &ncclVersionText, py::arg("code"), "'2.32.6' for 23206");
   m.def("lsa_team_problem", &lsaTeamProblem, py::arg("num_ranks"), py::arg("lsa_team_size"));
   m.def("make_unique_id", &makeUniqueId, "A fresh ncclUniqueId as bytes (rank 0 makes it, the group broadcasts it)");
-  py::class_<PyEpNcclGroup>(m, "EpNcclGroup")
+  py::class_<PyEpNcclGroup> group_class(m, "EpNcclGroup");
+  group_class
       .def(py::init<const py::bytes&, int, int, int, int, int, int, int>(), py::arg("unique_id"), py::arg("rank"),
            py::arg("num_ranks"), py::arg("max_tokens_per_rank"), py::arg("hidden"), py::arg("num_experts"),
            py::arg("device"), py::arg("setup_timeout_ms"),
            "Collective over every rank, bounded by setup_timeout_ms: the same unique_id and sizes everywhere.")
       .def("close", &PyEpNcclGroup::close, py::arg("abandon") = false,
            "Collective, bounded; abandon=True (after a failure) aborts the communicator instead of meeting the "
-           "peers")
-      .def("dispatch", &PyEpNcclGroup::dispatch, py::arg("x"), py::arg("topk_idx"), py::arg("num_tokens"),
-           py::arg("num_topk"), py::arg("active_ranks"), py::arg("timeout_us"), py::arg("use_fp8"), py::arg("recv_x"),
-           py::arg("recv_scales"), py::arg("recv_count"), py::arg("src_info"), py::arg("layout_range"),
-           py::arg("stream"), py::arg("stages") = "all")
-      .def("combine", &PyEpNcclGroup::combine, py::arg("y"), py::arg("src_info"), py::arg("layout_range"),
-           py::arg("topk_idx"), py::arg("topk_weights"), py::arg("num_tokens"), py::arg("num_topk"),
-           py::arg("active_ranks"), py::arg("timeout_us"), py::arg("out"), py::arg("stream"),
-           py::arg("stages") = "all");
+           "peers");
+  defineKernelCalls<PyEpNcclGroup>(group_class);
 }
