@@ -75,7 +75,7 @@ std::string NcclCommunicator::describe(ncclResult_t result, const char* what) co
 
 std::string NcclCommunicator::await(ncclResult_t issued, const char* what, Deadline deadline) {
   if (issued != ncclSuccess && issued != ncclInProgress) {
-    const std::string why = describe(issued, what);
+    std::string why = describe(issued, what);
     abort();
     return why;
   }
@@ -85,7 +85,7 @@ std::string NcclCommunicator::await(ncclResult_t issued, const char* what, Deadl
     if (polled != ncclSuccess) state = polled;
     if (state == ncclSuccess) return {};
     if (state != ncclInProgress) {
-      const std::string why = describe(state, what);
+      std::string why = describe(state, what);
       abort();
       return why;
     }
