@@ -31,9 +31,9 @@ function(mooncake_find_nccl_device)
   unset(MOONCAKE_NCCL_INCLUDE_DIR CACHE)
   find_path(MOONCAKE_NCCL_INCLUDE_DIR nccl_device.h HINTS ${_hints} PATH_SUFFIXES include)
   if(NOT MOONCAKE_NCCL_INCLUDE_DIR OR NOT EXISTS "${MOONCAKE_NCCL_INCLUDE_DIR}/nccl.h")
-    set(MOONCAKE_NCCL_WHY_NOT
-        "no nccl.h with nccl_device.h found (set MOONCAKE_NCCL_ROOT or NCCL_ROOT to a folder with include/; "
-        "scripts/build_nccl_device.sh fetches PyPI's nvidia-nccl-cu13)" PARENT_SCOPE)
+    string(CONCAT _why "no nccl.h with nccl_device.h found (set MOONCAKE_NCCL_ROOT or NCCL_ROOT to a folder with "
+                  "include/; scripts/build_nccl_device.sh fetches PyPI's nvidia-nccl-cu13)")
+    set(MOONCAKE_NCCL_WHY_NOT "${_why}" PARENT_SCOPE)
     return()
   endif()
   file(STRINGS "${MOONCAKE_NCCL_INCLUDE_DIR}/nccl.h" _lines REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) +[0-9]+")
@@ -47,9 +47,9 @@ function(mooncake_find_nccl_device)
   endif()
   set(_version "${_MAJOR}.${_MINOR}.${_PATCH}")
   if(_version VERSION_LESS MOONCAKE_NCCL_MIN_VERSION)
-    set(MOONCAKE_NCCL_WHY_NOT
-        "the NCCL headers in ${MOONCAKE_NCCL_INCLUDE_DIR} are ${_version}; the transport needs >= "
-        "${MOONCAKE_NCCL_MIN_VERSION} (PyPI: nvidia-nccl-cu13==2.32.6)" PARENT_SCOPE)
+    string(CONCAT _why "the NCCL headers in ${MOONCAKE_NCCL_INCLUDE_DIR} are ${_version}; the transport needs >= "
+                  "${MOONCAKE_NCCL_MIN_VERSION} (PyPI: nvidia-nccl-cu13==2.32.6)")
+    set(MOONCAKE_NCCL_WHY_NOT "${_why}" PARENT_SCOPE)
     return()
   endif()
   math(EXPR _code "${_MAJOR} * 10000 + ${_MINOR} * 100 + ${_PATCH}")
