@@ -63,18 +63,27 @@ mooncake_resolve_feature(MOONCAKE_WITH_RDMA ${_rdma_found})
 # (Python, over the process group's own operations).
 mooncake_resolve_feature(MOONCAKE_WITH_EP ${MOONCAKE_WITH_CUDA_ENABLED})
 
-# NCCL device API (ElasticBuffer's transport='nccl'): no source of this tree
-# uses it yet, so nothing can be built for it, whatever headers are found.
-# ON fails here, saying so; AUTO and OFF build without it (reported below and
-# by mooncake.ep.has_nccl_device_support()). When the path is written, detect
-# nccl_device.h (NCCL >= 2.28) here and gate its sources on
-# MOONCAKE_WITH_NCCL_DEVICE_ENABLED.
-if(MOONCAKE_WITH_NCCL_DEVICE STREQUAL "ON")
-  message(FATAL_ERROR "MOONCAKE_WITH_NCCL_DEVICE=ON, but this source tree has no NCCL device API path yet "
-                      "(no source uses nccl_device.h; ElasticBuffer's transport='nccl' is not implemented): "
-                      "configure with MOONCAKE_WITH_NCCL_DEVICE=AUTO or OFF")
+# NCCL device API (ElasticBuffer's transport='nccl', mooncake-ep/nccl/): the
+# EP kernels over an NCCL symmetric window. Needs EP (hence CUDA) and NCCL
+# headers >= 2.30.4 with the library (cmake/MooncakeNccl.cmake: where it
+# looks, MOONCAKE_NCCL_ROOT / NCCL_ROOT). AUTO builds it only when found, so
+# a build without those headers is the same as before; ON fails here, saying
+# what is missing.
+include(MooncakeNccl)
+set(MOONCAKE_NCCL_WHY_NOT "MOONCAKE_WITH_NCCL_DEVICE=OFF")
+set(_nccl_found OFF)
+if(NOT MOONCAKE_WITH_NCCL_DEVICE STREQUAL "OFF")
+  if(NOT MOONCAKE_WITH_EP_ENABLED)
+    set(MOONCAKE_NCCL_WHY_NOT "it needs the EP kernels, hence CUDA (MOONCAKE_WITH_EP is off or no CUDA toolkit)")
+  else()
+    mooncake_find_nccl_device()
+    set(_nccl_found ${MOONCAKE_NCCL_FOUND})
+  endif()
 endif()
-set(MOONCAKE_WITH_NCCL_DEVICE_ENABLED OFF)
+if(MOONCAKE_WITH_NCCL_DEVICE STREQUAL "ON" AND NOT _nccl_found)
+  message(FATAL_ERROR "MOONCAKE_WITH_NCCL_DEVICE=ON, but ${MOONCAKE_NCCL_WHY_NOT}")
+endif()
+mooncake_resolve_feature(MOONCAKE_WITH_NCCL_DEVICE ${_nccl_found})
 
 if(MOONCAKE_WITH_CUDA_ENABLED)
   enable_language(CUDA)

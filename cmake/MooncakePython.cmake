@@ -13,7 +13,9 @@ if(NOT _pybind11_rc EQUAL 0)
 endif()
 find_package(pybind11 CONFIG REQUIRED HINTS "${_pybind11_dir}")
 
-set(MOONCAKE_PYTHON_PACKAGE_DIR "${PROJECT_SOURCE_DIR}/python/mooncake")
+# A build of its own (scripts/build_nccl_device.sh) may place them elsewhere.
+set(MOONCAKE_PYTHON_PACKAGE_DIR "${PROJECT_SOURCE_DIR}/python/mooncake" CACHE PATH
+    "Where a plain (non-pip) build places the extension modules")
 
 # mooncake_add_python_module(<target> <module name> SOURCES ...): one extension
 # module of the mooncake package, e.g. `engine` -> mooncake.engine.

@@ -28,6 +28,15 @@ echo "== Python tests (pytest)"
 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -q -ra --durations=15 tests/python
 took "pytest"
 
+# ElasticBuffer's NCCL transport compiles (-DMOONCAKE_WITH_NCCL_DEVICE=ON in
+# build-nccl/, against PyPI's nvidia-nccl-cu13 headers, one CUDA arch); it
+# skips, saying why, without a CUDA toolkit or without PyPI and a cached wheel.
+if [ "${NCCL_BUILD:-1}" != 0 ]; then
+  echo "== NCCL transport: compile only"
+  scripts/build_nccl_device.sh
+  took "NCCL transport build"
+fi
+
 # The install users type: an isolated `pip wheel .`, installed into a fresh
 # virtual environment, runs the quick start (WHEEL_SMOKE=0 skips it).
 if [ "${WHEEL_SMOKE:-1}" != 0 ]; then

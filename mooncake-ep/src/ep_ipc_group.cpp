@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "mooncake/pg/cuda/common/cuda_calls.h"  // cudaWhat, DeviceScope, IPC export and mapping
+#include "call_checks.h"
 #include "ep_control_block.h"
 #include "kernel_args.h"
 
@@ -20,41 +21,6 @@ using mooncake::pg::cuda::cudaWhat;
 using mooncake::pg::cuda::DeviceScope;
 using mooncake::pg::cuda::exportIpcHandle;
 using mooncake::pg::cuda::mapPeerAllocations;
-
-std::string checkSizes(int rank, int num_ranks, const EpIpcGroupOptions& o) {
-  if (num_ranks < 1 || num_ranks > kMaxEpRanks || rank < 0 || rank >= num_ranks) {
-    return "invalid rank/size (at most " + std::to_string(kMaxEpRanks) + " ranks)";
-  }
-  if (o.max_tokens_per_rank < 1 || o.hidden < kChannelsPerScale || o.hidden % kChannelsPerScale != 0 ||
-      o.hidden > 8192) {
-    return "max_tokens_per_rank must be >= 1 and hidden a multiple of 128 up to 8192";
-  }
-  if (o.num_experts < num_ranks || o.num_experts % num_ranks != 0) {
-    return "num_experts must be a positive multiple of the number of ranks";
-  }
-  return {};
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// The rules of DispatchArgs::bytes (the kernels copy 16-byte vectors).
-std::string checkByteRows(const DispatchArgs& args, const RegionLayout& layout) {
-  const ByteRows& b = args.bytes;
-  if (args.use_fp8) return "bytes rows are moved as given: use_fp8 (quantising in the kernel) does not apply";
-  if (b.head_bytes % 16 != 0 || b.tail_bytes % 16 != 0 || b.head_bytes + b.tail_bytes > 2 * size_t(layout.H)) {
-    return "bytes.head_bytes and bytes.tail_bytes must be multiples of 16 adding up to at most 2 * hidden";
-  }
-  if (b.tail_bytes > 0 && (b.recv_tail == nullptr || (args.num_tokens > 0 && b.tail == nullptr))) {
-    return "bytes.tail and bytes.recv_tail are required with tail_bytes";
-  }
-  if (b.zeroed_rows < 0 || b.zeroed_rows > layout.R * layout.T) {
-    return "bytes.zeroed_rows must be in [0, num_ranks * max_tokens_per_rank]";
-  }
-  if (!aligned16(args.x) || !aligned16(b.tail) || !aligned16(args.recv_x) || !aligned16(b.recv_tail)) {
-    return "x, bytes.tail, recv_x and bytes.recv_tail must be 16-byte aligned";
-  }
-  return {};
-}
 
 }  // namespace
 
@@ -68,13 +34,10 @@ struct EpIpcGroup::State {
   int device = 0;
   EpIpcGroupOptions options;
   RegionLayout layout;
-  char* region = nullptr;            // this rank's receive region
-  std::vector<char*> peer_regions;   // every rank's, as mapped here
+  char* region = nullptr;           // this rank's receive region
+  std::vector<char*> peer_regions;  // every rank's, as mapped here
   std::unique_ptr<EpControlBlock> control;
-  // Set by a failed launch: this rank's call numbers may be out of step with
-  // the peers' (a send enqueued without its receive, or the other way round),
-  // so every later call is refused rather than paired with the wrong data.
-  std::string broken;
+  LaunchGate gate;  // refuses every call after a failed launch (call_checks.h says why)
   EpKernelContext context(int64_t timeout_us) const {
     EpKernelContext ctx;
     ctx.layout = layout;
@@ -107,7 +70,7 @@ std::unique_ptr<EpIpcGroup> EpIpcGroup::open(const std::string& name, int rank, 
     if (error) *error = "EP IPC group '" + name + "' (rank " + std::to_string(rank) + "): " + why;
     return nullptr;
   };
-  if (std::string why = checkSizes(rank, num_ranks, options); !why.empty()) return fail(why);
+  if (std::string why = checkGroupSizes(rank, num_ranks, options); !why.empty()) return fail(why);
   state->rank = rank;
   state->num_ranks = num_ranks;
   state->options = options;
@@ -184,66 +147,24 @@ const EpIpcGroupOptions& EpIpcGroup::options() const { return state_->options; }
 void EpIpcGroup::abortWaits() { state_->control->slot(state_->rank).abort.store(1, std::memory_order_release); }
 
 std::string EpIpcGroup::enqueueCall(const std::function<cudaError_t()>& launch) {
-  State& g = *state_;
-  if (!g.broken.empty()) return g.broken;
-  DeviceScope scope(g.device);
-  cudaGetLastError();  // an earlier, unrelated error must not be taken for this launch's
-  const cudaError_t err = launch();
-  if (err == cudaSuccess) return {};
-  g.broken = "the group is unusable after a failed launch (" + cudaWhat("launch", err) + "); open a new one";
-  abortWaits();  // whatever this rank did enqueue ends without waiting for peers
-  return g.broken;
+  // Whatever this rank did enqueue ends without waiting for peers.
+  return state_->gate.run(state_->device, launch, [this] { abortWaits(); });
 }
 
 bool EpIpcGroup::dispatch(const DispatchArgs& args, cudaStream_t stream, std::string* error, EpStages stages) {
   State& g = *state_;
-  auto fail = [&](const std::string& why) {
-    if (error) *error = "EP dispatch: " + why;
-    return false;
-  };
-  if (args.num_tokens < 0 || args.num_tokens > g.layout.T) {
-    return fail("num_tokens must be in [0, max_tokens_per_rank]");
-  }
-  const ByteRows& bytes = args.bytes;
-  const bool needs_x = !bytes.enabled || bytes.head_bytes > 0;
-  if (args.num_topk < 0 || (args.num_tokens > 0 && args.num_topk > 0 && args.topk_idx == nullptr) ||
-      (args.num_tokens > 0 && needs_x && args.x == nullptr)) {
-    return fail("x and topk_idx are required");
-  }
-  if (bytes.enabled) {
-    if (const std::string why = checkByteRows(args, g.layout); !why.empty()) return fail(why);
-  }
-  if (args.active_ranks == nullptr || (needs_x && args.recv_x == nullptr) || args.recv_count == nullptr ||
-      args.src_info == nullptr || args.layout_range == nullptr || (args.use_fp8 && args.recv_scales == nullptr)) {
-    return fail("active_ranks and every output are required (recv_scales with use_fp8)");
-  }
-  if (args.timeout_us < -1) return fail("timeout_us must be -1 or >= 0");
-  const std::string why = enqueueCall([&] { return launchDispatch(g.context(args.timeout_us), args, stages, stream); });
-  return why.empty() || fail(why);
+  std::string why = checkDispatchCall(args, g.layout);
+  if (why.empty()) why = enqueueCall([&] { return launchDispatch(g.context(args.timeout_us), args, stages, stream); });
+  if (!why.empty() && error) *error = "EP dispatch: " + why;
+  return why.empty();
 }
 
 bool EpIpcGroup::combine(const CombineArgs& args, cudaStream_t stream, std::string* error, EpStages stages) {
   State& g = *state_;
-  auto fail = [&](const std::string& why) {
-    if (error) *error = "EP combine: " + why;
-    return false;
-  };
-  if (args.num_tokens < 0 || args.num_tokens > g.layout.T) {
-    return fail("num_tokens must be in [0, max_tokens_per_rank]");
-  }
-  if (args.num_topk < 0 || (args.num_tokens > 0 && (args.topk_idx == nullptr || args.topk_weights == nullptr ||
-                                                    args.out == nullptr))) {
-    return fail("topk_idx, topk_weights and out are required");
-  }
-  if (args.y == nullptr || args.src_info == nullptr || args.layout_range == nullptr || args.active_ranks == nullptr) {
-    return fail("y, the dispatch handle (src_info, layout_range) and active_ranks are required");
-  }
-  if (args.channels < 0 || args.channels % 8 != 0 || args.channels > g.layout.H) {
-    return fail("channels must be a multiple of 8 in [0, hidden] (0: hidden)");
-  }
-  if (args.timeout_us < -1) return fail("timeout_us must be -1 or >= 0");
-  const std::string why = enqueueCall([&] { return launchCombine(g.context(args.timeout_us), args, stages, stream); });
-  return why.empty() || fail(why);
+  std::string why = checkCombineCall(args, g.layout);
+  if (why.empty()) why = enqueueCall([&] { return launchCombine(g.context(args.timeout_us), args, stages, stream); });
+  if (!why.empty() && error) *error = "EP combine: " + why;
+  return why.empty();
 }
 
 }  // namespace mooncake::ep::cuda

@@ -30,6 +30,7 @@ from mooncake import pg as _pg  # noqa: F401 - the loading rule (version-suffixe
 from mooncake._ep_collective.events import StreamEventHandle as EventHandle
 from mooncake._ep_collective.sizes import ep_buffer_size_hint as get_ep_buffer_size_hint
 from mooncake._ep_collective.sizes import ep_elastic_buffer_size_hint as get_ep_elastic_buffer_size_hint
+from mooncake._ep_elastic import nccl_support as _nccl_support
 from mooncake._ep_elastic.sizes import elastic_buffer_size as calculate_elastic_buffer_size
 
 MAX_QP_COUNT = 256
@@ -41,10 +42,12 @@ NATIVE_NAMES = frozenset({"Buffer", "ElasticBuffer", "_LegacyBufferPerfTensors",
 
 
 def has_nccl_device_support() -> bool:
-    """Whether the EP runtime was built with NCCL's device API (the
-    ElasticBuffer ``"nccl"`` transport). Never in this build."""
-    return False
-
+    """Whether ElasticBuffer's ``"nccl"`` transport can run in this process:
+    the build has it (``-DMOONCAKE_WITH_NCCL_DEVICE=ON``) and the NCCL loaded
+    here goes with the headers it was built against (>= 2.30.4; torch 2.11
+    loads 2.28.9, so preload the newer one: docs/ep-elastic.md).
+    ``mooncake._ep_elastic.nccl_support.problem()`` says why not."""
+    return not _nccl_support.problem()
 
 
 def _load_native():

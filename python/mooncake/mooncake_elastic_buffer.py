@@ -21,8 +21,11 @@ one host with CUDA tensors and the constructor sized the buffer (the rows
 go through the CUDA IPC kernels, the layout is computed on the GPU, and a
 dispatch with ``do_cpu_sync=False`` never synchronises, so it can be
 captured in a CUDA graph); else ``"collective"``: the group's own operations.
-``"nccl"`` needs a build with NCCL's device API, which this build does not
-have; asking for it says so.
+``"nccl"`` runs the same kernels over an NCCL symmetric window
+(``_ep_elastic.nccl_path``; ``buffer.path == "nccl"``): a build with
+``-DMOONCAKE_WITH_NCCL_DEVICE=ON``, a preloaded NCCL >= 2.30.4, every rank
+in one NCCL LSA team, and a sized buffer (``ep.has_nccl_device_support()``,
+docs/ep-elastic.md).
 
 Membership is fixed, as in the reference. A rank that fails during dispatch
 or combine makes the call fail on every survivor (within
@@ -49,11 +52,13 @@ from mooncake._ep_collective.checks import int_arg
 from mooncake._ep_collective.events import EventHandle, EventOverlap, call_event
 from mooncake._ep_collective.exchange import wait
 from mooncake._ep_collective.group import control_device, group_mask_reader, takes_cuda_tensors, work_failure_reader
-from mooncake._ep_elastic import checks, sizes
+from mooncake._ep_elastic import checks, nccl_support, sizes
 from mooncake._ep_elastic import transport as transports
 from mooncake._ep_elastic.collective import CollectivePath
 from mooncake._ep_elastic.handle import EPHandle
 from mooncake._ep_elastic.ipc_rows import IpcRouting, IpcRowsPath, KernelRows, RowFormat, row_width
+from mooncake._ep_elastic.nccl_bootstrap import share_unique_id
+from mooncake._ep_elastic.nccl_path import NcclRowsGroup
 from mooncake._ep_elastic.topology import local_ranks_setting, ranks_per_host, topology
 from mooncake._ep_ipc_path import IpcPath, choose_path, local_statement
 from mooncake._ep_ipc_path.choice import host_id
@@ -122,6 +127,7 @@ class ElasticBuffer:
         self.runtime: CollectivePath | IpcRowsPath | None = None
         self._collective: CollectivePath | None = None  # any call the IPC path does not take
         self._ipc: IpcPath | None = None
+        self._nccl: NcclRowsGroup | None = None
         self._path_reason = "not connected"
         self._broken: str | None = None
         self._connect()
@@ -134,7 +140,10 @@ class ElasticBuffer:
         if missing:
             raise RuntimeError(f"ElasticBuffer: ranks {missing} are not active in the process group; every rank of "
                                "the group takes part in an ElasticBuffer")
-        mine = torch.tensor([transports.code_of(request), int(_ep.has_nccl_device_support()), _host_number(),
+        sized = bool(self.num_max_tokens_per_rank and self.hidden and self.num_topk)
+        cuda_group = takes_cuda_tensors(self.group) and torch.cuda.is_available()
+        nccl_problem = transports.ready_for_nccl(nccl_support.problem(), sized, cuda_group)
+        mine = torch.tensor([transports.code_of(request), int(not nccl_problem), _host_number(),
                              secrets.randbits(62), local_ranks_setting()], dtype=torch.int64,
                             device=control_device(self.group))
         table = torch.zeros(self.num_ranks * mine.numel(), dtype=torch.int64, device=mine.device)
@@ -151,10 +160,8 @@ class ElasticBuffer:
         if len(set(settings)) > 1:
             raise ValueError(f"MOONCAKE_EP_NUM_LOCAL_RANKS / LOCAL_WORLD_SIZE: every rank must see the same ranks per "
                              f"host (0: unset); rank by rank: {settings}")
-        chosen = transports.agree([transports.TRANSPORTS[r[0]] for r in rows], [bool(r[1]) for r in rows])
-        if chosen == "nccl":  # unreachable in this build (nothing is ready for it); kept for the rule's sake
-            raise RuntimeError("transport='nccl': this build has no NCCL device API path")
-        self.transport = chosen
+        chosen = transports.agree([transports.TRANSPORTS[r[0]] for r in rows], [bool(r[1]) for r in rows],
+                                  nccl_problem)
         local = settings[0] or ranks_per_host([r[2] for r in rows])
         topo = topology(self.num_ranks, local, self.allow_hybrid_mode)
         self._topology = topo
@@ -163,10 +170,15 @@ class ElasticBuffer:
         self.scaleout_rank_idx = topo.scaleout_index(self.rank_idx)
         self.scaleup_rank_idx = topo.scaleup_index(self.rank_idx)
         self._generation = _Generation(max(r[3] for r in rows))
-        self._close_ipc()  # collective: the peers close theirs in their _connect()
+        self._close_rows()  # collective: the peers close theirs in their _connect()
         self._collective = CollectivePath(self.group, self.rank_idx, topo, self._generation,
                                           timedelta(seconds=self.num_gpu_timeout_secs))
-        self.runtime = self._ipc_rows_path(topo) or self._collective
+        nccl_rows = self._nccl_rows_path(topo, explicit=request == "nccl") if chosen == "nccl" else None
+        self.transport = "nccl" if nccl_rows is not None else "ibgda"  # auto falls back when NCCL cannot be set up
+        fallback = self._path_reason if chosen == "nccl" and nccl_rows is None else ""
+        self.runtime = nccl_rows or self._ipc_rows_path(topo) or self._collective
+        if fallback:  # why not NCCL, then why this path
+            self._path_reason = f"{fallback}; then {self._path_reason}"
         self._broken = None
         if self.rank_idx == 0:
             _log.info("ElasticBuffer over %d rank(s): transport %s, %s path (%s), domains %dx%d", self.num_ranks,
@@ -203,17 +215,54 @@ class ElasticBuffer:
         self._path_reason = choice.reason
         return IpcRowsPath(self.rank_idx, topo, self._generation, rows, self.num_max_tokens_per_rank)
 
-    def _close_ipc(self) -> None:
+    def _nccl_rows_path(self, topo, explicit: bool) -> IpcRowsPath | None:
+        """The NCCL transport (collective): the unique id from rank 0, one
+        communicator and window, the kernels over them. None (with the
+        reason kept) when the window cannot be opened under "auto", which
+        then takes "ibgda"; the same on every rank, as the opening agrees
+        inside NCCL. Raises under an explicit "nccl"."""
+        nccl = nccl_support.native()
+        device = control_device(self.group)
+        uid = share_unique_id(self.group, self.rank_idx, nccl, device,
+                              timedelta(seconds=self.num_cpu_timeout_secs) if device.type == "cpu" else None,
+                              work_failure_reader(self.group))
+        native = NcclRowsGroup(nccl, uid, self.rank_idx, self.num_ranks, timedelta(seconds=self.num_cpu_timeout_secs))
+        close_at_exit(native)
+        try:
+            rows = KernelRows(native, torch.device("cuda", torch.cuda.current_device()), self.num_max_tokens_per_rank,
+                              row_width(self.hidden, self.num_topk), self.num_ranks,
+                              self.num_gpu_timeout_secs * 1_000_000)
+        except RuntimeError as err:
+            native.close(abandon=True)
+            if explicit:
+                raise RuntimeError(f"ElasticBuffer: transport='nccl' could not be set up: {err}") from err
+            self._path_reason = f"transport 'auto' took 'ibgda': the NCCL transport could not be set up ({err})"
+            _log.info("ElasticBuffer: %s", self._path_reason)
+            return None
+        self._nccl = native
+        self._path_reason = ("the NCCL transport: the EP kernels over an NCCL symmetric window, every rank in one "
+                             f"LSA team ({topo.num_ranks} ranks)")
+        path = IpcRowsPath(self.rank_idx, topo, self._generation, rows, self.num_max_tokens_per_rank)
+        path.name = "nccl"
+        return path
+
+    def _close_rows(self) -> None:
+        """Closes the kernels' group (collective): after a failure, the NCCL
+        one is abandoned (aborted) rather than closed with the peers."""
         if self._ipc is not None:
             self._ipc.close()
             self._ipc = None
+        if self._nccl is not None:
+            self._nccl.close(abandon=self._broken is not None)
+            self._nccl = None
 
     @property
     def path(self) -> str:
         """``"ipc"``: the rows go through the CUDA IPC kernels of one host and
-        the layout is computed on the GPU; ``"collective"``: the process
-        group's own operations (any device, any shape)."""
-        return "ipc" if isinstance(self.runtime, IpcRowsPath) else "collective"
+        the layout is computed on the GPU; ``"nccl"``: the same kernels over
+        an NCCL symmetric window; ``"collective"``: the process group's own
+        operations (any device, any shape)."""
+        return self.runtime.name if isinstance(self.runtime, IpcRowsPath) else "collective"
 
     @property
     def path_reason(self) -> str:
@@ -240,8 +289,8 @@ class ElasticBuffer:
                                "must be restarted") from err
 
     def destroy(self) -> None:
-        """Releases the buffer; collective on the IPC path (its kernels' buffers are mapped by the peers)."""
-        self._close_ipc()
+        """Releases the buffer; collective on the IPC and NCCL paths (the peers map its kernels' buffers)."""
+        self._close_rows()
         self.runtime = self._collective = None
 
     def barrier(self, use_comm_stream: bool = True, with_cpu_sync: bool = False) -> None:

@@ -2,8 +2,8 @@
 
 Each rank requests one (the ``transport`` argument; ``"auto"`` is replaced
 by ``MOONCAKE_EP_TRANSPORT`` when that is set) and says whether it is ready
-for ``"nccl"`` (a build with NCCL's device API). The group agrees in one
-all-gather, the same rule on every rank:
+for ``"nccl"`` (``ready_for_nccl``). The group agrees in one all-gather, the
+same rule on every rank:
 
 - differing requests: an error on every rank, naming who asked for what;
 - ``"nccl"`` requested and some rank not ready: an error naming those ranks;
@@ -11,7 +11,8 @@ all-gather, the same rule on every rank:
 
 ``"ibgda"`` is the device-initiated family: CUDA IPC kernels inside a host
 and RDMA across hosts where those exist, the collective path (the process
-group's own operations, any device) where they do not.
+group's own operations, any device) where they do not. ``"nccl"`` runs the
+same kernels over an NCCL symmetric window (``nccl_path``).
 """
 
 from __future__ import annotations
@@ -41,8 +42,25 @@ def code_of(transport: str) -> int:
     return TRANSPORTS.index(transport)
 
 
-def agree(requests: list[str], nccl_ready: list[bool]) -> str:
-    """The group's transport from every rank's request and readiness."""
+def ready_for_nccl(problem: str, sized: bool, cuda_group: bool) -> str:
+    """"" when this rank can take the ``"nccl"`` transport, else why not:
+    ``problem`` is the build's and runtime's (``nccl_support.problem()``);
+    the window is sized by the constructor's ``num_max_tokens_per_rank``,
+    ``hidden`` and ``num_topk`` (``sized``), and the rows are CUDA tensors
+    (``cuda_group``: a group for CUDA tensors, and a CUDA device)."""
+    if problem:
+        return problem
+    if not cuda_group:
+        return "the NCCL transport moves CUDA tensors: it needs a process group for CUDA tensors and a CUDA device"
+    if not sized:
+        return ("the NCCL transport's window is sized at construction: give num_max_tokens_per_rank, hidden and "
+                "num_topk")
+    return ""
+
+
+def agree(requests: list[str], nccl_ready: list[bool], my_reason: str = "") -> str:
+    """The group's transport from every rank's request and readiness
+    (``my_reason``: why this rank is not ready, for the error)."""
     if len(set(requests)) > 1:
         by_request: dict[str, list[int]] = {}
         for rank, request in enumerate(requests):
@@ -53,10 +71,9 @@ def agree(requests: list[str], nccl_ready: list[bool]) -> str:
     request = requests[0]
     unready = [rank for rank, ready in enumerate(nccl_ready) if not ready]
     if request == "nccl" and unready:
-        raise RuntimeError(
-            f"ElasticBuffer: transport='nccl' but ranks {unready} have no NCCL device API support (this build has "
-            "none: the source tree has no NCCL device API path yet, and -DMOONCAKE_WITH_NCCL_DEVICE=ON says so at "
-            "configure time); use transport='ibgda' or 'auto'")
+        here = f"; this rank: {my_reason}" if my_reason else ""
+        raise RuntimeError(f"ElasticBuffer: transport='nccl' but ranks {unready} are not ready for it (each says why "
+                           f"in its own error){here}; use transport='ibgda' or 'auto'")
     if request == "auto":
         return "ibgda" if unready else "nccl"
     return request

@@ -158,3 +158,33 @@ def run_elastic_grid(ctx, cases, device: str = "cpu") -> list[int]:
     """Every case of ``cases`` expanded and not, with and without CPU sync, on one buffer."""
     return [run_elastic_round(ctx, ec, expand=expand, cpu_sync=sync, device=device)
             for ec in cases for expand in (False, True) for sync in (True, False)]
+
+
+def dies_between_calls(ctx, victim, **buffer_kwargs):
+    """A sized buffer (``buffer_kwargs`` added: e.g. the transport) runs one
+    round; then rank ``victim`` exits and the others make two calls: the
+    failure, then one refused until update_ep_member(). Returns the path and
+    each call's (exception kind, message, seconds)."""
+    import os
+    import time
+
+    import torch.distributed as dist
+    from _elastic_refs import ElasticCase
+    from _ep_refs import Case
+
+    case = ElasticCase(Case(hidden=256, experts_per_rank=2, num_topk=2, tokens=6, seed=5))
+    buffer = elastic_buffer_of(ctx, "death", num_max_tokens_per_rank=6, hidden=256, num_topk=2,
+                               num_gpu_timeout_secs=5, **buffer_kwargs)
+    run_elastic_round(ctx, case, buffer_name="death", device="cuda")
+    dist.barrier()  # every rank's earlier work has run: the victim dies between calls
+    if ctx.rank == victim:
+        os._exit(17)
+    outcomes = []
+    for _ in range(2):  # the failure, then a call refused until update_ep_member()
+        start = time.monotonic()
+        try:
+            run_elastic_round(ctx, case, buffer_name="death", device="cuda")
+            outcomes.append(("none", "", time.monotonic() - start))
+        except RuntimeError as err:
+            outcomes.append(("RuntimeError", str(err), time.monotonic() - start))
+    return buffer.path, outcomes

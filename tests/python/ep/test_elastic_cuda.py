@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from _elastic_refs import GRID
-from _elastic_rounds import elastic_buffer_of, run_elastic_grid
+from _elastic_rounds import dies_between_calls, elastic_buffer_of, run_elastic_grid
 from _ep_rounds import RANK_ENV
 from _harness import World
 
@@ -110,39 +110,12 @@ def test_elastic_dispatch_and_combine_replay_from_a_cuda_graph():
     assert got == [("ipc", True, True)] * 2
 
 
-def _dies_between_calls(ctx, victim):
-    import os
-    import time
-
-    import torch.distributed as dist
-    from _elastic_refs import ElasticCase
-    from _elastic_rounds import run_elastic_round
-    from _ep_refs import Case
-
-    case = ElasticCase(Case(hidden=256, experts_per_rank=2, num_topk=2, tokens=6, seed=5))
-    buffer = elastic_buffer_of(ctx, "death", num_max_tokens_per_rank=6, hidden=256, num_topk=2,
-                               num_gpu_timeout_secs=5)
-    run_elastic_round(ctx, case, buffer_name="death", device="cuda")
-    dist.barrier()  # every rank's earlier work has run: the victim dies between calls
-    if ctx.rank == victim:
-        os._exit(17)
-    outcomes = []
-    for _ in range(2):  # the failure, then a call refused until update_ep_member()
-        start = time.monotonic()
-        try:
-            run_elastic_round(ctx, case, buffer_name="death", device="cuda")
-            outcomes.append(("none", "", time.monotonic() - start))
-        except RuntimeError as err:
-            outcomes.append(("RuntimeError", str(err), time.monotonic() - start))
-    return buffer.path, outcomes
-
-
 def test_a_dead_rank_fails_the_ipc_path_call_on_every_survivor():
     """A rank that dies between calls: the survivors' next dispatch raises,
     naming update_ep_member(), within the kernels' bound (the process
     watchdog tells them at once), and the buffer refuses calls after it."""
     with World(3, gloo=False, env=RANK_ENV, backend="mooncake") as world:
-        got = world.run(_dies_between_calls, 1, allow_dead=(1,), timeout=120)
+        got = world.run(dies_between_calls, 1, allow_dead=(1,), timeout=120)
     assert got[1] is None
     for r in (0, 2):
         path, outcomes = got[r]

@@ -1,0 +1,95 @@
+#include "call_checks.h"
+
+#include <cstdint>
+
+#include "mooncake/pg/cuda/common/cuda_calls.h"  // cudaWhat, DeviceScope
+
+namespace mooncake::ep::cuda {
+
+std::string checkGroupSizes(int rank, int num_ranks, const EpIpcGroupOptions& o) {
+  if (num_ranks < 1 || num_ranks > kMaxEpRanks || rank < 0 || rank >= num_ranks) {
+    return "invalid rank/size (at most " + std::to_string(kMaxEpRanks) + " ranks)";
+  }
+  if (o.max_tokens_per_rank < 1 || o.hidden < kChannelsPerScale || o.hidden % kChannelsPerScale != 0 ||
+      o.hidden > 8192) {
+    return "max_tokens_per_rank must be >= 1 and hidden a multiple of 128 up to 8192";
+  }
+  if (o.num_experts < num_ranks || o.num_experts % num_ranks != 0) {
+    return "num_experts must be a positive multiple of the number of ranks";
+  }
+  return {};
+}
+
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The rules of DispatchArgs::bytes (the kernels copy 16-byte vectors).
+std::string checkByteRows(const DispatchArgs& args, const RegionLayout& layout) {
+  const ByteRows& b = args.bytes;
+  if (args.use_fp8) return "bytes rows are moved as given: use_fp8 (quantising in the kernel) does not apply";
+  if (b.head_bytes % 16 != 0 || b.tail_bytes % 16 != 0 || b.head_bytes + b.tail_bytes > 2 * size_t(layout.H)) {
+    return "bytes.head_bytes and bytes.tail_bytes must be multiples of 16 adding up to at most 2 * hidden";
+  }
+  if (b.tail_bytes > 0 && (b.recv_tail == nullptr || (args.num_tokens > 0 && b.tail == nullptr))) {
+    return "bytes.tail and bytes.recv_tail are required with tail_bytes";
+  }
+  if (b.zeroed_rows < 0 || b.zeroed_rows > layout.R * layout.T) {
+    return "bytes.zeroed_rows must be in [0, num_ranks * max_tokens_per_rank]";
+  }
+  if (!aligned16(args.x) || !aligned16(b.tail) || !aligned16(args.recv_x) || !aligned16(b.recv_tail)) {
+    return "x, bytes.tail, recv_x and bytes.recv_tail must be 16-byte aligned";
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string checkDispatchCall(const DispatchArgs& args, const RegionLayout& layout) {
+  if (args.num_tokens < 0 || args.num_tokens > layout.T) return "num_tokens must be in [0, max_tokens_per_rank]";
+  const bool needs_x = !args.bytes.enabled || args.bytes.head_bytes > 0;  // byte rows may be all tail
+  if (args.num_topk < 0 || (args.num_tokens > 0 && args.num_topk > 0 && args.topk_idx == nullptr) ||
+      (args.num_tokens > 0 && needs_x && args.x == nullptr)) {
+    return "x and topk_idx are required";
+  }
+  if (args.bytes.enabled) {
+    if (std::string why = checkByteRows(args, layout); !why.empty()) return why;
+  }
+  if (args.active_ranks == nullptr || (needs_x && args.recv_x == nullptr) || args.recv_count == nullptr ||
+      args.src_info == nullptr || args.layout_range == nullptr || (args.use_fp8 && args.recv_scales == nullptr)) {
+    return "active_ranks and every output are required (recv_scales with use_fp8)";
+  }
+  if (args.timeout_us < -1) return "timeout_us must be -1 or >= 0";
+  return {};
+}
+
+std::string checkCombineCall(const CombineArgs& args, const RegionLayout& layout) {
+  if (args.num_tokens < 0 || args.num_tokens > layout.T) return "num_tokens must be in [0, max_tokens_per_rank]";
+  if (args.num_topk < 0 ||
+      (args.num_tokens > 0 && (args.topk_idx == nullptr || args.topk_weights == nullptr || args.out == nullptr))) {
+    return "topk_idx, topk_weights and out are required";
+  }
+  if (args.y == nullptr || args.src_info == nullptr || args.layout_range == nullptr || args.active_ranks == nullptr) {
+    return "y, the dispatch handle (src_info, layout_range) and active_ranks are required";
+  }
+  if (args.channels < 0 || args.channels % 8 != 0 || args.channels > layout.H) {
+    return "channels must be a multiple of 8 in [0, hidden] (0: hidden)";
+  }
+  if (args.timeout_us < -1) return "timeout_us must be -1 or >= 0";
+  return {};
+}
+
+std::string LaunchGate::run(int device, const std::function<cudaError_t()>& launch,
+                            const std::function<void()>& on_failure) {
+  if (!broken_.empty()) return broken_;
+  mooncake::pg::cuda::DeviceScope scope(device);
+  cudaGetLastError();  // an earlier, unrelated error must not be taken for this launch's
+  const cudaError_t err = launch();
+  if (err == cudaSuccess) return {};
+  broken_ = "the group is unusable after a failed launch (" + mooncake::pg::cuda::cudaWhat("launch", err) +
+            "); open a new one";
+  on_failure();
+  return broken_;
+}
+
+}  // namespace mooncake::ep::cuda

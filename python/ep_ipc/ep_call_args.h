@@ -1,0 +1,138 @@
+// The EP kernels' calls as Python makes them (device addresses as integers,
+// the stream as its raw handle, the stages by name): one spelling for every
+// binding of a group that runs the kernels (mooncake._ep_ipc's EpIpcGroup,
+// mooncake._ep_nccl's EpNcclGroup), which derives from KernelCalls and
+// declares them with defineKernelCalls.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "mooncake/ep/cuda/ep_ipc_group.h"
+
+namespace mooncake::ep::python {
+
+using cuda::CombineArgs;
+using cuda::DispatchArgs;
+using cuda::EpStages;
+
+template <typename T>
+T* pointer(uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+inline cudaStream_t streamOf(uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
+
+inline EpStages stagesOf(const std::string& stages) {
+  if (stages == "all") return EpStages::kAll;
+  if (stages == "send") return EpStages::kSendOnly;
+  if (stages == "receive") return EpStages::kReceiveOnly;
+  throw pybind11::value_error("stages: must be 'all', 'send' or 'receive', got '" + stages + "'");
+}
+
+inline DispatchArgs dispatchArgs(uintptr_t x, uintptr_t topk_idx, int num_tokens, int num_topk, uintptr_t active_ranks,
+                                 int64_t timeout_us, bool use_fp8, uintptr_t recv_x, uintptr_t recv_scales,
+                                 uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range) {
+  DispatchArgs a;
+  a.x = pointer<const void>(x);
+  a.topk_idx = pointer<const int64_t>(topk_idx);
+  a.num_tokens = num_tokens;
+  a.num_topk = num_topk;
+  a.active_ranks = pointer<int32_t>(active_ranks);
+  a.timeout_us = timeout_us;
+  a.use_fp8 = use_fp8;
+  a.recv_x = pointer<void>(recv_x);
+  a.recv_scales = pointer<float>(recv_scales);
+  a.recv_count = pointer<int32_t>(recv_count);
+  a.src_info = pointer<int32_t>(src_info);
+  a.layout_range = pointer<int64_t>(layout_range);
+  return a;
+}
+
+inline CombineArgs combineArgs(uintptr_t y, uintptr_t src_info, uintptr_t layout_range, uintptr_t topk_idx,
+                               uintptr_t topk_weights, int num_tokens, int num_topk, uintptr_t active_ranks,
+                               int64_t timeout_us, uintptr_t out) {
+  CombineArgs a;
+  a.y = pointer<const void>(y);
+  a.src_info = pointer<const int32_t>(src_info);
+  a.layout_range = pointer<const int64_t>(layout_range);
+  a.topk_idx = pointer<const int64_t>(topk_idx);
+  a.topk_weights = pointer<const float>(topk_weights);
+  a.num_tokens = num_tokens;
+  a.num_topk = num_topk;
+  a.active_ranks = pointer<int32_t>(active_ranks);
+  a.timeout_us = timeout_us;
+  a.out = pointer<void>(out);
+  return a;
+}
+
+// dispatch() and combine() of a binding `Binding` whose group() returns the
+// native group; a refused call raises RuntimeError with the group's words.
+template <typename Binding>
+class KernelCalls {
+ public:
+  void dispatch(uintptr_t x, uintptr_t topk_idx, int num_tokens, int num_topk, uintptr_t active_ranks,
+                int64_t timeout_us, bool use_fp8, uintptr_t recv_x, uintptr_t recv_scales, uintptr_t recv_count,
+                uintptr_t src_info, uintptr_t layout_range, uintptr_t stream, const std::string& stages) {
+    enqueue(dispatchArgs(x, topk_idx, num_tokens, num_topk, active_ranks, timeout_us, use_fp8, recv_x, recv_scales,
+                         recv_count, src_info, layout_range),
+            stream, stages);
+  }
+
+  // Rows as bytes in two parts (cuda::ByteRows): the head from x, the tail from `tail`.
+  void dispatchBytes(uintptr_t x, size_t head_bytes, uintptr_t tail, size_t tail_bytes, uintptr_t topk_idx,
+                     int num_tokens, int num_topk, uintptr_t active_ranks, int64_t timeout_us, uintptr_t recv_x,
+                     uintptr_t recv_tail, int zeroed_rows, uintptr_t recv_count, uintptr_t src_info,
+                     uintptr_t layout_range, uintptr_t stream, const std::string& stages) {
+    DispatchArgs a = dispatchArgs(x, topk_idx, num_tokens, num_topk, active_ranks, timeout_us, false, recv_x, 0,
+                                  recv_count, src_info, layout_range);
+    a.bytes = cuda::ByteRows{true, head_bytes, pointer<const void>(tail), tail_bytes, pointer<void>(recv_tail),
+                             zeroed_rows};
+    enqueue(a, stream, stages);
+  }
+
+  void combine(uintptr_t y, uintptr_t src_info, uintptr_t layout_range, uintptr_t topk_idx, uintptr_t topk_weights,
+               int num_tokens, int num_topk, uintptr_t active_ranks, int64_t timeout_us, uintptr_t out,
+               uintptr_t stream, const std::string& stages, int channels) {
+    CombineArgs a = combineArgs(y, src_info, layout_range, topk_idx, topk_weights, num_tokens, num_topk, active_ranks,
+                                timeout_us, out);
+    a.channels = channels;
+    std::string error;
+    if (!self().group().combine(a, streamOf(stream), &error, stagesOf(stages))) throw std::runtime_error(error);
+  }
+
+ private:
+  Binding& self() { return static_cast<Binding&>(*this); }
+
+  void enqueue(const DispatchArgs& a, uintptr_t stream, const std::string& stages) {
+    std::string error;
+    if (!self().group().dispatch(a, streamOf(stream), &error, stagesOf(stages))) throw std::runtime_error(error);
+  }
+};
+
+// The Python names and arguments of KernelCalls on `cls`.
+template <typename Binding, typename Class>
+void defineKernelCalls(Class& cls) {
+  namespace py = pybind11;
+  cls.def("dispatch", &Binding::dispatch, py::arg("x"), py::arg("topk_idx"), py::arg("num_tokens"), py::arg("num_topk"),
+          py::arg("active_ranks"), py::arg("timeout_us"), py::arg("use_fp8"), py::arg("recv_x"), py::arg("recv_scales"),
+          py::arg("recv_count"), py::arg("src_info"), py::arg("layout_range"), py::arg("stream"),
+          py::arg("stages") = "all");
+  cls.def("combine", &Binding::combine, py::arg("y"), py::arg("src_info"), py::arg("layout_range"), py::arg("topk_idx"),
+          py::arg("topk_weights"), py::arg("num_tokens"), py::arg("num_topk"), py::arg("active_ranks"),
+          py::arg("timeout_us"), py::arg("out"), py::arg("stream"), py::arg("stages") = "all", py::arg("channels") = 0,
+          "channels: bf16 channels of y's and out's rows, their row stride (0: hidden)");
+  cls.def("dispatch_bytes", &Binding::dispatchBytes, py::arg("x"), py::arg("head_bytes"), py::arg("tail"),
+          py::arg("tail_bytes"), py::arg("topk_idx"), py::arg("num_tokens"), py::arg("num_topk"),
+          py::arg("active_ranks"), py::arg("timeout_us"), py::arg("recv_x"), py::arg("recv_tail"),
+          py::arg("zeroed_rows"), py::arg("recv_count"), py::arg("src_info"), py::arg("layout_range"),
+          py::arg("stream"), py::arg("stages") = "all",
+          "Rows as bytes in two parts: head_bytes of each row of x, then tail_bytes of each row of tail; received "
+          "into recv_x [L, S, head_bytes] and recv_tail [L, S, tail_bytes]; each local expert's rows from its count "
+          "up to zeroed_rows are zeros. Sizes are multiples of 16 adding up to at most 2 * hidden.");
+}
+
+}  // namespace mooncake::ep::python
