@@ -89,8 +89,8 @@ class KernelCalls {
                      uintptr_t layout_range, uintptr_t stream, const std::string& stages) {
     DispatchArgs a = dispatchArgs(x, topk_idx, num_tokens, num_topk, active_ranks, timeout_us, false, recv_x, 0,
                                   recv_count, src_info, layout_range);
-    a.bytes = cuda::ByteRows{true, head_bytes, pointer<const void>(tail), tail_bytes, pointer<void>(recv_tail),
-                             zeroed_rows};
+    a.bytes =
+        cuda::ByteRows{true, head_bytes, pointer<const void>(tail), tail_bytes, pointer<void>(recv_tail), zeroed_rows};
     enqueue(a, stream, stages);
   }
 
