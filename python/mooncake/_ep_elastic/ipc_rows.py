@@ -121,7 +121,8 @@ class KernelRows:
 
     def combine(self, y: torch.Tensor, src_token: torch.Tensor, ranges: torch.Tensor, dest: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
-        """``y``: bf16 [rows, c], c a multiple of 8; returns bf16 [N, c]."""
+        """``y``: bf16 [rows, c], c a multiple of 8, rows >= 1 (the kernels
+        take its address even when no row comes back); returns bf16 [N, c]."""
         num_tokens, num_topk = dest.shape
         channels = y.size(1)
         ones = torch.ones(num_tokens, num_topk, dtype=torch.float32, device=self.device)
@@ -365,6 +366,8 @@ class IpcRowsPath:
         else:
             y = torch.zeros(back.size(0), channels, dtype=torch.bfloat16, device=x.device)
             y[:, :hidden] = back
+        if y.size(0) == 0:  # no row came here (trimmed outputs): the kernels still take y's address
+            y = torch.empty(1, channels, dtype=torch.bfloat16, device=x.device)
         out = self.transport.combine(y, routing.src_token, routing.ranges, routing.dest, self._mask(x.device))
         return out if channels == hidden else out[:, :hidden].contiguous()
 
