@@ -98,6 +98,8 @@ P2pOptions MooncakeCpuBackend::p2pOptionsFromEnv() {
   if (in_place != nullptr && std::string(in_place) == "0") o.send_in_place = false;
   const char* recv_in_place = std::getenv("MOONCAKE_P2P_RECV_IN_PLACE");
   if (recv_in_place != nullptr && std::string(recv_in_place) == "0") o.recv_in_place = false;
+  const char* ends_when_sent = std::getenv("MOONCAKE_P2P_EAGER_ENDS_WHEN_SENT");
+  if (ends_when_sent != nullptr && std::string(ends_when_sent) == "0") o.eager_ends_when_sent = false;
   // Microseconds a caller waiting for small messages moves them itself (0: never).
   o.caller_poll =
       std::chrono::microseconds(envBytes("MOONCAKE_P2P_CALLER_POLL_US", static_cast<size_t>(o.caller_poll.count()), 0));

@@ -56,6 +56,9 @@ TransferStatus TransferTask::status() const {
   s.state = state_.load(std::memory_order_acquire);
   s.transferred_bytes = transferred_.load(std::memory_order_relaxed);
   s.error = first_error_.load(std::memory_order_relaxed);
+  const uint32_t slices = slices_.load(std::memory_order_relaxed);
+  s.sent =
+      s.state == TransferState::kCompleted || (slices > 0 && sent_slices_.load(std::memory_order_acquire) >= slices);
   return s;
 }
 
@@ -132,9 +135,11 @@ TransferStatus Batch::aggregate() const {
   std::lock_guard lock(mutex_);
   TransferStatus out;
   bool all_completed = true;
+  bool all_sent = !tasks_.empty();
   for (const auto& t : tasks_) {
     TransferStatus s = t.status();
     out.transferred_bytes += s.transferred_bytes;
+    all_sent = all_sent && s.sent;
     if (s.state == TransferState::kFailed || s.state == TransferState::kTimeout || s.state == TransferState::kCanceled) {
       if (out.error == kOk) {
         out.error = s.error;
@@ -145,6 +150,7 @@ TransferStatus Batch::aggregate() const {
     }
   }
   if (out.error == kOk) out.state = all_completed ? TransferState::kCompleted : TransferState::kPending;
+  out.sent = all_sent;
   return out;
 }
 

@@ -52,7 +52,8 @@ class P2pChannel::Impl {
   }
   size_t chunkBytes() const { return options_.chunk_bytes; }
   void connect(const std::vector<P2pEndpoint>& peers);
-  void post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done, Sink sink, bool caller_drives);
+  void post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done, Sink sink, bool caller_drives,
+            bool ends_when_sent = false);
   void drive(const std::function<bool()>& finished, size_t largest_bytes);
   void abort(const std::string& why, const std::vector<int>& failed_ranks, bool mismatch);
   void reopen(int peer, const P2pEndpoint& endpoint, uint32_t epoch);
@@ -60,7 +61,8 @@ class P2pChannel::Impl {
   bool isOpen(int peer);
   P2pCounters counters() const {
     return P2pCounters{eager_sent_.load(std::memory_order_relaxed), spilled_.load(std::memory_order_relaxed),
-                       received_in_place_.load(std::memory_order_relaxed)};
+                       received_in_place_.load(std::memory_order_relaxed),
+                       ended_when_sent_.load(std::memory_order_relaxed)};
   }
   bool reachable(const P2pEndpoint& endpoint, std::chrono::milliseconds timeout) {
     if (test_faults::trafficCut()) return false;
@@ -104,6 +106,8 @@ class P2pChannel::Impl {
     bool eager_written = false;
     uint32_t eager_seq = 0;
     bool eager_landed = false;  // its eager write completed: the message is in the peer's ring
+    // Sent eagerly, it ends once its write is on the wire (P2pOptions::eager_ends_when_sent).
+    bool ends_when_sent = false;
     bool bound = false;
     uint32_t op_id = 0;
     size_t sent = 0;    // bytes handed to writes
@@ -168,6 +172,10 @@ class P2pChannel::Impl {
     uint32_t eager_next = 0;      // the next eager sequence number
     uint32_t eager_released = 0;  // the receiver took every eager message below this
     uint32_t release_version = 0;  // of the last release read
+    // Bit seq % 64: eager message seq ended once its write was on the wire,
+    // and the release that takes it is still to come (it may say that the
+    // message did not match its receive: then the peer fails).
+    uint64_t ended_unconfirmed = 0;
   };
   struct Peer {
     P2pEndpoint endpoint;
@@ -212,6 +220,7 @@ class P2pChannel::Impl {
     size_t bytes;
     Done done;
     Sink sink;
+    bool ends_when_sent = false;
   };
 
   static uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
@@ -221,10 +230,10 @@ class P2pChannel::Impl {
   void intake(std::vector<Posted>& incoming);
   // Reaps writes and steps every lane once; whether anything moved.
   bool stepLanes();
-  // Whether the lanes have work that needs polling (under step_mutex_);
-  // `writes`: writes in flight count (they need reaping, but nothing waits
-  // for that: no message is pending).
-  bool lanesBusy(bool writes = true) const;
+  // Whether the lanes have work that needs polling (under step_mutex_).
+  // Writes in flight alone do not count: they need reaping, but nothing
+  // waits for that (writes_in_flight_).
+  bool lanesBusy() const;
   bool stepRecv(int peer);
   bool harvestAcks(int peer);
   bool stepSend(int peer);
@@ -296,7 +305,10 @@ class P2pChannel::Impl {
            std::to_string(op.total) + " bytes, the matching send has " +
            (sent ? std::to_string(*sent) : std::string("a different size"));
   }
-  void startRelease(int peer);
+  // Tells the sender what was taken, when that is due (EagerWindow::
+  // releaseDue), or whenever something was taken (`now`: at shutdown).
+  void startRelease(int peer, bool now = false);
+  static bool senderWaits(const EagerHeader& head) { return (head.flags & kEagerEndsWhenSent) == 0; }
   uint64_t eagerSlotRemote(int peer, uint32_t seq) const;
   const char* eagerSlot(int peer, uint32_t seq) const;
   // `cut` (test only, test_faults.h): nothing is read from the peers'
@@ -322,8 +334,11 @@ class P2pChannel::Impl {
   void submitWrite(int peer, const te::TransferRequest& request, int staging, SendOp* op, bool release = false,
                    const std::string& transport = "");
   // Settles the writes that completed: messages whose bytes all landed
-  // complete; a failed write fails its peer.
+  // complete; a failed write fails its peer. An eager send that ends when
+  // sent ends here once its write is on the wire; the write stays to be
+  // reaped (its staging slot, its failure).
   bool reapWrites();
+  void endWhenSent(int peer, SendOp& op);
   // Waits (bounded by the engine's deadlines) until no write is in flight,
   // so that the staging memory can go.
   void drainWrites();
@@ -390,6 +405,7 @@ class P2pChannel::Impl {
   std::atomic<uint64_t> eager_sent_{0};
   std::atomic<uint64_t> spilled_{0};
   std::atomic<uint64_t> received_in_place_{0};
+  std::atomic<uint64_t> ended_when_sent_{0};
 
   std::vector<Peer> peers_;
   std::vector<RecvLane> recv_lanes_;
@@ -406,6 +422,11 @@ class P2pChannel::Impl {
   // The lanes had work to poll when last stepped: the progress thread does
   // not sleep on the condition variable (written under step_mutex_).
   std::atomic<bool> lanes_busy_{false};
+  // Writes are in flight that no message waits for (eager sends that ended
+  // when sent, credits, releases): the progress thread reaps them about once
+  // a millisecond, so that their staging slots come back and a failed one
+  // fails its peer before the next call needs it (written under step_mutex_).
+  std::atomic<bool> writes_in_flight_{false};
   // Work that must run on the progress thread, which alone touches lanes
   // (abort, reopen); the caller waits for it.
   struct ControlTask {
@@ -678,10 +699,11 @@ bool P2pChannel::Impl::closedByPeer(int p) {
 }
 
 void P2pChannel::Impl::post(bool is_send, int peer, int tag, char* data, size_t bytes, Done done, Sink sink,
-                            bool caller_drives) {
+                            bool caller_drives, bool ends_when_sent) {
   {
     std::lock_guard lock(mutex_);
-    posted_.push_back(Posted{is_send, peer, tag, data, bytes, std::move(done), std::move(sink)});
+    posted_.push_back(Posted{is_send, peer, tag, data, bytes, std::move(done), std::move(sink),
+                             ends_when_sent && options_.eager_ends_when_sent});
   }
   // A caller about to drive() moves it itself: waking the progress thread
   // would only have two threads compete for it (and for the cores).
@@ -825,6 +847,7 @@ void P2pChannel::Impl::startEagerWrite(int p, SendOp& op) {
   head.tag = op.tag;
   head.tag_seq = op.tag_seq;
   head.kind = data ? EagerKind::kData : EagerKind::kAnnounce;
+  head.flags = data && op.ends_when_sent ? kEagerEndsWhenSent : 0;
   seal(head, token(peer.epoch, seq));
   op.eager_written = true;
   op.eager_seq = seq;
@@ -861,6 +884,16 @@ bool P2pChannel::Impl::harvestReleases(int p) {
   lane.release_version = version;
   const uint32_t count = release.count;
   if (seqBefore(count, lane.eager_released) || seqBefore(lane.eager_next, count)) return false;  // not one of ours
+  // Messages that ended when sent and are taken by this release: one that
+  // did not match its receive fails the peer, so the sender's next message
+  // with it fails (its collective learns of the disagreement there).
+  bool mismatch_learned = false;
+  for (uint32_t seq = lane.eager_released; seq != lane.eager_next; ++seq) {
+    const uint64_t bit = 1ull << (seq % 64);
+    if ((lane.ended_unconfirmed & bit) == 0 || !releaseTook(count, release.taken_ahead, seq)) continue;
+    lane.ended_unconfirmed &= ~bit;
+    mismatch_learned = mismatch_learned || releasedAsMismatch(release.mismatch, seq);
+  }
   lane.eager_released = count;
   for (auto it = lane.ops.begin(); it != lane.ops.end();) {
     if (it->path != SendPath::kEager || !it->eager_written || !releaseTook(count, release.taken_ahead, it->eager_seq)) {
@@ -879,6 +912,14 @@ bool P2pChannel::Impl::harvestReleases(int p) {
     done(result);
   }
   peers_[p].last_progress = Clock::now();
+  if (mismatch_learned && peers_[p].failure.empty()) {
+    peers_[p].failure_ranks.clear();
+    peers_[p].failure_blames_peer = true;
+    peers_[p].failure_mismatch = true;
+    failPeer(p, "message size mismatch with rank " + std::to_string(p) +
+                    ": a message this rank sent earlier did not match the size of its receive there (the ranks "
+                    "disagree on the operation); point-to-point with this rank is closed");
+  }
   return true;
 }
 
@@ -968,7 +1009,7 @@ bool P2pChannel::Impl::matchEager(int p, bool& intact) {
       }
       // Its receive ended already (refused for a size mismatch): a message
       // with bytes counts as mismatched for the sender too.
-      lane.eager.take(it->seq, head.kind == EagerKind::kData);
+      lane.eager.take(it->seq, head.kind == EagerKind::kData, senderWaits(head));
       it = lane.arrivals.erase(it);
       progressed = true;
       continue;
@@ -996,7 +1037,7 @@ bool P2pChannel::Impl::matchEager(int p, bool& intact) {
       op->eager = false;
       op->credits_done = true;  // credits already out are answered "sent eagerly"
     }
-    lane.eager.take(it->seq, mismatch);
+    lane.eager.take(it->seq, mismatch, senderWaits(head));
     it = lane.arrivals.erase(it);
     progressed = true;
   }
@@ -1013,17 +1054,17 @@ bool P2pChannel::Impl::matchEager(int p, bool& intact) {
     }
     it->bytes = std::move(bytes);
     it->spilled = true;
-    lane.eager.take(oldest, false);
+    lane.eager.take(oldest, false, senderWaits(it->head));
     spilled_.fetch_add(1, std::memory_order_relaxed);
     progressed = true;
   }
   return progressed;
 }
 
-void P2pChannel::Impl::startRelease(int p) {
+void P2pChannel::Impl::startRelease(int p, bool now) {
   Peer& peer = peers_[p];
   RecvLane& lane = recv_lanes_[p];
-  if (!lane.eager.releaseOwed() || peer.release_writes > 0 || !peer.failure.empty() ||
+  if (!(now ? lane.eager.releaseOwed() : lane.eager.releaseDue()) || peer.release_writes > 0 || !peer.failure.empty() ||
       peer.handle == te::kInvalidSegment) {
     return;
   }
@@ -1051,6 +1092,11 @@ bool P2pChannel::Impl::reapWrites() {
         status.error = te::kEndpointError;
       }
       if (status.state == te::TransferState::kPending) {
+        SendOp* op = it->op;
+        if (status.sent && op != nullptr && op->path == SendPath::kEager && op->ends_when_sent && !op->settling) {
+          endWhenSent(it->peer, *op);  // forgets this write too: it is reaped later, as a write of nobody's
+          progressed = true;
+        }
         ++it;
         continue;
       }
@@ -1078,8 +1124,9 @@ bool P2pChannel::Impl::reapWrites() {
     }
     if (write.op == nullptr || of_an_ended_send) continue;  // not a send's bytes, or its message already ended
     SendOp& op = *write.op;
-    if (op.path == SendPath::kEager) {  // it ends when the receiver takes it
+    if (op.path == SendPath::kEager) {  // it ends when the receiver takes it, or now
       op.eager_landed = true;
+      if (op.ends_when_sent) endWhenSent(peer, op);
       continue;
     }
     peers_[peer].last_progress = Clock::now();
@@ -1101,6 +1148,18 @@ bool P2pChannel::Impl::reapWrites() {
     }
   }
   return progressed;
+}
+
+void P2pChannel::Impl::endWhenSent(int peer, SendOp& op) {
+  SendLane& lane = send_lanes_[peer];
+  lane.ended_unconfirmed |= 1ull << (op.eager_seq % 64);
+  peers_[peer].last_progress = Clock::now();
+  ended_when_sent_.fetch_add(1, std::memory_order_relaxed);
+  forgetWritesOf(&op);
+  auto mine = std::find_if(lane.ops.begin(), lane.ops.end(), [&](const SendOp& o) { return &o == &op; });
+  Done done = std::move(op.done);
+  lane.ops.erase(mine);
+  done(OpResult{});
 }
 
 void P2pChannel::Impl::drainWrites() {
@@ -1407,12 +1466,12 @@ void P2pChannel::Impl::checkPeers(bool cut) {
   }
 }
 
-bool P2pChannel::Impl::lanesBusy(bool writes) const {
-  if (writes && !writes_.empty()) return true;
+bool P2pChannel::Impl::lanesBusy() const {
+  if (!settling_.empty()) return true;  // sends that end once their writes settled
   const auto now = Clock::now();
   for (int p = 0; p < size_; ++p) {
     if (!recv_lanes_[p].ops.empty() || !send_lanes_[p].ops.empty() || now < send_lanes_[p].drain_until ||
-        (recv_lanes_[p].eager.releaseOwed() && peers_[p].failure.empty()) || peers_[p].open_owed) {
+        (recv_lanes_[p].eager.releaseDue() && peers_[p].failure.empty()) || peers_[p].open_owed) {
       return true;
     }
   }
@@ -1432,6 +1491,7 @@ void P2pChannel::Impl::intake(std::vector<Posted>& incoming) {
       send.total = op.bytes;
       send.done = std::move(op.done);
       send.tag_seq = lane.next_tag_seq[op.tag]++;
+      send.ends_when_sent = op.ends_when_sent;
       lane.ops.push_back(std::move(send));
     } else {
       RecvLane& lane = recv_lanes_[op.peer];
@@ -1498,8 +1558,9 @@ void P2pChannel::Impl::drive(const std::function<bool()>& finished, size_t large
       // peers'. The progress thread's checks (timeouts, probes, notices)
       // stay with it: it looks in while callers drive.
       if (!test_faults::trafficCut()) progressed |= stepLanes();
-      lanes_busy_.store(lanesBusy(), std::memory_order_relaxed);
-      pending = lanesBusy(/*writes=*/false);
+      pending = lanesBusy();
+      lanes_busy_.store(pending, std::memory_order_relaxed);
+      writes_in_flight_.store(!writes_.empty(), std::memory_order_relaxed);
       step_mutex_.unlock();
     }
     const auto now = Clock::now();
@@ -1518,8 +1579,9 @@ void P2pChannel::Impl::drive(const std::function<bool()>& finished, size_t large
   }
   // What is left on the lanes is the progress thread's again. Writes that
   // are only in flight (no message waits for them) are reaped by the next
-  // caller or round: waking the thread for them alone would cost a core's
-  // time on every call.
+  // caller or round, or by the progress thread's next look (about once a
+  // millisecond): waking the thread for them alone would cost a core's time
+  // on every call.
   if (pending) cv_.notify_all();
 }
 
@@ -1534,6 +1596,10 @@ void P2pChannel::Impl::loop() {
   // While callers drive the lanes, this thread only looks in this often:
   // timeouts, probes, the peers' notices.
   constexpr auto kDriverWatch = std::chrono::milliseconds(1);
+  // How often it reaps writes that no message waits for when nothing else
+  // is to do: their staging slots come back, and a failed write fails its
+  // peer, well before a caller's next message with it is due to fail.
+  constexpr auto kReapEvery = std::chrono::milliseconds(1);
   for (;;) {
     {
       std::unique_lock lock(mutex_);
@@ -1541,10 +1607,16 @@ void P2pChannel::Impl::loop() {
         cv_.wait_for(lock, kDriverWatch, [this] { return stopping_ || !control_.empty() || drivers_ == 0; });
       }
       if (drivers_ == 0 && !lanes_busy_.load(std::memory_order_relaxed)) {
-        cv_.wait(lock, [this] {
+        auto wake = [this] {
           return stopping_ || !posted_.empty() || !control_.empty() ||
                  (drivers_ == 0 && lanes_busy_.load(std::memory_order_relaxed));
-        });
+        };
+        // Writes nobody waits for: reaped at the next look.
+        if (writes_in_flight_.load(std::memory_order_relaxed)) {
+          cv_.wait_for(lock, kReapEvery, wake);
+        } else {
+          cv_.wait(lock, wake);
+        }
       }
     }
     std::unique_lock step(step_mutex_);
@@ -1579,6 +1651,7 @@ void P2pChannel::Impl::loop() {
       followReopens();
     }
     lanes_busy_.store(lanesBusy(), std::memory_order_relaxed);
+    writes_in_flight_.store(!writes_.empty(), std::memory_order_relaxed);
     step.unlock();
     // Nothing moved: back off from spinning to short sleeps, so that waiting
     // for a slow peer does not burn a core.
@@ -1602,7 +1675,7 @@ void P2pChannel::Impl::loop() {
   // pending fails, and no abort() waits forever.
   std::lock_guard step(step_mutex_);
   drainWrites();
-  for (int p = 0; p < size_ && !test_faults::trafficCut(); ++p) startRelease(p);
+  for (int p = 0; p < size_ && !test_faults::trafficCut(); ++p) startRelease(p, /*now=*/true);
   for (int p = 0; p < size_; ++p) failPeer(p, "the process group was shut down");
   drainWrites();  // the engine may still be reading the staging memory
   std::vector<Posted> left;
@@ -1622,9 +1695,10 @@ P2pChannel::~P2pChannel() = default;
 P2pEndpoint P2pChannel::localEndpoint() const { return impl_->localEndpoint(); }
 size_t P2pChannel::chunkBytes() const { return impl_->chunkBytes(); }
 void P2pChannel::connect(const std::vector<P2pEndpoint>& peers) { impl_->connect(peers); }
-void P2pChannel::send(int peer, int tag, const void* data, size_t bytes, Done done, bool caller_drives) {
+void P2pChannel::send(int peer, int tag, const void* data, size_t bytes, Done done, bool caller_drives,
+                      bool ends_when_sent) {
   impl_->post(true, peer, tag, const_cast<char*>(static_cast<const char*>(data)), bytes, std::move(done), {},
-              caller_drives);
+              caller_drives, ends_when_sent);
 }
 void P2pChannel::recv(int peer, int tag, void* data, size_t bytes, Done done, bool caller_drives) {
   impl_->post(false, peer, tag, static_cast<char*>(data), bytes, std::move(done), {}, caller_drives);

@@ -13,8 +13,18 @@
 // only while seq < count + slots; a send ends when its message was taken,
 // whatever became of earlier ones (a message taken later must not hold up
 // one taken now: the two programs may depend on that order).
+//
+// A send may also end as soon as its write is on the wire (a collective's,
+// kEagerEndsWhenSent): then nobody waits for its release, and the receiver
+// gathers releases instead of writing one per message (releaseDue): it
+// tells the sender once half of the ring's room is free again, or at once
+// when the sender cannot write any more (every slot it may use holds a
+// message), when a sender waits for a taken message, or when a message did
+// not match its receive. The sender never writes past the count it was told,
+// so gathering never lets it overrun a slot.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -43,12 +53,14 @@ class EagerWindow {
   }
   // Message `seq` was copied out (matched, spilled or dropped). `mismatch`:
   // it did not match the size of its receive, which the sender learns.
-  void take(uint32_t seq, bool mismatch) {
+  // `sender_waits`: its send ends only when the sender learns it was taken.
+  void take(uint32_t seq, bool mismatch, bool sender_waits = true) {
     if (!inWindow(seq) || state_[seq % slots()] == kTaken) return;
     state_[seq % slots()] = kTaken;
     const uint64_t bit = 1ull << (seq % 64);
     mismatch_ = mismatch ? (mismatch_ | bit) : (mismatch_ & ~bit);
     changed_ = true;
+    urgent_ = urgent_ || mismatch || sender_waits;
     while (slots() > 0 && state_[base_ % slots()] == kTaken) {
       state_[base_ % slots()] = kWaiting;
       ++base_;
@@ -72,10 +84,23 @@ class EagerWindow {
   }
   // Something was taken since the sender was last told.
   bool releaseOwed() const { return changed_; }
+  // Whether the sender must be told now (see the top of this file): a
+  // release owed that someone waits for, or that frees half of the ring,
+  // or without which the sender cannot write on.
+  bool releaseDue() const {
+    if (!changed_) return false;
+    if (urgent_ || base_ - told_base_ >= std::max<uint32_t>(slots() / 2, 1)) return true;
+    // The last slot the sender may write under the count it was told: once
+    // that message is in, the sender waits for a release to write more.
+    const uint32_t last = told_base_ + slots() - 1;
+    return seqBefore(last, base_) || (inWindow(last) && state_[last % slots()] != kWaiting);
+  }
   // Records that the sender is being told; returns the release's version
   // (1, 2, ...), which tells one release from the next.
   uint32_t tell() {
     changed_ = false;
+    urgent_ = false;
+    told_base_ = base_;
     return ++version_;
   }
 
@@ -83,8 +108,10 @@ class EagerWindow {
   enum : uint8_t { kWaiting, kArrived, kTaken };
   std::vector<uint8_t> state_;
   uint32_t base_ = 0;
+  uint32_t told_base_ = 0;  // base() when the sender was last told
   uint32_t version_ = 0;
   bool changed_ = false;
+  bool urgent_ = false;  // a take since then that must be told at once
   uint64_t mismatch_ = 0;
 };
 

@@ -28,7 +28,10 @@ P2pChannel::Done P2pExchange::completion(size_t bytes) {
 }
 
 void P2pExchange::send(int peer, const void* data, size_t bytes) {
-  channel_.send(toChannel(peer), tag_, data, bytes, completion(bytes), /*caller_drives=*/true);
+  // A collective learns of a lost or refused message from its next one: a
+  // small send need not wait a round trip for the receiver to take it.
+  channel_.send(toChannel(peer), tag_, data, bytes, completion(bytes), /*caller_drives=*/true,
+                /*ends_when_sent=*/true);
 }
 
 void P2pExchange::recv(int peer, void* data, size_t bytes) {

@@ -65,10 +65,14 @@ struct alignas(64) EagerHeader {
   int32_t tag;
   uint32_t tag_seq;
   EagerKind kind;
-  uint8_t reserved[20];
+  uint32_t flags;  // kEagerEndsWhenSent
+  uint8_t reserved[16];
   uint64_t footer;
 };
 static_assert(sizeof(EagerHeader) == 64);
+// The sender's send ended once its write was on the wire: nobody waits for
+// this message's release, so the receiver may gather releases (EagerWindow).
+constexpr uint32_t kEagerEndsWhenSent = 1;
 // Where a slot's payload starts, and how far apart slots of `eager_bytes` lie.
 constexpr size_t kEagerPayloadOffset = sizeof(EagerHeader);
 inline size_t eagerSlotStride(size_t eager_bytes) {

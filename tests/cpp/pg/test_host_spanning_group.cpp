@@ -392,11 +392,23 @@ TEST(HostSpanningGroupFailure, RanksDisagreeingOnTheOperationGetErrorsNotMixedDa
   options.timeout = 2s;
   auto status = runSpanning({"A", "B"}, options, [](HostSpanningGroup& g) {
     std::vector<int32_t> v(64, g.rank());
-    std::vector<int32_t> out(128, -1);
-    // Same byte count on the wire, different operations.
-    OpResult r = g.rank() == 0 ? g.allreduce(v.data(), v.data(), v.size(), DataType::kInt32, ReduceOp::kSum)
-                               : g.broadcast(v.data(), v.size() * 4, 1);
-    return r.ok ? 1 : 0;
+    // Same byte count on the wire, different operations. Rank 0 waits for
+    // rank 1's part of the all_reduce, which never comes: it fails.
+    if (g.rank() == 0) return g.allreduce(v.data(), v.data(), v.size(), DataType::kInt32, ReduceOp::kSum).ok ? 1 : 0;
+    // The broadcast's root only sends, and a collective's small send ends
+    // once it is on the wire: the root cannot tell yet that nobody receives
+    // it (nor could Gloo's). Its next call learns: rank 0 gives up and says
+    // so, within rank 0's timeout.
+    if (!g.broadcast(v.data(), v.size() * 4, 1).ok) return 2;
+    const auto t0 = std::chrono::steady_clock::now();
+    OpResult next = g.barrier();
+    if (next.ok) return 3;
+    std::fprintf(
+        stderr, "rank 1's next call failed after %lld ms: %s\n",
+        static_cast<long long>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count()),
+        next.error.c_str());
+    return 0;
   });
   EXPECT_EQ(status[0], 0);
   EXPECT_EQ(status[1], 0);

@@ -45,6 +45,15 @@ class P2pPair : public ::testing::TestWithParam<std::string> {
     ranks_[from]->channel->send(to, tag, data.data(), data.size(), [promise](const OpResult& r) { promise->set_value(r); });
     return promise->get_future();
   }
+  // A collective's send (P2pExchange): if it goes eagerly, it may end once
+  // its write is on the wire.
+  std::future<OpResult> sendEndingWhenSent(int from, int to, int tag, const std::vector<uint8_t>& data) {
+    auto promise = std::make_shared<std::promise<OpResult>>();
+    ranks_[from]->channel->send(
+        to, tag, data.data(), data.size(), [promise](const OpResult& r) { promise->set_value(r); },
+        /*caller_drives=*/false, /*ends_when_sent=*/true);
+    return promise->get_future();
+  }
   std::future<OpResult> recv(int at, int from, int tag, std::vector<uint8_t>& data) {
     auto promise = std::make_shared<std::promise<OpResult>>();
     ranks_[at]->channel->recv(from, tag, data.data(), data.size(), [promise](const OpResult& r) { promise->set_value(r); });
@@ -524,6 +533,88 @@ TEST_P(P2pPair, ReopenTowardsAReplacementProcess) {
   ASSERT_TRUE(get(s).ok);
   ASSERT_TRUE(get(r).ok);
   EXPECT_EQ(out, data);
+}
+
+TEST_P(P2pPair, ACollectivesSmallSendEndsOnceSentAndAMismatchFailsTheNextMessage) {
+  // Nobody receives yet: the send ends anyway, its message in the ring.
+  auto data = pattern(100, 3);
+  auto s = sendEndingWhenSent(0, 1, 6, data);
+  OpResult sr = get(s);
+  ASSERT_TRUE(sr.ok) << sr.error;
+  EXPECT_EQ(ranks_[0]->channel->counters().ended_when_sent, 1u);
+  // Received at its size, it is intact.
+  std::vector<uint8_t> got(100);
+  auto r = recv(1, 0, 6, got);
+  ASSERT_TRUE(get(r).ok);
+  EXPECT_EQ(got, data);
+  // At another size: the receive fails, and the sender learns from the
+  // receiver's release that its (ended) send was refused: its next message
+  // with that peer fails, as ranks disagreeing.
+  auto s2 = sendEndingWhenSent(0, 1, 6, data);
+  ASSERT_TRUE(get(s2).ok);
+  std::vector<uint8_t> other(120);
+  auto r2 = recv(1, 0, 6, other);
+  OpResult rr = get(r2);
+  EXPECT_FALSE(rr.ok);
+  EXPECT_TRUE(rr.mismatch) << rr.error;
+  // The release may still be on its way: messages sent before it lands end well.
+  OpResult next;
+  for (const auto limit = std::chrono::steady_clock::now() + 5s; next.ok && std::chrono::steady_clock::now() < limit;) {
+    auto s3 = sendEndingWhenSent(0, 1, 7, data);
+    next = get(s3);
+    if (next.ok) std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_FALSE(next.ok);
+  EXPECT_TRUE(next.mismatch) << next.error;
+  EXPECT_NE(next.error.find("mismatch"), std::string::npos) << next.error;
+}
+
+TEST_P(P2pPair, WithTheOptionOffACollectivesSendEndsWhenTaken) {
+  ranks_[0].reset();
+  ranks_[1].reset();
+  P2pOptions options{64 * 1024, 4, 5000ms};
+  options.eager_ends_when_sent = false;
+  start(options);
+  auto data = pattern(100, 4);
+  auto s = sendEndingWhenSent(0, 1, 6, data);
+  EXPECT_EQ(s.wait_for(100ms), std::future_status::timeout);  // nobody took it
+  std::vector<uint8_t> got(100);
+  auto r = recv(1, 0, 6, got);
+  ASSERT_TRUE(get(r).ok);
+  ASSERT_TRUE(get(s).ok);
+  EXPECT_EQ(got, data);
+  EXPECT_EQ(ranks_[0]->channel->counters().ended_when_sent, 0u);
+}
+
+TEST_P(P2pPair, SendsEndingWhenSentNeverOverrunTheRingOfASlowReceiver) {
+  // Far more messages than the ring has slots (8), all sent before the
+  // receiver takes them, one at a time and slowly, and then in another
+  // tag order (messages move out of a full ring into memory): the receiver
+  // gathers its releases, and still every byte arrives once, in order.
+  constexpr int kMessages = 60;
+  std::vector<std::vector<uint8_t>> out, in;
+  std::vector<std::future<OpResult>> sends;
+  for (int i = 0; i < kMessages; ++i) out.push_back(pattern(500 + 97 * i, i));
+  for (int i = 0; i < kMessages; ++i) in.emplace_back(out[i].size());
+  for (int i = 0; i < kMessages; ++i) sends.push_back(sendEndingWhenSent(0, 1, i < 40 ? 1 : 2 + i % 3, out[i]));
+  for (int i = 0; i < 40; ++i) {
+    auto r = recv(1, 0, 1, in[i]);
+    ASSERT_TRUE(get(r).ok) << i;
+    if (i % 8 == 0) std::this_thread::sleep_for(2ms);
+  }
+  std::vector<std::future<OpResult>> recvs;
+  for (int tag = 4; tag >= 2; --tag) {  // the tags in reverse, each in its own order
+    for (int i = 40; i < kMessages; ++i) {
+      if (2 + i % 3 == tag) recvs.push_back(recv(1, 0, tag, in[i]));
+    }
+  }
+  for (auto& f : recvs) {
+    OpResult rr = get(f);
+    ASSERT_TRUE(rr.ok) << rr.error;
+  }
+  for (auto& f : sends) ASSERT_TRUE(get(f).ok);
+  for (int i = 0; i < kMessages; ++i) EXPECT_EQ(in[i], out[i]) << "message " << i;
+  EXPECT_EQ(ranks_[0]->channel->counters().ended_when_sent, static_cast<uint64_t>(kMessages));
 }
 
 TEST_P(P2pPair, UnmatchedReceiveTimesOut) {

@@ -1,6 +1,7 @@
 // The receiver's bookkeeping of one sender's eager ring (p2p_eager.h):
-// slots are freed in order whatever order messages are taken in, and the
-// mismatch bits a release carries name each message it can count.
+// slots are freed in order whatever order messages are taken in, the
+// mismatch bits a release carries name each message it can count, and
+// releases nobody waits for are gathered without holding the sender up.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -38,6 +39,39 @@ TEST(EagerWindow, FreesSlotsInOrderWhateverOrderMessagesAreTakenIn) {
   EXPECT_TRUE(w.waiting(4) && w.waiting(5) && w.waiting(6));
   EXPECT_FALSE(w.waiting(3)) << "arrived, not taken";
   EXPECT_FALSE(w.full());
+}
+
+TEST(EagerWindow, ReleasesOfSendsThatEndedWhenSentAreGatheredUntilHalfTheRingIsFree) {
+  EagerWindow w(8);
+  // Nobody waits for these: the first three taken owe a release, not yet due.
+  for (uint32_t s = 0; s < 3; ++s) {
+    w.arrived(s);
+    w.take(s, false, /*sender_waits=*/false);
+  }
+  EXPECT_TRUE(w.releaseOwed());
+  EXPECT_FALSE(w.releaseDue());
+  w.arrived(3);
+  w.take(3, false, false);
+  EXPECT_TRUE(w.releaseDue()) << "half of the ring is free again";
+  w.tell();
+  EXPECT_FALSE(w.releaseOwed());
+  // The sender may write up to message 11 (4 + 8 - 1). Once that one is in,
+  // it cannot write on: one taken message is then enough.
+  for (uint32_t s = 4; s < 11; ++s) w.arrived(s);
+  w.take(4, false, false);
+  EXPECT_FALSE(w.releaseDue());
+  w.arrived(11);
+  EXPECT_TRUE(w.releaseDue()) << "the sender waits for room";
+  w.tell();
+  // A sender that waits for its message, or a mismatch, is told at once.
+  w.take(5, false, /*sender_waits=*/true);
+  EXPECT_TRUE(w.releaseDue());
+  w.tell();
+  w.take(6, /*mismatch=*/true, false);
+  EXPECT_TRUE(w.releaseDue());
+  w.tell();
+  w.take(7, false, false);
+  EXPECT_FALSE(w.releaseDue());
 }
 
 TEST(EagerWindow, TakingTwiceOrOutsideTheWindowChangesNothing) {

@@ -253,6 +253,64 @@ TEST(MultiProcessStall, ClosingAReceiveWindowCutsShortAWriteWhoseWriterStopped) 
   EXPECT_EQ(*last, 0u);
 }
 
+// A write to a stopped peer still goes out: the kernels take its bytes
+// (small ones into the socket buffers), but no answer comes. Its status says
+// so (`sent`, state still pending) until the deadline fails it, which is
+// reported as for any write. A read is sent only when it has its bytes.
+TEST(MultiProcessStall, AWriteIsSentBeforeItsAnswerAndStillFailsWithoutOne) {
+  constexpr size_t kBytes = 1u << 20;
+  PeerProcess peer(kBytes, 9);
+  EngineConfig config = testing::fastFailConfig();
+  config.transfer_timeout = 1000ms;
+  TransferEngine engine;
+  AlignedBuffer buf(kBytes);
+  ASSERT_EQ(engine.init("P2PHANDSHAKE", "127.0.0.1", "tcp", "", config), kOk);
+  ASSERT_EQ(engine.registerLocalMemory(buf.data, kBytes), kOk);
+  const SegmentHandle h = engine.openSegment(peer.segment);
+  ASSERT_NE(h, kInvalidSegment);
+  const TransferStatus healthy = submitAndWait(engine, {{Opcode::kWrite, buf.data, h, peer.buffer_addr, 4096}});
+  EXPECT_EQ(healthy.state, TransferState::kCompleted);
+  EXPECT_TRUE(healthy.sent);
+  peer.stopNow();
+  // 64 bytes go inline on the pooled connection (the control lane), 32 KiB
+  // through a worker; a read of 64 bytes waits for bytes that never come.
+  struct Probe {
+    TransferRequest request;
+    BatchId id;
+  };
+  std::vector<Probe> probes = {{{Opcode::kWrite, buf.data, h, peer.buffer_addr, 64}, kInvalidBatch},
+                               {{Opcode::kWrite, buf.data + 4096, h, peer.buffer_addr + 4096, 32768}, kInvalidBatch},
+                               {{Opcode::kRead, buf.data + 65536, h, peer.buffer_addr, 64}, kInvalidBatch}};
+  for (Probe& p : probes) {
+    p.id = engine.allocateBatchID(1);
+    ASSERT_EQ(engine.submitTransfer(p.id, {p.request}), kOk);
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    TransferStatus status;
+    const auto limit = std::chrono::steady_clock::now() + 500ms;
+    while (engine.getBatchTransferStatus(probes[i].id, status) == kOk && !status.sent &&
+           std::chrono::steady_clock::now() < limit) {
+      std::this_thread::sleep_for(1ms);
+    }
+    EXPECT_TRUE(status.sent) << "write " << i;
+    EXPECT_EQ(status.state, TransferState::kPending) << "write " << i;
+  }
+  const auto limit = std::chrono::steady_clock::now() + config.budgetFor(32768) + 2s;
+  for (const Probe& p : probes) {
+    TransferStatus status;
+    while (engine.getBatchTransferStatus(p.id, status) == kOk && status.state == TransferState::kPending &&
+           std::chrono::steady_clock::now() < limit) {
+      if (p.request.opcode == Opcode::kRead) {
+        EXPECT_FALSE(status.sent);
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    EXPECT_EQ(status.state, TransferState::kTimeout);  // never answered: sent does not make it a success
+    engine.freeBatchID(p.id);
+  }
+  peer.signal(SIGCONT);
+}
+
 // Small writes submitted without waiting (credits, acks) have their answers
 // awaited together on the control lane, not by the workers: while a stopped
 // peer holds its answers back (and ties up workers trying to connect),

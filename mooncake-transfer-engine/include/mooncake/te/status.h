@@ -54,6 +54,14 @@ struct TransferStatus {
   TransferState state = TransferState::kWaiting;
   uint64_t transferred_bytes = 0;
   int error = kOk;  // why a task failed (ErrorCode), kOk otherwise
+  // Ours: every byte of the request (its trailer included) was handed to the
+  // network, while the peer's answer may still be due (state kPending). Only
+  // tcp says so before the end; elsewhere it comes with kCompleted. A caller
+  // that needs the bytes out but not their landing (a message whose loss is
+  // learned later anyway) may go on here instead of waiting a round trip for
+  // the answer; it must still keep the source valid and reap the request,
+  // whose failure is reported as before.
+  bool sent = false;
 };
 
 }  // namespace mooncake::te

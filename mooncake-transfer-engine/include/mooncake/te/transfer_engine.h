@@ -101,7 +101,8 @@ class TransferEngine {
                      const std::string& transport_hint = "");
   int getTransferStatus(BatchId batch, size_t task_index, TransferStatus& status);
   // Aggregate: kCompleted when all tasks completed, kFailed/kTimeout/kCanceled
-  // as soon as one did, kPending otherwise.
+  // as soon as one did, kPending otherwise; `sent` once every task's bytes
+  // are on the wire (TransferStatus::sent).
   int getBatchTransferStatus(BatchId batch, TransferStatus& status);
   // Ours: ends the batch's requests still in flight at once, with kCanceled
   // (a request blocked on a silent peer's connection too); requests that

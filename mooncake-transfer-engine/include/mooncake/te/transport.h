@@ -48,7 +48,14 @@ class TransferTask {
 
   // Declares how many completeSlice() calls will follow. Called once by the
   // transport before it starts the first slice.
-  void expectSlices(uint32_t count) { slices_left_.store(count, std::memory_order_relaxed); }
+  void expectSlices(uint32_t count) {
+    slices_.store(count, std::memory_order_relaxed);
+    slices_left_.store(count, std::memory_order_relaxed);
+  }
+  // Records that one slice's bytes are all on the wire, its answer still
+  // due (TransferStatus::sent). At most once per slice: a slice sent again
+  // on another connection after a failure does not count twice.
+  void sliceSent() { sent_slices_.fetch_add(1, std::memory_order_release); }
   // Records the end of one slice; the last one settles the task's state.
   void completeSlice(uint64_t bytes, int error);
   // Fails the whole task before any slice was started.
@@ -73,7 +80,9 @@ class TransferTask {
   Batch* batch_;
   TransferRequest request_;
   unsigned char trailer_[kMaxTrailerBytes];
+  std::atomic<uint32_t> slices_{0};
   std::atomic<uint32_t> slices_left_{0};
+  std::atomic<uint32_t> sent_slices_{0};
   std::atomic<uint64_t> transferred_{0};
   std::atomic<int> first_error_{kOk};
   std::atomic<TransferState> state_{TransferState::kPending};

@@ -336,6 +336,7 @@ bool TcpTransport::sendInline(Slice& slice) const {
     return false;
   }
   slice.sent_on = std::move(socket);  // announced until its answer is read (run)
+  slice.task->sliceSent();            // on the wire: only the answer is due
   return true;
 }
 
@@ -361,6 +362,7 @@ void TcpTransport::run(const Slice& slice) const {
     slice.sent_on->close();
   }
   int rc = kOk;
+  bool sent = slice.sent_on != nullptr;  // counted on the wire already (sendInline)
   // A pooled connection may have been closed by the peer since its last use
   // (peer restarted); such a failure gets one more try on a new connection.
   // Requests are idempotent (same bytes to the same place), so this is safe.
@@ -374,7 +376,7 @@ void TcpTransport::run(const Slice& slice) const {
       break;
     }
     if (rc == kOk) {
-      rc = exchange(socket, slice);
+      rc = exchange(socket, slice, sent);
       slice.task->offConnection();
       if (rc != kOk && slice.task->canceled()) rc = kCanceled;  // its connection was shut down under it
     }
@@ -395,9 +397,15 @@ void TcpTransport::run(const Slice& slice) const {
   slice.task->completeSlice(rc == kOk ? slice.length : 0, rc);
 }
 
-int TcpTransport::exchange(net::Socket& socket, const Slice& slice) const {
+int TcpTransport::exchange(net::Socket& socket, const Slice& slice, bool& sent) const {
   const int fd = socket.fd();
   if (int rc = sendRequest(fd, slice); rc != kOk) return rc;
+  // A write's bytes are in the kernel's hands now; a read's request is not
+  // its bytes, so a read counts as sent only when it completes.
+  if (!sent && slice.opcode == Opcode::kWrite) {
+    sent = true;
+    slice.task->sliceSent();
+  }
   return awaitAnswer(fd, slice);
 }
 

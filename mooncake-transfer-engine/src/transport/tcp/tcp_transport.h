@@ -62,7 +62,9 @@ class TcpTransport : public Transport {
 
   std::shared_ptr<ConnectionPool> poolFor(PeerSegment& peer);
   void run(const Slice& slice) const;
-  int exchange(net::Socket& socket, const Slice& slice) const;
+  // Sends the request and reads its answer. `sent`: whether the slice was
+  // already counted as on the wire (TransferTask::sliceSent), set once it is.
+  int exchange(net::Socket& socket, const Slice& slice, bool& sent) const;
   int sendRequest(int fd, const Slice& slice) const;
   int awaitAnswer(int fd, const Slice& slice) const;
   // A control write goes out from the calling thread on an idle pooled

@@ -10,7 +10,8 @@
 // at once (message and header in one write); the receiver copies a message
 // out when its receive is posted and frees slots in order, telling the
 // sender. A send completes when the receiver took it, so a size mismatch
-// still fails both ends.
+// still fails both ends; a collective's may end once its write is on the
+// wire instead (P2pOptions::eager_ends_when_sent).
 //
 // Order: FIFO per (peer, direction); among one peer's messages, a receive
 // matches the oldest unmatched send with the same tag. Sends and receives
@@ -61,6 +62,13 @@ struct P2pOptions {
   // then sleeps and leaves them to the progress thread
   // (MOONCAKE_P2P_CALLER_POLL_US; 0: never).
   std::chrono::microseconds caller_poll{250};
+  // A send posted with `ends_when_sent` (a collective's) that goes eagerly
+  // ends once its write is on the wire (te::TransferStatus::sent), without
+  // waiting for the receiver to take it: a size mismatch then fails only the
+  // receive, and the sender learns of it (or of a failed write) on a later
+  // message (MOONCAKE_P2P_EAGER_ENDS_WHEN_SENT=0: such sends end when taken,
+  // as every other send).
+  bool eager_ends_when_sent = true;
 };
 
 // What a rank publishes so peers can reach its slots (exchanged by the caller).
@@ -83,6 +91,7 @@ struct P2pCounters {
   uint64_t eager_sent = 0;  // messages this rank wrote into a peer's eager ring
   uint64_t spilled = 0;     // eager messages this rank moved out of a full ring before their receive
   uint64_t received_in_place = 0;  // messages received straight into the caller's buffer (a receive window)
+  uint64_t ended_when_sent = 0;    // eager sends that ended once their write was on the wire
 };
 
 class P2pChannel {
@@ -111,7 +120,11 @@ class P2pChannel {
   // stay valid until then. `caller_drives`: the caller waits for it in
   // drive() right after posting, so the progress thread is not woken for a
   // message drive() will move (one of at most the eager size).
-  void send(int peer, int tag, const void* data, size_t bytes, Done done, bool caller_drives = false);
+  // `ends_when_sent`: if it goes eagerly, it ends once its write is on the
+  // wire (P2pOptions::eager_ends_when_sent), for callers that learn of a
+  // lost or refused message from their next one anyway (collectives).
+  void send(int peer, int tag, const void* data, size_t bytes, Done done, bool caller_drives = false,
+            bool ends_when_sent = false);
   void recv(int peer, int tag, void* data, size_t bytes, Done done, bool caller_drives = false);
   // A receive whose bytes go to `sink` (which must stay valid until `done`).
   void recv(int peer, int tag, size_t bytes, Sink sink, Done done, bool caller_drives = false);
