@@ -14,12 +14,15 @@
 #include <string>
 
 #include "ep_call_args.h"
+#include "mooncake/ep/cuda/elastic_layout.h"
 #include "mooncake/ep/cuda/ep_ipc_group.h"
 
 namespace py = pybind11;
 using namespace mooncake::ep::cuda;
 using mooncake::ep::python::defineKernelCalls;
 using mooncake::ep::python::KernelCalls;
+using mooncake::ep::python::pointer;
+using mooncake::ep::python::streamOf;
 
 namespace {
 
@@ -70,6 +73,102 @@ class PyEpIpcGroup : public KernelCalls<PyEpIpcGroup> {
   std::unique_ptr<EpIpcGroup> group_;
 };
 
+void raiseUnless(bool ok, const std::string& error) {
+  if (!ok) throw std::runtime_error(error);
+}
+
+// ElasticBuffer's IPC-path layout kernels (mooncake/ep/cuda/elastic_layout.h),
+// called by python/mooncake/_ep_elastic/layout_kernels.py.
+void defineLayoutKernels(py::module_& m) {
+  m.def(
+      "layout_send",
+      [](uintptr_t topk_idx, int num_tokens, int num_topk, int num_local, int num_ranks, uintptr_t dest,
+         uintptr_t counts, uintptr_t token_index, uintptr_t stream) {
+        SendLayoutArgs a;
+        a.topk_idx = pointer<const int64_t>(topk_idx);
+        a.num_tokens = num_tokens;
+        a.num_topk = num_topk;
+        a.num_local = num_local;
+        a.num_ranks = num_ranks;
+        a.dest = pointer<int64_t>(dest);
+        a.counts = pointer<int32_t>(counts);
+        a.token_index = pointer<int32_t>(token_index);
+        std::string error;
+        raiseUnless(layoutSend(a, streamOf(stream), &error), error);
+      },
+      py::arg("topk_idx"), py::arg("num_tokens"), py::arg("num_topk"), py::arg("num_local"), py::arg("num_ranks"),
+      py::arg("dest"), py::arg("counts"), py::arg("token_index"), py::arg("stream"),
+      "Destinations per token (int64 [N, k]), tokens per rank (int32 [R]), each pick's token index among those "
+      "sent to its rank (int32 [N, k])");
+  m.def(
+      "send_tail",
+      [](uintptr_t payload, int64_t payload_bytes, uintptr_t scales, int64_t scale_bytes, uintptr_t topk_idx,
+         uintptr_t weights, int num_tokens, int num_topk, int64_t head_bytes, int64_t ids_at, uintptr_t tail,
+         int64_t tail_bytes, uintptr_t stream) {
+        SendTailArgs a;
+        a.payload = pointer<const void>(payload);
+        a.payload_bytes = payload_bytes;
+        a.scales = pointer<const void>(scales);
+        a.scale_bytes = scale_bytes;
+        a.topk_idx = pointer<const int64_t>(topk_idx);
+        a.weights = pointer<const float>(weights);
+        a.num_tokens = num_tokens;
+        a.num_topk = num_topk;
+        a.head_bytes = head_bytes;
+        a.ids_at = ids_at;
+        a.tail = pointer<void>(tail);
+        a.tail_bytes = tail_bytes;
+        std::string error;
+        raiseUnless(sendTail(a, streamOf(stream), &error), error);
+      },
+      py::arg("payload"), py::arg("payload_bytes"), py::arg("scales"), py::arg("scale_bytes"), py::arg("topk_idx"),
+      py::arg("weights"), py::arg("num_tokens"), py::arg("num_topk"), py::arg("head_bytes"), py::arg("ids_at"),
+      py::arg("tail"), py::arg("tail_bytes"), py::arg("stream"),
+      "The rows' staged tails (bytes [head_bytes, head_bytes + tail_bytes) of each row); 0 for an absent input");
+  m.def(
+      "layout_receive",
+      [](uintptr_t topk_idx, uintptr_t token_index, uintptr_t table, int table_width, int num_tokens, uintptr_t ranges,
+         uintptr_t src_token, uintptr_t recv_tail, int64_t tail_bytes, int64_t ids_at, int64_t weights_at,
+         int64_t capacity, int num_topk, int num_local, int num_ranks, int rank, int tokens_per_rank, uintptr_t slots,
+         uintptr_t real, uintptr_t local, uintptr_t weights, uintptr_t metadata, uintptr_t per_expert,
+         uintptr_t scaleup_psum, uintptr_t stream) {
+        ReceiveLayoutArgs a;
+        a.topk_idx = pointer<const int64_t>(topk_idx);
+        a.token_index = pointer<const int32_t>(token_index);
+        a.table = pointer<const int32_t>(table);
+        a.table_width = table_width;
+        a.num_tokens = num_tokens;
+        a.ranges = pointer<const int64_t>(ranges);
+        a.src_token = pointer<const int32_t>(src_token);
+        a.recv_tail = pointer<const void>(recv_tail);
+        a.tail_bytes = tail_bytes;
+        a.ids_at = ids_at;
+        a.weights_at = weights_at;
+        a.capacity = capacity;
+        a.num_topk = num_topk;
+        a.num_local = num_local;
+        a.num_ranks = num_ranks;
+        a.rank = rank;
+        a.tokens_per_rank = tokens_per_rank;
+        a.slots = pointer<int32_t>(slots);
+        a.real = pointer<bool>(real);
+        a.local = pointer<int64_t>(local);
+        a.weights = pointer<float>(weights);
+        a.metadata = pointer<int32_t>(metadata);
+        a.per_expert = pointer<int64_t>(per_expert);
+        a.scaleup_psum = pointer<int32_t>(scaleup_psum);
+        std::string error;
+        raiseUnless(layoutReceive(a, streamOf(stream), &error), error);
+      },
+      py::arg("topk_idx"), py::arg("token_index"), py::arg("table"), py::arg("table_width"), py::arg("num_tokens"),
+      py::arg("ranges"), py::arg("src_token"), py::arg("recv_tail"), py::arg("tail_bytes"), py::arg("ids_at"),
+      py::arg("weights_at"), py::arg("capacity"), py::arg("num_topk"), py::arg("num_local"), py::arg("num_ranks"),
+      py::arg("rank"), py::arg("tokens_per_rank"), py::arg("slots"), py::arg("real"), py::arg("local"),
+      py::arg("weights"), py::arg("metadata"), py::arg("per_expert"), py::arg("scaleup_psum"), py::arg("stream"),
+      "The received rows' layout (offsets in the tail; weights 0 / weights_at -1 without weights); per_expert is "
+      "added to");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_ep_ipc, m) {
@@ -84,4 +183,5 @@ PYBIND11_MODULE(_ep_ipc, m) {
            "the same name with the same sizes and the same `absent`.")
       .def("close", &PyEpIpcGroup::close);
   defineKernelCalls<PyEpIpcGroup>(group_class);
+  defineLayoutKernels(m);
 }
