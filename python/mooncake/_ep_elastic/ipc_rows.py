@@ -1,8 +1,9 @@
 """ElasticBuffer's IPC path: the rows travel through the Buffer fast path's
 kernels (``mooncake._ep_ipc``, CUDA IPC between the GPUs of one host), and
-the layout is computed on the device (``rows_layout``), so a dispatch costs
-two calls of the kernels (the counts, then the rows) and a few dozen tensor
-operations, and at most one
+the layout is computed on the device (``layout_kernels``: three small
+kernels on CUDA, ``rows_layout``'s tensor operations on CPU), so a dispatch
+costs two calls of the EP kernels (the counts, then the rows), the layout's
+kernels and a few tensor operations, and at most one
 host synchronisation: none with ``do_cpu_sync=False``, which a CUDA graph
 can then capture.
 
@@ -30,11 +31,11 @@ from .._env import positive_int
 from . import rows_layout as rl
 from .collective import FACTS, Outputs, call_facts, check_call_table
 from .handle import EPHandle
+from .layout_kernels import VECTOR_BYTES, layout_for
 from .topology import Topology
 
 ROW_ALIGN_BYTES = 256  # rows are whole multiples of the kernels' 128 bf16 channels
 META_ALIGN_BYTES = 4
-VECTOR_BYTES = 16  # the kernels copy rows in 16-byte vectors
 CHANNELS_PER_VECTOR = VECTOR_BYTES // 2  # bf16
 # Calls with more bytes of rows per rank (num_max_tokens_per_rank x row
 # width) than this variable says take the collective path (unset: none do).
@@ -183,29 +184,6 @@ class IpcRowsPath:
                 and (limit is None or tokens_per_rank * 2 * self.transport.width <= limit))
 
     # ------------------------------------------------------------ dispatch
-    def _send_rows(self, data, sf, row: RowFormat, topk_idx=None, topk_weights=None):
-        """The two parts of the rows: the payload itself as the head (when
-        it can be), and the rest staged as the tail."""
-        num_tokens = data.size(0)
-        data = data.contiguous()
-        if data.data_ptr() % VECTOR_BYTES:
-            data = data.clone()
-        payload = data.view(torch.uint8).view(num_tokens, row.payload)
-        tail = torch.empty(num_tokens, row.tail, dtype=torch.uint8, device=data.device)
-
-        def put(begin: int, values: torch.Tensor) -> None:
-            tail[:, begin - row.head:begin - row.head + values.size(1)] = values
-
-        if not row.head:
-            put(0, payload)
-        if sf is not None:
-            put(row.payload, sf.contiguous().view(torch.uint8).view(num_tokens, row.scales))
-        if topk_idx is not None:
-            put(row.ids, topk_idx.to(torch.int32).view(torch.uint8))
-        if topk_weights is not None:
-            put(row.weights, topk_weights.contiguous().view(torch.uint8))
-        return (payload if row.head else None), tail
-
     def dispatch(self, data, sf, topk_idx, topk_weights, num_experts, tokens_per_rank, alignment, do_expand,
                  do_cpu_sync, num_sms) -> Outputs:
         num_ranks, me = self.topo.num_ranks, self.rank
@@ -218,45 +196,34 @@ class IpcRowsPath:
 
         facts = call_facts(tokens_per_rank, hidden, num_topk, num_experts, sf is not None, topk_weights is not None,
                            do_expand)
-        by_dest = rl.picks_by_destination(topk_idx, num_local)
-        dest = rl.unique_destinations(by_dest)
-        goes_to = rl.destination_table(dest, num_ranks)
+        layout = layout_for(device)
+        sent = layout.send(data, sf, row, topk_idx, topk_weights, num_local, num_ranks)
+        dest = sent.dest
         # Counts per destination and the call's shape, gathered on the stream
         # (no wait on the host): the handle's dst_buffer_slot_idx needs where
         # this rank's block starts at each destination.
         mask = self._mask(device)
-        table = self._gather(torch.cat([goes_to.sum(dim=0).to(torch.int32), self._facts_of((*facts, 0), device)]),
-                             mask)
+        table = self._gather(torch.cat([sent.counts, self._facts_of((*facts, 0), device)]), mask)
         # Rows past the received ones are cut (do_cpu_sync), or read through
         # the expansion, which never picks them; else they are the output's zeros.
-        head, tail = self._send_rows(data, sf, row, topk_idx, topk_weights)
         recv_head, recv_tail, src_token, ranges = self.transport.dispatch(
-            head, tail, dest, mask, zeroed_rows=0 if do_cpu_sync or do_expand else capacity)
+            sent.head, sent.tail, dest, mask, zeroed_rows=0 if do_cpu_sync or do_expand else capacity)
         received = ReceivedRows(row, recv_head, recv_tail, capacity)
-
-        counts = table[:, :num_ranks]
-        my_begin = torch.cumsum(counts, 0)[me] - counts[me]
-        slots = rl.dst_slots(by_dest, goes_to, my_begin)
-        recv_count = ranges.view(-1) & 0xFFFFFFFF
-        rx = rl.received(recv_count, src_token.view(-1)[:capacity])
-        ids = received.field(row.ids, row.weights).view(torch.int32).to(torch.int64)
-        local = rl.local_picks(ids, rx.real, me, num_local)
-        weights = None
-        if topk_weights is not None:
-            weights = torch.where(local >= 0, received.field(row.weights, row.bytes).view(torch.float32), 0.0)
+        got = layout.receive(sent, table, ranges, src_token, received, me, num_local, tokens_per_rank,
+                             topk_weights is not None)
+        local, weights, meta = got.local, got.weights, got.metadata
 
         expansion = rl.expand(local, num_local, alignment) if do_expand else None
-        meta = rl.metadata(rx, local, tokens_per_rank, expansion.slots if expansion is not None else None)
         if expansion is None:
-            per_expert = rl.per_expert_counts(local, num_local)
+            per_expert = got.per_expert
             expert_psum = torch.cumsum(per_expert, 0)
-            recv_x = received.payload(data, sf, rx.real, None)
+            recv_x = received.payload(data, sf, got.real, None)
             recv_w = weights
         else:
+            meta[:, 2:] = expansion.slots.to(torch.int32)
             per_expert, expert_psum = expansion.counts, expansion.ends
-            recv_x = received.payload(data, sf, rx.real, expansion)
+            recv_x = received.payload(data, sf, got.real, expansion)
             recv_w = rl.place_expanded_weights(weights, expansion) if weights is not None else None
-        scaleup_psum = torch.cumsum(recv_count, 0)
 
         num_recv, expanded_rows = capacity, expansion.dummy if expansion is not None else 0
         per_expert_list: list[int] = []
@@ -264,6 +231,7 @@ class IpcRowsPath:
             # The one synchronisation: sizes, the shape agreement, and who answered.
             total = expansion.ends[-1:] if expansion is not None and num_local else torch.zeros(1, dtype=torch.int64,
                                                                                                 device=device)
+            recv_count = ranges.view(-1) & 0xFFFFFFFF
             host = torch.cat([t.to(torch.int64) for t in (table.view(-1), recv_count, per_expert, total, mask)]).tolist()
             at, width = table.numel(), table.size(1)
             self._check_answered(host[-num_ranks:])
@@ -286,9 +254,9 @@ class IpcRowsPath:
             do_expand=do_expand, num_experts=num_experts, expert_alignment=alignment,
             num_max_tokens_per_rank=tokens_per_rank, num_sms=num_sms, topk_idx=topk_idx.clone(),
             num_recv_tokens_per_expert_list=per_expert_list,
-            psum_num_recv_tokens_per_scaleup_rank=scaleup_psum.to(torch.int32),
+            psum_num_recv_tokens_per_scaleup_rank=got.scaleup_psum,
             psum_num_recv_tokens_per_expert=expert_psum.to(torch.int32),
-            recv_src_metadata=meta, dst_buffer_slot_idx=slots, native_handle=routing)
+            recv_src_metadata=meta, dst_buffer_slot_idx=got.slots, native_handle=routing)
         return Outputs(recv_x, local, recv_w, handle)
 
     def _facts_of(self, key: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -338,7 +306,7 @@ class IpcRowsPath:
     def dispatch_cached(self, data, sf, handle: EPHandle) -> Outputs:
         routing: IpcRouting = handle.native_handle
         row = RowFormat.of(data, sf, 0)  # the payload (and scales) only
-        head, tail = self._send_rows(data, sf, row)
+        head, tail = layout_for(data.device).send_rows(data, sf, row)
         recv_head, recv_tail, _, _ = self.transport.dispatch(
             head, tail, routing.dest, self._mask(data.device),
             zeroed_rows=0 if routing.trimmed or routing.expansion is not None else routing.capacity)
