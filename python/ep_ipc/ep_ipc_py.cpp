@@ -14,6 +14,7 @@
 #include <string>
 
 #include "ep_call_args.h"
+#include "layout_call_args.h"
 #include "mooncake/ep/cuda/elastic_layout.h"
 #include "mooncake/ep/cuda/ep_ipc_group.h"
 
@@ -21,7 +22,9 @@ namespace py = pybind11;
 using namespace mooncake::ep::cuda;
 using mooncake::ep::python::defineKernelCalls;
 using mooncake::ep::python::KernelCalls;
-using mooncake::ep::python::pointer;
+using mooncake::ep::python::receiveLayoutArgs;
+using mooncake::ep::python::sendLayoutArgs;
+using mooncake::ep::python::sendTailArgs;
 using mooncake::ep::python::streamOf;
 
 namespace {
@@ -84,17 +87,11 @@ void defineLayoutKernels(py::module_& m) {
       "layout_send",
       [](uintptr_t topk_idx, int num_tokens, int num_topk, int num_local, int num_ranks, uintptr_t dest,
          uintptr_t counts, uintptr_t token_index, uintptr_t stream) {
-        SendLayoutArgs a;
-        a.topk_idx = pointer<const int64_t>(topk_idx);
-        a.num_tokens = num_tokens;
-        a.num_topk = num_topk;
-        a.num_local = num_local;
-        a.num_ranks = num_ranks;
-        a.dest = pointer<int64_t>(dest);
-        a.counts = pointer<int32_t>(counts);
-        a.token_index = pointer<int32_t>(token_index);
         std::string error;
-        raiseUnless(layoutSend(a, streamOf(stream), &error), error);
+        raiseUnless(
+            layoutSend(sendLayoutArgs(topk_idx, num_tokens, num_topk, num_local, num_ranks, dest, counts, token_index),
+                       streamOf(stream), &error),
+            error);
       },
       py::arg("topk_idx"), py::arg("num_tokens"), py::arg("num_topk"), py::arg("num_local"), py::arg("num_ranks"),
       py::arg("dest"), py::arg("counts"), py::arg("token_index"), py::arg("stream"),
@@ -105,21 +102,11 @@ void defineLayoutKernels(py::module_& m) {
       [](uintptr_t payload, int64_t payload_bytes, uintptr_t scales, int64_t scale_bytes, uintptr_t topk_idx,
          uintptr_t weights, int num_tokens, int num_topk, int64_t head_bytes, int64_t ids_at, uintptr_t tail,
          int64_t tail_bytes, uintptr_t stream) {
-        SendTailArgs a;
-        a.payload = pointer<const void>(payload);
-        a.payload_bytes = payload_bytes;
-        a.scales = pointer<const void>(scales);
-        a.scale_bytes = scale_bytes;
-        a.topk_idx = pointer<const int64_t>(topk_idx);
-        a.weights = pointer<const float>(weights);
-        a.num_tokens = num_tokens;
-        a.num_topk = num_topk;
-        a.head_bytes = head_bytes;
-        a.ids_at = ids_at;
-        a.tail = pointer<void>(tail);
-        a.tail_bytes = tail_bytes;
         std::string error;
-        raiseUnless(sendTail(a, streamOf(stream), &error), error);
+        raiseUnless(sendTail(sendTailArgs(payload, payload_bytes, scales, scale_bytes, topk_idx, weights, num_tokens,
+                                          num_topk, head_bytes, ids_at, tail, tail_bytes),
+                             streamOf(stream), &error),
+                    error);
       },
       py::arg("payload"), py::arg("payload_bytes"), py::arg("scales"), py::arg("scale_bytes"), py::arg("topk_idx"),
       py::arg("weights"), py::arg("num_tokens"), py::arg("num_topk"), py::arg("head_bytes"), py::arg("ids_at"),
@@ -132,33 +119,13 @@ void defineLayoutKernels(py::module_& m) {
          int64_t capacity, int num_topk, int num_local, int num_ranks, int rank, int tokens_per_rank, uintptr_t slots,
          uintptr_t real, uintptr_t local, uintptr_t weights, uintptr_t metadata, uintptr_t per_expert,
          uintptr_t scaleup_psum, uintptr_t stream) {
-        ReceiveLayoutArgs a;
-        a.topk_idx = pointer<const int64_t>(topk_idx);
-        a.token_index = pointer<const int32_t>(token_index);
-        a.table = pointer<const int32_t>(table);
-        a.table_width = table_width;
-        a.num_tokens = num_tokens;
-        a.ranges = pointer<const int64_t>(ranges);
-        a.src_token = pointer<const int32_t>(src_token);
-        a.recv_tail = pointer<const void>(recv_tail);
-        a.tail_bytes = tail_bytes;
-        a.ids_at = ids_at;
-        a.weights_at = weights_at;
-        a.capacity = capacity;
-        a.num_topk = num_topk;
-        a.num_local = num_local;
-        a.num_ranks = num_ranks;
-        a.rank = rank;
-        a.tokens_per_rank = tokens_per_rank;
-        a.slots = pointer<int32_t>(slots);
-        a.real = pointer<bool>(real);
-        a.local = pointer<int64_t>(local);
-        a.weights = pointer<float>(weights);
-        a.metadata = pointer<int32_t>(metadata);
-        a.per_expert = pointer<int64_t>(per_expert);
-        a.scaleup_psum = pointer<int32_t>(scaleup_psum);
         std::string error;
-        raiseUnless(layoutReceive(a, streamOf(stream), &error), error);
+        raiseUnless(layoutReceive(receiveLayoutArgs(topk_idx, token_index, table, table_width, num_tokens, ranges,
+                                                    src_token, recv_tail, tail_bytes, ids_at, weights_at, capacity,
+                                                    num_topk, num_local, num_ranks, rank, tokens_per_rank, slots, real,
+                                                    local, weights, metadata, per_expert, scaleup_psum),
+                                  streamOf(stream), &error),
+                    error);
       },
       py::arg("topk_idx"), py::arg("token_index"), py::arg("table"), py::arg("table_width"), py::arg("num_tokens"),
       py::arg("ranges"), py::arg("src_token"), py::arg("recv_tail"), py::arg("tail_bytes"), py::arg("ids_at"),

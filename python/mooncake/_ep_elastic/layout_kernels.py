@@ -12,6 +12,7 @@ current stream with no host synchronisation, so a CUDA graph captures them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -121,16 +122,27 @@ def _address(t: torch.Tensor | None) -> int:
 
 
 class KernelLayout:
-    """The kernels of mooncake-ep/src/elastic_layout.cu (CUDA tensors), on the current stream."""
+    """The kernels of mooncake-ep/src/elastic_layout.cu, on the current stream."""
+
+    def __init__(self, kernels=None):
+        """``kernels``: what has layout_send, send_tail and layout_receive
+        (default: mooncake._ep_ipc, on CUDA tensors). The tests give the same
+        code built for the host, on CPU tensors (_layout_emulation.py)."""
+        self._module = kernels
+
+    def _kernels(self):
+        if self._module is None:
+            from .. import _ep_ipc  # built with the EP kernels (CUDA builds)
+            self._module = _ep_ipc
+        return self._module
 
     @staticmethod
-    def _kernels():
-        from .. import _ep_ipc  # built with the EP kernels (CUDA builds)
-        return _ep_ipc
+    def _on(device: torch.device):
+        return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
     @staticmethod
     def _stream(device: torch.device) -> int:
-        return torch.cuda.current_stream(device).cuda_stream
+        return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
     def send_rows(self, data, sf, row, topk_idx=None, topk_weights=None):
         """As ``TorchLayout.send_rows``; the tail's padding is zeros."""
@@ -140,7 +152,7 @@ class KernelLayout:
         scales = sf.contiguous() if sf is not None else None
         ids = topk_idx.to(torch.int64).contiguous() if topk_idx is not None else None
         weights = topk_weights.to(torch.float32).contiguous() if topk_weights is not None else None
-        with torch.cuda.device(device):
+        with self._on(device):
             self._kernels().send_tail(payload=_address(payload), payload_bytes=row.payload, scales=_address(scales),
                                       scale_bytes=row.scales, topk_idx=_address(ids), weights=_address(weights),
                                       num_tokens=num_tokens, num_topk=row.num_topk, head_bytes=row.head,
@@ -155,7 +167,7 @@ class KernelLayout:
         dest = torch.empty(num_tokens, num_topk, dtype=torch.int64, device=device)
         counts = torch.empty(num_ranks, dtype=torch.int32, device=device)
         token_index = torch.empty(num_tokens, num_topk, dtype=torch.int32, device=device)
-        with torch.cuda.device(device):
+        with self._on(device):
             self._kernels().layout_send(topk_idx=_address(topk), num_tokens=num_tokens, num_topk=num_topk,
                                         num_local=num_local, num_ranks=num_ranks, dest=_address(dest),
                                         counts=_address(counts), token_index=_address(token_index),
@@ -180,7 +192,7 @@ class KernelLayout:
             scaleup_psum=torch.empty(num_ranks, dtype=torch.int32, device=device))
         # The kernel reads rows by their stride: the received tensors are whole, contiguous buffers.
         assert tail.is_contiguous() and ranges.is_contiguous() and src_token.is_contiguous()
-        with torch.cuda.device(device):
+        with self._on(device):
             self._kernels().layout_receive(
                 topk_idx=_address(sent.topk_idx), token_index=_address(sent.slot_state), table=_address(table),
                 table_width=table.size(1), num_tokens=num_tokens, ranges=_address(ranges),
