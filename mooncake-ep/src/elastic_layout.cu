@@ -120,7 +120,10 @@ __global__ void __launch_bounds__(kRowThreads) receiveLayoutKernel(ReceiveLayout
   }
   if (tid < num_ranks) {  // where this rank's rows start at rank tid: what the lower ranks sent it
     int32_t begin = 0;
-    for (int s = 0; s < a.rank; ++s) begin += a.table[static_cast<int64_t>(s) * a.table_width + tid];
+    for (int s = 0; s < a.rank; ++s) {
+      const int64_t range = a.gathered_ranges[s];
+      if ((range & 0xffffffffLL) != 0) begin += a.gathered[(range >> 32) * a.gathered_stride + tid];
+    }
     my_begin[tid] = begin;
   }
   if (shared_counts) {
@@ -234,7 +237,7 @@ bool sendTail(const SendTailArgs& a, cudaStream_t stream, std::string* error) {
 bool layoutReceive(const ReceiveLayoutArgs& a, cudaStream_t stream, std::string* error) {
   const int64_t fields = 4 * static_cast<int64_t>(a.num_topk);
   if (a.num_ranks < 1 || a.num_ranks > kMaxEpRanks || a.num_local < 1 || a.num_topk < 0 || a.num_tokens < 0 ||
-      a.capacity < 0 || a.rank < 0 || a.rank >= a.num_ranks || a.table_width < a.num_ranks) {
+      a.capacity < 0 || a.rank < 0 || a.rank >= a.num_ranks || a.gathered_stride < a.num_ranks) {
     return refuse("layoutReceive: sizes out of range", error);
   }
   // The kernel reads ids and weights as 32-bit words of the rows.

@@ -49,18 +49,20 @@ inline cuda::SendTailArgs sendTailArgs(uintptr_t payload, int64_t payload_bytes,
   return a;
 }
 
-inline cuda::ReceiveLayoutArgs receiveLayoutArgs(uintptr_t topk_idx, uintptr_t token_index, uintptr_t table,
-                                                 int table_width, int num_tokens, uintptr_t ranges, uintptr_t src_token,
-                                                 uintptr_t recv_tail, int64_t tail_bytes, int64_t ids_at,
-                                                 int64_t weights_at, int64_t capacity, int num_topk, int num_local,
-                                                 int num_ranks, int rank, int tokens_per_rank, uintptr_t slots,
-                                                 uintptr_t real, uintptr_t local, uintptr_t weights, uintptr_t metadata,
-                                                 uintptr_t per_expert, uintptr_t scaleup_psum) {
+inline cuda::ReceiveLayoutArgs receiveLayoutArgs(uintptr_t topk_idx, uintptr_t token_index, uintptr_t gathered,
+                                                 int64_t gathered_stride, uintptr_t gathered_ranges, int num_tokens,
+                                                 uintptr_t ranges, uintptr_t src_token, uintptr_t recv_tail,
+                                                 int64_t tail_bytes, int64_t ids_at, int64_t weights_at,
+                                                 int64_t capacity, int num_topk, int num_local, int num_ranks, int rank,
+                                                 int tokens_per_rank, uintptr_t slots, uintptr_t real, uintptr_t local,
+                                                 uintptr_t weights, uintptr_t metadata, uintptr_t per_expert,
+                                                 uintptr_t scaleup_psum) {
   cuda::ReceiveLayoutArgs a;
   a.topk_idx = address<const int64_t>(topk_idx);
   a.token_index = address<const int32_t>(token_index);
-  a.table = address<const int32_t>(table);
-  a.table_width = table_width;
+  a.gathered = address<const int32_t>(gathered);
+  a.gathered_stride = gathered_stride;
+  a.gathered_ranges = address<const int64_t>(gathered_ranges);
   a.num_tokens = num_tokens;
   a.ranges = address<const int64_t>(ranges);
   a.src_token = address<const int32_t>(src_token);

@@ -31,7 +31,7 @@ from .._env import positive_int
 from . import rows_layout as rl
 from .collective import FACTS, Outputs, call_facts, check_call_table
 from .handle import EPHandle
-from .layout_kernels import VECTOR_BYTES, layout_for
+from .layout_kernels import VECTOR_BYTES, Gathered, layout_for
 from .topology import Topology
 
 ROW_ALIGN_BYTES = 256  # rows are whole multiples of the kernels' 128 bf16 channels
@@ -160,9 +160,12 @@ class IpcRouting:
 class IpcRowsPath:
     name = "ipc"
 
-    def __init__(self, rank: int, topo: Topology, generation: object, transport, max_tokens: int):
+    def __init__(self, rank: int, topo: Topology, generation: object, transport, max_tokens: int, layout=None):
+        """``layout``: the layout's form (``layout_kernels``), None: ``layout_for`` the call's device
+        (the tests give the kernels' code built for the host)."""
         self.rank, self.topo, self.generation = rank, topo, generation
         self.transport = transport
+        self.layout = layout
         self.max_tokens = max_tokens
         self.mask: torch.Tensor | None = None  # the kernels' active ranks: a rank that times out is cleared
         # The calls' shapes as device tensors, made once per shape: a copy from
@@ -196,20 +199,20 @@ class IpcRowsPath:
 
         facts = call_facts(tokens_per_rank, hidden, num_topk, num_experts, sf is not None, topk_weights is not None,
                            do_expand)
-        layout = layout_for(device)
+        layout = self._layout(device)
         sent = layout.send(data, sf, row, topk_idx, topk_weights, num_local, num_ranks)
         dest = sent.dest
         # Counts per destination and the call's shape, gathered on the stream
         # (no wait on the host): the handle's dst_buffer_slot_idx needs where
         # this rank's block starts at each destination.
         mask = self._mask(device)
-        table = self._gather(torch.cat([sent.counts, self._facts_of((*facts, 0), device)]), mask)
+        gathered = self._gather(torch.cat([sent.counts, self._facts_of((*facts, 0), device)]), mask)
         # Rows past the received ones are cut (do_cpu_sync), or read through
         # the expansion, which never picks them; else they are the output's zeros.
         recv_head, recv_tail, src_token, ranges = self.transport.dispatch(
             sent.head, sent.tail, dest, mask, zeroed_rows=0 if do_cpu_sync or do_expand else capacity)
         received = ReceivedRows(row, recv_head, recv_tail, capacity)
-        got = layout.receive(sent, table, ranges, src_token, received, me, num_local, tokens_per_rank,
+        got = layout.receive(sent, gathered, ranges, src_token, received, me, num_local, tokens_per_rank,
                              topk_weights is not None)
         local, weights, meta = got.local, got.weights, got.metadata
 
@@ -232,6 +235,7 @@ class IpcRowsPath:
             total = expansion.ends[-1:] if expansion is not None and num_local else torch.zeros(1, dtype=torch.int64,
                                                                                                 device=device)
             recv_count = ranges.view(-1) & 0xFFFFFFFF
+            table = gathered.table()
             host = torch.cat([t.to(torch.int64) for t in (table.view(-1), recv_count, per_expert, total, mask)]).tolist()
             at, width = table.numel(), table.size(1)
             self._check_answered(host[-num_ranks:])
@@ -259,16 +263,19 @@ class IpcRowsPath:
             recv_src_metadata=meta, dst_buffer_slot_idx=got.slots, native_handle=routing)
         return Outputs(recv_x, local, recv_w, handle)
 
+    def _layout(self, device: torch.device):
+        return self.layout if self.layout is not None else layout_for(device)
+
     def _facts_of(self, key: tuple[int, ...], device: torch.device) -> torch.Tensor:
         if key not in self._facts:
             self._facts[key] = torch.tensor(key, dtype=torch.int32, device=device)
         return self._facts[key]
 
-    def _gather(self, mine: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """[R, n] int32: every rank's ``mine`` ([n] int32), through the kernels
-        themselves (one token that goes to every rank), so that a rank that
-        died is given up on within the kernels' bound, as for the rows. A
-        rank given up on reads as zeros, and stays cleared in ``mask``."""
+    def _gather(self, mine: torch.Tensor, mask: torch.Tensor) -> Gathered:
+        """Every rank's ``mine`` ([n] int32), through the kernels themselves
+        (one token that goes to every rank), so that a rank that died is
+        given up on within the kernels' bound, as for the rows. A rank given
+        up on reads as zeros (``Gathered.table``), and stays cleared in ``mask``."""
         num_ranks, n = self.topo.num_ranks, mine.numel()
         device = mine.device
         if self._to_everyone is None:
@@ -276,9 +283,7 @@ class IpcRowsPath:
         row = torch.zeros(1, -(-4 * n // VECTOR_BYTES) * VECTOR_BYTES, dtype=torch.uint8, device=device)
         row[0, :4 * n] = mine.view(torch.uint8)
         _, recv, _, ranges = self.transport.dispatch(None, row, self._to_everyone, mask, zeroed_rows=0)
-        count, begin = ranges.view(-1) & 0xFFFFFFFF, ranges.view(-1) >> 32
-        got = recv[:, :4 * n][begin.clamp(max=recv.size(0) - 1)].contiguous().view(torch.int32)
-        return torch.where((count > 0).unsqueeze(1), got, 0)
+        return Gathered(rows=recv, ranges=ranges, n=n)
 
     def _check_answered(self, mask: list[int]) -> None:
         """A rank the kernels gave up on stays cleared in the mask: it is
@@ -297,7 +302,7 @@ class IpcRowsPath:
         mine = torch.zeros(num_ranks + len(FACTS) + 1, dtype=torch.int32, device=device)
         mine[-1] = 1
         mask = self._mask(device)
-        table = self._gather(mine, mask)
+        table = self._gather(mine, mask).table()
         nothing = torch.empty(0, VECTOR_BYTES, dtype=torch.uint8, device=device)
         self.transport.dispatch(None, nothing, torch.empty(0, 1, dtype=torch.int64, device=device), mask,
                                 zeroed_rows=0)
@@ -306,7 +311,7 @@ class IpcRowsPath:
     def dispatch_cached(self, data, sf, handle: EPHandle) -> Outputs:
         routing: IpcRouting = handle.native_handle
         row = RowFormat.of(data, sf, 0)  # the payload (and scales) only
-        head, tail = layout_for(data.device).send_rows(data, sf, row)
+        head, tail = self._layout(data.device).send_rows(data, sf, row)
         recv_head, recv_tail, _, _ = self.transport.dispatch(
             head, tail, routing.dest, self._mask(data.device),
             zeroed_rows=0 if routing.trimmed or routing.expansion is not None else routing.capacity)

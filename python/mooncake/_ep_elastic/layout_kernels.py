@@ -34,6 +34,26 @@ def layout_for(device: torch.device):
 
 
 @dataclass
+class Gathered:
+    """Every rank's ``[n]`` int32 (its counts per destination, then the
+    call's shape) as the EP kernels delivered them here: the received rows
+    and their ranges, one row per source that answered."""
+    rows: torch.Tensor  # [C, bytes] uint8, contiguous: source s's at row ranges[s] >> 32
+    ranges: torch.Tensor  # [1, R] int64: (begin << 32) | count per source
+    n: int
+    _table: torch.Tensor | None = None
+
+    def table(self) -> torch.Tensor:
+        """[R, n] int32, zeros for a rank given up on (made once; the
+        kernels read the rows themselves, which saves these operations)."""
+        if self._table is None:
+            count, begin = self.ranges.view(-1) & 0xFFFFFFFF, self.ranges.view(-1) >> 32
+            got = self.rows[:, :4 * self.n][begin.clamp(max=self.rows.size(0) - 1)].contiguous().view(torch.int32)
+            self._table = torch.where((count > 0).unsqueeze(1), got, 0)
+        return self._table
+
+
+@dataclass
 class SendLayout:
     """What a dispatch sends, from this rank's picks."""
     dest: torch.Tensor  # [N, k] int64: destination ranks, each once, ascending (-1: none)
@@ -97,11 +117,11 @@ class TorchLayout:
         return SendLayout(dest=dest, counts=goes_to.sum(dim=0).to(torch.int32), head=head, tail=tail,
                           topk_idx=topk_idx, slot_state=(by_dest, goes_to))
 
-    def receive(self, sent: SendLayout, table, ranges, src_token, received, rank: int, num_local: int,
+    def receive(self, sent: SendLayout, gathered: Gathered, ranges, src_token, received, rank: int, num_local: int,
                 tokens_per_rank: int, with_weights: bool) -> ReceiveLayout:
         row, capacity = received.row, received.tail.size(0)
         by_dest, goes_to = sent.slot_state
-        counts = table[:, :goes_to.size(1)]
+        counts = gathered.table()[:, :goes_to.size(1)]
         my_begin = torch.cumsum(counts, 0)[rank] - counts[rank]
         slots = rl.dst_slots(by_dest, goes_to, my_begin)
         recv_count = ranges.view(-1) & 0xFFFFFFFF
@@ -175,13 +195,12 @@ class KernelLayout:
         head, tail = self.send_rows(data, sf, row, topk, topk_weights)
         return SendLayout(dest=dest, counts=counts, head=head, tail=tail, topk_idx=topk, slot_state=token_index)
 
-    def receive(self, sent: SendLayout, table, ranges, src_token, received, rank: int, num_local: int,
+    def receive(self, sent: SendLayout, gathered: Gathered, ranges, src_token, received, rank: int, num_local: int,
                 tokens_per_rank: int, with_weights: bool) -> ReceiveLayout:
         row, tail = received.row, received.tail
         capacity, device = tail.size(0), tail.device
         num_tokens, num_topk = sent.topk_idx.shape
-        num_ranks = table.size(0)
-        table = table.contiguous()
+        num_ranks = gathered.ranges.numel()
         out = ReceiveLayout(
             slots=torch.empty(num_tokens, num_topk, dtype=torch.int32, device=device),
             real=torch.empty(capacity, dtype=torch.bool, device=device),
@@ -192,10 +211,12 @@ class KernelLayout:
             scaleup_psum=torch.empty(num_ranks, dtype=torch.int32, device=device))
         # The kernel reads rows by their stride: the received tensors are whole, contiguous buffers.
         assert tail.is_contiguous() and ranges.is_contiguous() and src_token.is_contiguous()
+        assert gathered.rows.is_contiguous() and gathered.ranges.is_contiguous() and gathered.rows.size(1) % 4 == 0
         with self._on(device):
             self._kernels().layout_receive(
-                topk_idx=_address(sent.topk_idx), token_index=_address(sent.slot_state), table=_address(table),
-                table_width=table.size(1), num_tokens=num_tokens, ranges=_address(ranges),
+                topk_idx=_address(sent.topk_idx), token_index=_address(sent.slot_state),
+                gathered=_address(gathered.rows), gathered_stride=gathered.rows.size(1) // 4,
+                gathered_ranges=_address(gathered.ranges), num_tokens=num_tokens, ranges=_address(ranges),
                 src_token=_address(src_token), recv_tail=_address(tail), tail_bytes=tail.size(1),
                 ids_at=row.ids - row.head, weights_at=row.weights - row.head if with_weights else -1,
                 capacity=capacity, num_topk=num_topk, num_local=num_local, num_ranks=num_ranks, rank=rank,

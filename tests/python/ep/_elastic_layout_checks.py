@@ -12,7 +12,7 @@ import torch
 
 from mooncake._ep_elastic import rows_layout
 from mooncake._ep_elastic.ipc_rows import ReceivedRows, RowFormat
-from mooncake._ep_elastic.layout_kernels import TORCH
+from mooncake._ep_elastic.layout_kernels import TORCH, Gathered
 
 FACT_COLUMNS = 3  # the gathered table carries the call's shape after the counts: any values
 
@@ -62,6 +62,24 @@ def defined_tail(tail, row: RowFormat, has_weights: bool):
     return tail[:, keep.to(tail.device)]
 
 
+def gathered_rows(table, gen):
+    """``table`` ([R, n] int32) as the EP kernels deliver it: one row per source
+    (16-byte rows), the sources in reverse order after a garbage row, garbage
+    in the padding, so that only the ranges say where a source's row is. In
+    worlds of 3, rank 1 was given up on (count 0: garbage where its row was)."""
+    world, n = table.shape
+    width = -(-4 * n // 16) * 16
+    rows = torch.randint(0, 256, (world + 1, width), generator=gen, dtype=torch.uint8).to(table.device)
+    begins = [world - s for s in range(world)]
+    answered = [not (world == 3 and s == 1) for s in range(world)]
+    for s, b in enumerate(begins):
+        if answered[s]:
+            rows[b, :4 * n] = table[s].contiguous().view(torch.uint8)
+    ranges = torch.tensor([[(b << 32) | int(a) for b, a in zip(begins, answered)]], dtype=torch.int64,
+                          device=table.device)
+    return Gathered(rows=rows, ranges=ranges, n=n)
+
+
 CASES = [
     # (world, tokens per rank, hidden, k, local experts, fp8, weights, an empty rank)
     (1, 37, 128, 1, 4, False, True, None),
@@ -98,6 +116,7 @@ def check_case(case, kernels, device):
     # Every rank's counts, then the call's shape, as the gather returns them.
     table = torch.cat([torch.stack([m.counts for m, _, _ in calls]),
                        torch.full((world, FACT_COLUMNS), 5, dtype=torch.int32, device=device)], dim=1)
+    gathered = gathered_rows(table, gen)
     for me in range(world):
         # The rows `me` receives: each source's rows that go to it, in token order; garbage past them.
         tails, tokens, counts = [], [], []
@@ -117,8 +136,8 @@ def check_case(case, kernels, device):
         head = torch.zeros(capacity, row.head, dtype=torch.uint8, device=device) if row.head else None
         received = ReceivedRows(row, head, recv_tail, capacity)
         mine, ref, _ = calls[me]  # the handle's slots are the receiving rank's own as a sender
-        got = kernels.receive(mine, table, ranges, src_token, received, me, num_local, tokens_per_rank, with_weights)
-        want = TORCH.receive(ref, table, ranges, src_token, received, me, num_local, tokens_per_rank, with_weights)
+        got = kernels.receive(mine, gathered, ranges, src_token, received, me, num_local, tokens_per_rank, with_weights)
+        want = TORCH.receive(ref, gathered, ranges, src_token, received, me, num_local, tokens_per_rank, with_weights)
         for name in ("slots", "real", "local", "weights", "metadata", "per_expert", "scaleup_psum"):
             assert_same(name, getattr(got, name), getattr(want, name))
         # The expansion (torch on both) reads the kernels' local picks: the same.

@@ -31,7 +31,8 @@ _CALLS = {
     "send_tail": [("payload", _U), ("payload_bytes", _L), ("scales", _U), ("scale_bytes", _L), ("topk_idx", _U),
                   ("weights", _U), ("num_tokens", _I), ("num_topk", _I), ("head_bytes", _L), ("ids_at", _L),
                   ("tail", _U), ("tail_bytes", _L)],
-    "layout_receive": [("topk_idx", _U), ("token_index", _U), ("table", _U), ("table_width", _I), ("num_tokens", _I),
+    "layout_receive": [("topk_idx", _U), ("token_index", _U), ("gathered", _U), ("gathered_stride", _L),
+                       ("gathered_ranges", _U), ("num_tokens", _I),
                        ("ranges", _U), ("src_token", _U), ("recv_tail", _U), ("tail_bytes", _L), ("ids_at", _L),
                        ("weights_at", _L), ("capacity", _L), ("num_topk", _I), ("num_local", _I), ("num_ranks", _I),
                        ("rank", _I), ("tokens_per_rank", _I), ("slots", _U), ("real", _U), ("local", _U),
@@ -80,15 +81,24 @@ class EmulatedKernels:
         return call
 
 
+def library_in(folder: pathlib.Path) -> pathlib.Path:
+    return folder / "libelastic_layout_host.so"
+
+
 def build(folder: pathlib.Path) -> EmulatedKernels:
-    """Builds the library in ``folder``; a CalledProcessError carries the compiler's output."""
+    """Builds the library in ``folder`` (``library_in(folder)``); a RuntimeError carries the compiler's output."""
     source = folder / "elastic_layout_host.cpp"
     source.write_text(host_source(SOURCE.read_text()))
-    library = folder / "libelastic_layout_host.so"
+    library = library_in(folder)
     command = [os.environ.get("CXX") or "g++", "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-w",
                f"-I{EMULATION}", f"-I{ROOT / 'mooncake-ep' / 'include'}", f"-I{ROOT / 'mooncake-ep' / 'src'}",
                f"-I{ROOT / 'python' / 'ep_ipc'}", str(source), str(EMULATION / "emulation.cpp"), "-o", str(library)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"building the emulated layout kernels failed:\n{' '.join(command)}\n{done.stderr}")
+    return load(library)
+
+
+def load(library: pathlib.Path) -> EmulatedKernels:
+    """The kernels of a library ``build`` made (in another process, say)."""
     return EmulatedKernels(ctypes.CDLL(str(library)))

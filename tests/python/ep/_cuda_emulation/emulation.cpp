@@ -113,18 +113,19 @@ extern "C" int emulated_send_tail(uintptr_t payload, int64_t payload_bytes, uint
                 error);
 }
 
-extern "C" int emulated_layout_receive(uintptr_t topk_idx, uintptr_t token_index, uintptr_t table, int table_width,
-                                       int num_tokens, uintptr_t ranges, uintptr_t src_token, uintptr_t recv_tail,
-                                       int64_t tail_bytes, int64_t ids_at, int64_t weights_at, int64_t capacity,
-                                       int num_topk, int num_local, int num_ranks, int rank, int tokens_per_rank,
-                                       uintptr_t slots, uintptr_t real, uintptr_t local, uintptr_t weights,
-                                       uintptr_t metadata, uintptr_t per_expert, uintptr_t scaleup_psum) {
+extern "C" int emulated_layout_receive(uintptr_t topk_idx, uintptr_t token_index, uintptr_t gathered,
+                                       int64_t gathered_stride, uintptr_t gathered_ranges, int num_tokens,
+                                       uintptr_t ranges, uintptr_t src_token, uintptr_t recv_tail, int64_t tail_bytes,
+                                       int64_t ids_at, int64_t weights_at, int64_t capacity, int num_topk,
+                                       int num_local, int num_ranks, int rank, int tokens_per_rank, uintptr_t slots,
+                                       uintptr_t real, uintptr_t local, uintptr_t weights, uintptr_t metadata,
+                                       uintptr_t per_expert, uintptr_t scaleup_psum) {
   std::string error;
-  return report(
-      cuda::layoutReceive(
-          python::receiveLayoutArgs(topk_idx, token_index, table, table_width, num_tokens, ranges, src_token, recv_tail,
-                                    tail_bytes, ids_at, weights_at, capacity, num_topk, num_local, num_ranks, rank,
-                                    tokens_per_rank, slots, real, local, weights, metadata, per_expert, scaleup_psum),
-          nullptr, &error),
-      error);
+  return report(cuda::layoutReceive(
+                    python::receiveLayoutArgs(topk_idx, token_index, gathered, gathered_stride, gathered_ranges,
+                                              num_tokens, ranges, src_token, recv_tail, tail_bytes, ids_at, weights_at,
+                                              capacity, num_topk, num_local, num_ranks, rank, tokens_per_rank, slots,
+                                              real, local, weights, metadata, per_expert, scaleup_psum),
+                    nullptr, &error),
+                error);
 }

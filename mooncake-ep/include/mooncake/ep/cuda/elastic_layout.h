@@ -40,8 +40,13 @@ struct ReceiveLayoutArgs {
   // The send side's picks, for dst_buffer_slot_idx.
   const int64_t* topk_idx = nullptr;     // [N, k]
   const int32_t* token_index = nullptr;  // [N, k] SendLayoutArgs::token_index
-  const int32_t* table = nullptr;        // [R, table_width]: row s starts with the counts source s sent per rank
-  int table_width = 0;
+  // Every rank's counts (SendLayoutArgs::counts first in each row) as the EP
+  // kernels delivered them to this rank: rows of `gathered_stride` int32,
+  // source s's at row begin_s of gathered_ranges[s] = (begin_s << 32) | count_s
+  // (count 0: the source was given up on, its counts read as zeros).
+  const int32_t* gathered = nullptr;
+  int64_t gathered_stride = 0;
+  const int64_t* gathered_ranges = nullptr;  // [R]
   int num_tokens = 0;
   // The received rows.
   const int64_t* ranges = nullptr;                      // [R] (begin << 32) | count per source
