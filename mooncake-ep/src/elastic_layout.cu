@@ -4,7 +4,8 @@
 //                  ascending) and, per pick, the token's index among those
 //                  sent to the pick's rank (a prefix count in token order,
 //                  so slots are deterministic); and the count per rank.
-//                  Tiles of 1024 tokens; per tile, a warp ballot per rank
+//                  Tiles of 1024 tokens, their picks' destinations staged
+//                  in shared memory; per tile, a warp ballot per rank
 //                  present and a scan of the 32 warps' counts.
 //   sendTail       one thread per 16 bytes of the rows' staged tails.
 //   layoutReceive  one thread per received row (local picks, weights,
@@ -13,6 +14,7 @@
 // Why kernels: the same layout as ~60 small tensor operations took longer
 // than the EP kernels themselves (docs/benchmarks/ep_cuda.md).
 #include <algorithm>
+#include <string>
 
 #include "elastic_layout.h"
 #include "mooncake/ep/cuda/elastic_layout.h"
@@ -29,11 +31,12 @@ constexpr int kMaxSharedExperts = 8192;  // per-block counts in shared memory (3
 constexpr unsigned kAllLanes = 0xffffffffu;
 
 __global__ void __launch_bounds__(kScanThreads) sendLayoutKernel(SendLayoutArgs a) {
+  extern __shared__ int8_t tile_dests[];  // [kScanThreads * k]: the destination of each pick of the tile
   __shared__ int32_t warp_count[kWarps][kMaxEpRanks];
   __shared__ int32_t warp_base[kWarps][kMaxEpRanks];
   __shared__ int32_t running[kMaxEpRanks];
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
-  const int k = a.num_topk, num_local = a.num_local, num_ranks = a.num_ranks;
+  const int k = a.num_topk;
   const uint32_t lanes_below = (1u << lane) - 1u;
   if (tid < kMaxEpRanks) running[tid] = 0;
   // Every thread runs every tile (tokens past the end have no destination):
@@ -41,23 +44,31 @@ __global__ void __launch_bounds__(kScanThreads) sendLayoutKernel(SendLayoutArgs 
   for (int tile = 0; tile < a.num_tokens; tile += kScanThreads) {
     const int64_t t = tile + tid;
     const bool in = t < a.num_tokens;
-    const int64_t* picks = a.topk_idx + t * k;
-    uint32_t mask = 0;
-    if (in) {
-      mask = layout::destinationMask(picks, k, num_local, num_ranks);
-      layout::uniqueDestinations(picks, k, num_local, num_ranks, a.dest + t * k);
+    // The tile's picks are contiguous: read once, in order (a thread reading
+    // its own token's k picks again and again would touch a line per lane).
+    const int tile_tokens = a.num_tokens - tile < kScanThreads ? a.num_tokens - tile : kScanThreads;
+    const int64_t picks = static_cast<int64_t>(tile_tokens) * k;
+    const int64_t* tile_picks = a.topk_idx + static_cast<int64_t>(tile) * k;
+    for (int64_t i = tid; i < picks; i += kScanThreads) {
+      tile_dests[i] = static_cast<int8_t>(layout::destinationOf(tile_picks[i], a.num_local, a.num_ranks));
     }
     for (int i = tid; i < kWarps * kMaxEpRanks; i += kScanThreads) (&warp_count[0][0])[i] = 0;
+    __syncthreads();  // tile_dests written, warp_count zeroed
+    const int8_t* dests = tile_dests + static_cast<int64_t>(tid) * k;
+    uint32_t mask = 0;
+    if (in) {
+      mask = layout::destinationMask(dests, k);
+      layout::uniqueDestinations(dests, k, a.dest + t * k);
+    }
     uint32_t any = mask;  // the ranks some token of this warp goes to
     for (int step = 16; step > 0; step /= 2) any |= __shfl_xor_sync(kAllLanes, any, step);
-    __syncthreads();  // warp_count zeroed, and the previous tile's reads of warp_base done
     for (uint32_t left = any; left != 0; left &= left - 1u) {
       const int d = __ffs(static_cast<int>(left)) - 1;
       const uint32_t with = __ballot_sync(kAllLanes, (mask >> d) & 1u);
       if (lane == 0) warp_count[warp][d] = __popc(with);
     }
     __syncthreads();
-    if (tid < num_ranks) {
+    if (tid < a.num_ranks) {
       int32_t sum = running[tid];
       for (int w = 0; w < kWarps; ++w) {
         warp_base[w][tid] = sum;
@@ -72,19 +83,19 @@ __global__ void __launch_bounds__(kScanThreads) sendLayoutKernel(SendLayoutArgs 
       if ((mask >> d) & 1u) {
         const int32_t index = warp_base[warp][d] + __popc(with & lanes_below);
         for (int j = 0; j < k; ++j) {
-          if (layout::destinationOf(picks[j], num_local, num_ranks) == d) a.token_index[t * k + j] = index;
+          if (dests[j] == d) a.token_index[t * k + j] = index;
         }
       }
     }
     if (in) {
       for (int j = 0; j < k; ++j) {
-        if (layout::destinationOf(picks[j], num_local, num_ranks) < 0) a.token_index[t * k + j] = -1;
+        if (dests[j] < 0) a.token_index[t * k + j] = -1;
       }
     }
-    __syncthreads();  // warp_base read before the next tile rewrites it
+    __syncthreads();  // tile_dests and warp_base read before the next tile rewrites them
   }
   __syncthreads();  // running initialised when there was no tile
-  if (tid < num_ranks) a.counts[tid] = running[tid];
+  if (tid < a.num_ranks) a.counts[tid] = running[tid];
 }
 
 __global__ void sendTailKernel(layout::TailSources s, int64_t num_tokens, uint8_t* tail) {
@@ -207,7 +218,12 @@ bool layoutSend(const SendLayoutArgs& a, cudaStream_t stream, std::string* error
   if (a.num_ranks < 1 || a.num_ranks > kMaxEpRanks || a.num_local < 1 || a.num_topk < 0 || a.num_tokens < 0) {
     return refuse("layoutSend: sizes out of range", error);
   }
-  sendLayoutKernel<<<1, kScanThreads, 0, stream>>>(a);
+  if (a.num_topk > kMaxLayoutTopk) {
+    return refuse("layoutSend: num_topk " + std::to_string(a.num_topk) + " is more than the kernels take (" +
+                      std::to_string(kMaxLayoutTopk) + ")",
+                  error);
+  }
+  sendLayoutKernel<<<1, kScanThreads, static_cast<size_t>(kScanThreads) * a.num_topk, stream>>>(a);
   return launched("layoutSend", error);
 }
 

@@ -19,38 +19,35 @@ __host__ __device__ inline int destinationOf(int64_t id, int num_local, int num_
   return static_cast<int>(id / num_local);
 }
 
+// The functions below take a token's picks as their destinations
+// (destinationOf, -1 for none), one byte each: the send kernel stages a
+// tile's destinations in shared memory, read in order from the picks.
+
 // Bit d: the token has a pick on rank d (num_ranks <= 32).
-__host__ __device__ inline uint32_t destinationMask(const int64_t* picks, int num_topk, int num_local, int num_ranks) {
+__host__ __device__ inline uint32_t destinationMask(const int8_t* dests, int num_topk) {
   uint32_t mask = 0;
   for (int j = 0; j < num_topk; ++j) {
-    const int d = destinationOf(picks[j], num_local, num_ranks);
-    if (d >= 0) mask |= 1u << d;
+    if (dests[j] >= 0) mask |= 1u << dests[j];
   }
   return mask;
 }
 
-// The token's picks as destinations sorted ascending, each rank once, the
-// repeats -1 where they sorted (rows_layout.unique_destinations): -1 for
-// each pick without a destination, then per rank d ascending: d, and -1 for
-// each further pick on d. The kernels send a row to each rank here once, and
+// The token's destinations sorted ascending, each rank once, the repeats -1
+// where they sorted (rows_layout.unique_destinations): -1 for each pick
+// without a destination, then per rank d ascending: d, and -1 for each
+// further pick on d. The kernels send a row to each rank here once, and
 // combine adds the returned rows in this order. Writes num_topk values.
-__host__ __device__ inline void uniqueDestinations(const int64_t* picks, int num_topk, int num_local, int num_ranks,
-                                                   int64_t* out) {
+__host__ __device__ inline void uniqueDestinations(const int8_t* dests, int num_topk, int64_t* out) {
   int at = 0;
-  uint32_t mask = 0;
   for (int j = 0; j < num_topk; ++j) {
-    const int d = destinationOf(picks[j], num_local, num_ranks);
-    if (d < 0) {
-      out[at++] = -1;
-    } else {
-      mask |= 1u << d;
-    }
+    if (dests[j] < 0) out[at++] = -1;
   }
+  uint32_t mask = destinationMask(dests, num_topk);
   for (int d = 0; mask != 0; ++d, mask >>= 1) {
     if ((mask & 1u) == 0) continue;
     bool first = true;
     for (int j = 0; j < num_topk; ++j) {
-      if (destinationOf(picks[j], num_local, num_ranks) != d) continue;
+      if (dests[j] != d) continue;
       out[at++] = first ? d : -1;
       first = false;
     }

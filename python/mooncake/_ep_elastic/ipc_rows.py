@@ -199,7 +199,7 @@ class IpcRowsPath:
 
         facts = call_facts(tokens_per_rank, hidden, num_topk, num_experts, sf is not None, topk_weights is not None,
                            do_expand)
-        layout = self._layout(device)
+        layout = self._layout(device, num_topk)
         sent = layout.send(data, sf, row, topk_idx, topk_weights, num_local, num_ranks)
         dest = sent.dest
         # Counts per destination and the call's shape, gathered on the stream
@@ -263,8 +263,8 @@ class IpcRowsPath:
             recv_src_metadata=meta, dst_buffer_slot_idx=got.slots, native_handle=routing)
         return Outputs(recv_x, local, recv_w, handle)
 
-    def _layout(self, device: torch.device):
-        return self.layout if self.layout is not None else layout_for(device)
+    def _layout(self, device: torch.device, num_topk: int = 0):
+        return self.layout if self.layout is not None else layout_for(device, num_topk)
 
     def _facts_of(self, key: tuple[int, ...], device: torch.device) -> torch.Tensor:
         if key not in self._facts:

@@ -24,13 +24,18 @@ LAYOUT_ENV = "MOONCAKE_EP_ELASTIC_LAYOUT"
 VECTOR_BYTES = 16  # the EP kernels copy rows in 16-byte vectors
 
 
-def layout_for(device: torch.device):
-    """The layout of the IPC path's calls on ``device``: the kernels on CUDA
-    unless MOONCAKE_EP_ELASTIC_LAYOUT=torch, the torch form elsewhere."""
+MAX_KERNEL_TOPK = 32  # kMaxLayoutTopk (mooncake/ep/cuda/elastic_layout.h)
+
+
+def layout_for(device: torch.device, num_topk: int = 0):
+    """The layout of the IPC path's calls on ``device`` with ``num_topk``
+    picks per token: the kernels on CUDA (up to MAX_KERNEL_TOPK picks) unless
+    MOONCAKE_EP_ELASTIC_LAYOUT=torch, the torch form elsewhere."""
     choice = os.environ.get(LAYOUT_ENV, "").strip().lower() or "kernels"
     if choice not in ("kernels", "torch"):
         raise ValueError(f"{LAYOUT_ENV}: must be 'kernels' or 'torch', got {choice!r}")
-    return KERNELS if device.type == "cuda" and choice == "kernels" else TORCH
+    takes = device.type == "cuda" and choice == "kernels" and num_topk <= MAX_KERNEL_TOPK
+    return KERNELS if takes else TORCH
 
 
 @dataclass

@@ -15,6 +15,19 @@
 namespace mooncake::ep::cuda::layout {
 namespace {
 
+std::vector<int8_t> destinationsOf(const std::vector<int64_t>& picks, int num_local, int num_ranks) {
+  std::vector<int8_t> out;
+  for (int64_t p : picks) out.push_back(static_cast<int8_t>(destinationOf(p, num_local, num_ranks)));
+  return out;
+}
+
+std::vector<int64_t> unique(const std::vector<int64_t>& picks, int num_local, int num_ranks) {
+  const std::vector<int8_t> dests = destinationsOf(picks, num_local, num_ranks);
+  std::vector<int64_t> out(picks.size());
+  uniqueDestinations(dests.data(), static_cast<int>(dests.size()), out.data());
+  return out;
+}
+
 TEST(EpElasticLayout, DestinationIsTheRankOfAnIdInRange) {
   // L = 3 local experts, R = 4 ranks: ids 0..11.
   EXPECT_EQ(destinationOf(0, 3, 4), 0);
@@ -24,22 +37,17 @@ TEST(EpElasticLayout, DestinationIsTheRankOfAnIdInRange) {
   EXPECT_EQ(destinationOf(-1, 3, 4), -1);
   EXPECT_EQ(destinationOf(-7, 3, 4), -1);
   EXPECT_EQ(destinationOf(12, 3, 4), -1);  // past the experts: counted as no pick
-  EXPECT_EQ(destinationMask(std::vector<int64_t>{0, 11, -1, 4, 5}.data(), 5, 3, 4), 0b1011u);
+  EXPECT_EQ(destinationMask(destinationsOf({0, 11, -1, 4, 5}, 3, 4).data(), 5), 0b1011u);
 }
 
 TEST(EpElasticLayout, UniqueDestinationsByHand) {
-  std::vector<int64_t> out(4);
   // L = 2, R = 4: destinations 2, 0, 3, none -> none first, then ascending.
-  uniqueDestinations(std::vector<int64_t>{5, 1, 6, -1}.data(), 4, 2, 4, out.data());
-  EXPECT_EQ(out, (std::vector<int64_t>{-1, 0, 2, 3}));
+  EXPECT_EQ(unique({5, 1, 6, -1}, 2, 4), (std::vector<int64_t>{-1, 0, 2, 3}));
   // Destinations 0, 0, 1, 1: each rank once, its repeats -1 where they sorted.
-  uniqueDestinations(std::vector<int64_t>{0, 1, 2, 3}.data(), 4, 2, 4, out.data());
-  EXPECT_EQ(out, (std::vector<int64_t>{0, -1, 1, -1}));
-  uniqueDestinations(std::vector<int64_t>{7, 6, 7, 6}.data(), 4, 2, 4, out.data());
-  EXPECT_EQ(out, (std::vector<int64_t>{3, -1, -1, -1}));
-  std::vector<int64_t> none(3);
-  uniqueDestinations(std::vector<int64_t>{-1, -1, -1}.data(), 3, 2, 4, none.data());
-  EXPECT_EQ(none, (std::vector<int64_t>{-1, -1, -1}));
+  EXPECT_EQ(unique({0, 1, 2, 3}, 2, 4), (std::vector<int64_t>{0, -1, 1, -1}));
+  EXPECT_EQ(unique({7, 6, 7, 6}, 2, 4), (std::vector<int64_t>{3, -1, -1, -1}));
+  EXPECT_EQ(unique({-1, -1, -1}, 2, 4), (std::vector<int64_t>{-1, -1, -1}));
+  EXPECT_EQ(unique({31, 0}, 1, 32), (std::vector<int64_t>{0, 31}));  // the last of 32 ranks
 }
 
 TEST(EpElasticLayout, UniqueDestinationsAreTheSortedPicksWithRepeatsCleared) {
@@ -57,9 +65,7 @@ TEST(EpElasticLayout, UniqueDestinationsAreTheSortedPicksWithRepeatsCleared) {
     for (int j = k - 1; j > 0; --j) {
       if (expect[j] == expect[j - 1]) expect[j] = -1;
     }
-    std::vector<int64_t> out(k);
-    uniqueDestinations(picks.data(), k, num_local, num_ranks, out.data());
-    ASSERT_EQ(out, expect) << "trial " << trial;
+    ASSERT_EQ(unique(picks, num_local, num_ranks), expect) << "trial " << trial;
   }
 }
 

@@ -90,6 +90,8 @@ CASES = [
     (3, 7, 7168, 9, 5, False, True, 2),
     (3, 0, 128, 4, 2, False, True, None),  # no tokens anywhere
     (2, 1030, 128, 6, 8, False, True, None),  # more than one tile of the send scan
+    (3, 2100, 128, 9, 3, False, True, 1),  # three tiles
+    (2, 40, 128, 32, 16, True, True, None),  # the most picks the kernels take
 ]
 
 

@@ -54,6 +54,7 @@ def test_the_layout_is_chosen_by_device_and_environment(monkeypatch):
     monkeypatch.delenv(LAYOUT_ENV, raising=False)
     assert layout_for(torch.device("cpu")) is TORCH
     assert layout_for(torch.device("cuda", 0)) is KERNELS
+    assert layout_for(torch.device("cuda", 0), 33) is TORCH  # more picks than the kernels take
     monkeypatch.setenv(LAYOUT_ENV, "torch")
     assert layout_for(torch.device("cuda", 0)) is TORCH
     assert isinstance(layout_for(torch.device("cpu")), TorchLayout)

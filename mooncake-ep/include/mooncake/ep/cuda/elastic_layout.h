@@ -14,6 +14,11 @@
 
 namespace mooncake::ep::cuda {
 
+// Picks per token that layoutSend takes (a tile of 1024 tokens' destinations
+// in 32 KB of shared memory); python/mooncake/_ep_elastic/layout_kernels.py
+// keeps larger calls on the torch form.
+constexpr int kMaxLayoutTopk = 32;
+
 // From this rank's top-k picks, before the rows are sent.
 struct SendLayoutArgs {
   const int64_t* topk_idx = nullptr;                               // [N, k] global expert ids (-1: none)
