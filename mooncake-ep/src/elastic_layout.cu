@@ -3,7 +3,9 @@
 //   layoutSend     one block: per token, its destinations (each rank once,
 //                  ascending) and, per pick, the token's index among those
 //                  sent to the pick's rank (a prefix count in token order,
-//                  so slots are deterministic); and the count per rank.
+//                  so slots are deterministic); and the count per rank,
+//                  written with the call's shape as the row they are
+//                  gathered in (no tensor operations to assemble it).
 //                  Tiles of 1024 tokens, their picks' destinations staged
 //                  in shared memory; per tile, a warp ballot per rank
 //                  present and a scan of the 32 warps' counts.
@@ -95,7 +97,9 @@ __global__ void __launch_bounds__(kScanThreads) sendLayoutKernel(SendLayoutArgs 
     __syncthreads();  // tile_dests and warp_base read before the next tile rewrites them
   }
   __syncthreads();  // running initialised when there was no tile
-  if (tid < a.num_ranks) a.counts[tid] = running[tid];
+  for (int i = tid; i < a.count_words; i += kScanThreads) {
+    a.counts[i] = i < a.num_ranks ? running[i] : i - a.num_ranks < a.shape_words ? a.shape[i - a.num_ranks] : 0;
+  }
 }
 
 __global__ void sendTailKernel(layout::TailSources s, int64_t num_tokens, uint8_t* tail) {
@@ -217,6 +221,9 @@ int rowBlocks(int64_t threads) {
 bool layoutSend(const SendLayoutArgs& a, cudaStream_t stream, std::string* error) {
   if (a.num_ranks < 1 || a.num_ranks > kMaxEpRanks || a.num_local < 1 || a.num_topk < 0 || a.num_tokens < 0) {
     return refuse("layoutSend: sizes out of range", error);
+  }
+  if (a.shape_words < 0 || a.count_words < a.num_ranks + a.shape_words) {
+    return refuse("layoutSend: the counts' row is shorter than the counts and the shape", error);
   }
   if (a.num_topk > kMaxLayoutTopk) {
     return refuse("layoutSend: num_topk " + std::to_string(a.num_topk) + " is more than the kernels take (" +

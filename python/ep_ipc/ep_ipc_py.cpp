@@ -86,17 +86,18 @@ void defineLayoutKernels(py::module_& m) {
   m.def(
       "layout_send",
       [](uintptr_t topk_idx, int num_tokens, int num_topk, int num_local, int num_ranks, uintptr_t dest,
-         uintptr_t counts, uintptr_t token_index, uintptr_t stream) {
+         uintptr_t token_index, uintptr_t counts, int count_words, uintptr_t shape, int shape_words, uintptr_t stream) {
         std::string error;
-        raiseUnless(
-            layoutSend(sendLayoutArgs(topk_idx, num_tokens, num_topk, num_local, num_ranks, dest, counts, token_index),
-                       streamOf(stream), &error),
-            error);
+        raiseUnless(layoutSend(sendLayoutArgs(topk_idx, num_tokens, num_topk, num_local, num_ranks, dest, token_index,
+                                              counts, count_words, shape, shape_words),
+                               streamOf(stream), &error),
+                    error);
       },
       py::arg("topk_idx"), py::arg("num_tokens"), py::arg("num_topk"), py::arg("num_local"), py::arg("num_ranks"),
-      py::arg("dest"), py::arg("counts"), py::arg("token_index"), py::arg("stream"),
-      "Destinations per token (int64 [N, k]), tokens per rank (int32 [R]), each pick's token index among those "
-      "sent to its rank (int32 [N, k])");
+      py::arg("dest"), py::arg("token_index"), py::arg("counts"), py::arg("count_words"), py::arg("shape"),
+      py::arg("shape_words"), py::arg("stream"),
+      "Destinations per token (int64 [N, k]), each pick's token index among those sent to its rank (int32 [N, k]), "
+      "and the row the counts are gathered in (int32 [count_words]: tokens per rank, then shape, then zeros)");
   m.def(
       "send_tail",
       [](uintptr_t payload, int64_t payload_bytes, uintptr_t scales, int64_t scale_bytes, uintptr_t topk_idx,

@@ -31,7 +31,7 @@ from .._env import positive_int
 from . import rows_layout as rl
 from .collective import FACTS, Outputs, call_facts, check_call_table
 from .handle import EPHandle
-from .layout_kernels import VECTOR_BYTES, Gathered, layout_for
+from .layout_kernels import VECTOR_BYTES, Gathered, gather_row, layout_for
 from .topology import Topology
 
 ROW_ALIGN_BYTES = 256  # rows are whole multiples of the kernels' 128 bf16 channels
@@ -200,13 +200,14 @@ class IpcRowsPath:
         facts = call_facts(tokens_per_rank, hidden, num_topk, num_experts, sf is not None, topk_weights is not None,
                            do_expand)
         layout = self._layout(device, num_topk)
-        sent = layout.send(data, sf, row, topk_idx, topk_weights, num_local, num_ranks)
+        shape = self._facts_of((*facts, 0), device)  # gathered after the counts: the call's shape, not refused
+        sent = layout.send(data, sf, row, topk_idx, topk_weights, num_local, num_ranks, shape)
         dest = sent.dest
         # Counts per destination and the call's shape, gathered on the stream
         # (no wait on the host): the handle's dst_buffer_slot_idx needs where
         # this rank's block starts at each destination.
         mask = self._mask(device)
-        gathered = self._gather(torch.cat([sent.counts, self._facts_of((*facts, 0), device)]), mask)
+        gathered = self._gather(sent.counts_row, num_ranks + shape.numel(), mask)
         # Rows past the received ones are cut (do_cpu_sync), or read through
         # the expansion, which never picks them; else they are the output's zeros.
         recv_head, recv_tail, src_token, ranges = self.transport.dispatch(
@@ -271,17 +272,15 @@ class IpcRowsPath:
             self._facts[key] = torch.tensor(key, dtype=torch.int32, device=device)
         return self._facts[key]
 
-    def _gather(self, mine: torch.Tensor, mask: torch.Tensor) -> Gathered:
-        """Every rank's ``mine`` ([n] int32), through the kernels themselves
-        (one token that goes to every rank), so that a rank that died is
-        given up on within the kernels' bound, as for the rows. A rank given
-        up on reads as zeros (``Gathered.table``), and stays cleared in ``mask``."""
-        num_ranks, n = self.topo.num_ranks, mine.numel()
-        device = mine.device
+    def _gather(self, row: torch.Tensor, n: int, mask: torch.Tensor) -> Gathered:
+        """Every rank's ``n`` int32 (``row``, ``gather_row``'s form), through
+        the kernels themselves (one token that goes to every rank), so that a
+        rank that died is given up on within the kernels' bound, as for the
+        rows. A rank given up on reads as zeros (``Gathered.table``), and
+        stays cleared in ``mask``."""
+        num_ranks = self.topo.num_ranks
         if self._to_everyone is None:
-            self._to_everyone = torch.arange(num_ranks, dtype=torch.int64, device=device).view(1, num_ranks)
-        row = torch.zeros(1, -(-4 * n // VECTOR_BYTES) * VECTOR_BYTES, dtype=torch.uint8, device=device)
-        row[0, :4 * n] = mine.view(torch.uint8)
+            self._to_everyone = torch.arange(num_ranks, dtype=torch.int64, device=row.device).view(1, num_ranks)
         _, recv, _, ranges = self.transport.dispatch(None, row, self._to_everyone, mask, zeroed_rows=0)
         return Gathered(rows=recv, ranges=ranges, n=n)
 
@@ -302,7 +301,7 @@ class IpcRowsPath:
         mine = torch.zeros(num_ranks + len(FACTS) + 1, dtype=torch.int32, device=device)
         mine[-1] = 1
         mask = self._mask(device)
-        table = self._gather(mine, mask).table()
+        table = self._gather(gather_row(mine), mine.numel(), mask).table()
         nothing = torch.empty(0, VECTOR_BYTES, dtype=torch.uint8, device=device)
         self.transport.dispatch(None, nothing, torch.empty(0, 1, dtype=torch.int64, device=device), mask,
                                 zeroed_rows=0)

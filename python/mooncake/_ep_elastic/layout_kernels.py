@@ -58,15 +58,30 @@ class Gathered:
         return self._table
 
 
+def gather_row(values: torch.Tensor) -> torch.Tensor:
+    """[1, bytes] uint8: ``values`` ([n] int32) zero-padded to whole 16-byte
+    vectors, the row in which they are sent to every rank."""
+    n = values.numel()
+    row = torch.zeros(1, -(-4 * n // VECTOR_BYTES) * VECTOR_BYTES, dtype=torch.uint8, device=values.device)
+    row[0, :4 * n] = values.view(torch.uint8)
+    return row
+
+
 @dataclass
 class SendLayout:
     """What a dispatch sends, from this rank's picks."""
     dest: torch.Tensor  # [N, k] int64: destination ranks, each once, ascending (-1: none)
-    counts: torch.Tensor  # [R] int32: tokens sent to each rank
+    counts_row: torch.Tensor  # gather_row of the tokens sent to each rank ([R] int32), then the call's shape
     head: torch.Tensor | None  # [N, head] bytes: the payload itself, or None (all in the tail)
     tail: torch.Tensor  # [N, tail] bytes
     topk_idx: torch.Tensor  # [N, k] the picks (for the slots, after the counts are gathered)
     slot_state: object  # what the slots need from the send side (per implementation)
+    num_ranks: int
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """[R] int32: tokens sent to each rank."""
+        return self.counts_row[0, :4 * self.num_ranks].view(torch.int32)
 
 
 @dataclass
@@ -114,13 +129,16 @@ class TorchLayout:
             put(row.weights, topk_weights.contiguous().view(torch.uint8))
         return (payload if row.head else None), tail
 
-    def send(self, data, sf, row, topk_idx, topk_weights, num_local: int, num_ranks: int) -> SendLayout:
+    def send(self, data, sf, row, topk_idx, topk_weights, num_local: int, num_ranks: int,
+             shape: torch.Tensor) -> SendLayout:
+        """``shape``: [F] int32, the call's shape, gathered after the counts."""
         by_dest = rl.picks_by_destination(topk_idx, num_local)
         dest = rl.unique_destinations(by_dest)
         goes_to = rl.destination_table(dest, num_ranks)
         head, tail = self.send_rows(data, sf, row, topk_idx, topk_weights)
-        return SendLayout(dest=dest, counts=goes_to.sum(dim=0).to(torch.int32), head=head, tail=tail,
-                          topk_idx=topk_idx, slot_state=(by_dest, goes_to))
+        counts_row = gather_row(torch.cat([goes_to.sum(dim=0).to(torch.int32), shape]))
+        return SendLayout(dest=dest, counts_row=counts_row, head=head, tail=tail, topk_idx=topk_idx,
+                          slot_state=(by_dest, goes_to), num_ranks=num_ranks)
 
     def receive(self, sent: SendLayout, gathered: Gathered, ranges, src_token, received, rank: int, num_local: int,
                 tokens_per_rank: int, with_weights: bool) -> ReceiveLayout:
@@ -185,20 +203,25 @@ class KernelLayout:
                                       stream=self._stream(device))
         return (payload if row.head else None), tail
 
-    def send(self, data, sf, row, topk_idx, topk_weights, num_local: int, num_ranks: int) -> SendLayout:
+    def send(self, data, sf, row, topk_idx, topk_weights, num_local: int, num_ranks: int,
+             shape: torch.Tensor) -> SendLayout:
         device = topk_idx.device
         topk = topk_idx.to(torch.int64).contiguous()
+        shape = shape.to(torch.int32).contiguous()
         num_tokens, num_topk = topk.shape
         dest = torch.empty(num_tokens, num_topk, dtype=torch.int64, device=device)
-        counts = torch.empty(num_ranks, dtype=torch.int32, device=device)
         token_index = torch.empty(num_tokens, num_topk, dtype=torch.int32, device=device)
+        words = num_ranks + shape.numel()
+        counts_row = torch.empty(1, -(-4 * words // VECTOR_BYTES) * VECTOR_BYTES, dtype=torch.uint8, device=device)
         with self._on(device):
             self._kernels().layout_send(topk_idx=_address(topk), num_tokens=num_tokens, num_topk=num_topk,
                                         num_local=num_local, num_ranks=num_ranks, dest=_address(dest),
-                                        counts=_address(counts), token_index=_address(token_index),
-                                        stream=self._stream(device))
+                                        token_index=_address(token_index), counts=_address(counts_row),
+                                        count_words=counts_row.size(1) // 4, shape=_address(shape),
+                                        shape_words=shape.numel(), stream=self._stream(device))
         head, tail = self.send_rows(data, sf, row, topk, topk_weights)
-        return SendLayout(dest=dest, counts=counts, head=head, tail=tail, topk_idx=topk, slot_state=token_index)
+        return SendLayout(dest=dest, counts_row=counts_row, head=head, tail=tail, topk_idx=topk,
+                          slot_state=token_index, num_ranks=num_ranks)
 
     def receive(self, sent: SendLayout, gathered: Gathered, ranges, src_token, received, rank: int, num_local: int,
                 tokens_per_rank: int, with_weights: bool) -> ReceiveLayout:

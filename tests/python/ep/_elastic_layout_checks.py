@@ -14,7 +14,7 @@ from mooncake._ep_elastic import rows_layout
 from mooncake._ep_elastic.ipc_rows import ReceivedRows, RowFormat
 from mooncake._ep_elastic.layout_kernels import TORCH, Gathered
 
-FACT_COLUMNS = 3  # the gathered table carries the call's shape after the counts: any values
+FACT_COLUMNS = 3  # the counts' row carries the call's shape after the counts: any values
 
 
 def inputs(gen, num_tokens, hidden, num_topk, num_experts, fp8, weights, empty_rank=None, num_local=1):
@@ -107,17 +107,17 @@ def check_case(case, kernels, device):
         data, sf, topk, w = (on_device(device, t) for t in inputs(gen, num_tokens, hidden, num_topk, num_experts,
                                                                   fp8, with_weights, empty_rank, num_local))
         row = RowFormat.of(data, sf, num_topk)
-        mine = kernels.send(data, sf, row, topk, w, num_local, world)
-        ref = TORCH.send(data, sf, row, topk, w, num_local, world)
+        shape = torch.arange(FACT_COLUMNS, dtype=torch.int32, device=device) + 100 * source
+        mine = kernels.send(data, sf, row, topk, w, num_local, world, shape)
+        ref = TORCH.send(data, sf, row, topk, w, num_local, world, shape)
         assert_same("dest", mine.dest, ref.dest)
-        assert_same("counts", mine.counts, ref.counts)
+        assert_same("counts and shape", mine.counts_row, ref.counts_row)
         assert_same("head", mine.head, ref.head)
         assert_same("tail", defined_tail(mine.tail, row, with_weights), defined_tail(ref.tail, row, with_weights))
         calls.append((mine, ref, row))
 
     # Every rank's counts, then the call's shape, as the gather returns them.
-    table = torch.cat([torch.stack([m.counts for m, _, _ in calls]),
-                       torch.full((world, FACT_COLUMNS), 5, dtype=torch.int32, device=device)], dim=1)
+    table = torch.stack([m.counts_row[0, :4 * (world + FACT_COLUMNS)].view(torch.int32) for m, _, _ in calls])
     gathered = gathered_rows(table, gen)
     for me in range(world):
         # The rows `me` receives: each source's rows that go to it, in token order; garbage past them.

@@ -36,16 +36,17 @@ def test_kernels_run_in_a_cuda_graph():
     gen = torch.Generator().manual_seed(3)
     data, sf, topk, w = (on_device("cuda", t) for t in inputs(gen, 300, 128, 8, 8, False, True))
     row = RowFormat.of(data, sf, 8)
-    KERNELS.send(data, sf, row, topk, w, 4, 2)  # warm up (the module's import) outside the capture
+    shape = torch.arange(5, dtype=torch.int32, device="cuda")
+    KERNELS.send(data, sf, row, topk, w, 4, 2, shape)  # warm up (the module's import) outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        sent = KERNELS.send(data, sf, row, topk, w, 4, 2)
+        sent = KERNELS.send(data, sf, row, topk, w, 4, 2, shape)
     topk.copy_(on_device("cuda", inputs(gen, 300, 128, 8, 8, False, True)[2]))
     graph.replay()
     torch.cuda.synchronize()
-    ref = TORCH.send(data, sf, row, topk, w, 4, 2)
+    ref = TORCH.send(data, sf, row, topk, w, 4, 2, shape)
     assert_same("dest", sent.dest, ref.dest)
-    assert_same("counts", sent.counts, ref.counts)
+    assert_same("counts and shape", sent.counts_row, ref.counts_row)
     assert_same("tail", defined_tail(sent.tail, row, True), defined_tail(ref.tail, row, True))
 
 

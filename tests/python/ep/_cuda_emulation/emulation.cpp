@@ -95,10 +95,11 @@ int report(bool ok, const std::string& error) {
 using namespace mooncake::ep;
 
 extern "C" int emulated_layout_send(uintptr_t topk_idx, int num_tokens, int num_topk, int num_local, int num_ranks,
-                                    uintptr_t dest, uintptr_t counts, uintptr_t token_index) {
+                                    uintptr_t dest, uintptr_t token_index, uintptr_t counts, int count_words,
+                                    uintptr_t shape, int shape_words) {
   std::string error;
   return report(cuda::layoutSend(python::sendLayoutArgs(topk_idx, num_tokens, num_topk, num_local, num_ranks, dest,
-                                                        counts, token_index),
+                                                        token_index, counts, count_words, shape, shape_words),
                                  nullptr, &error),
                 error);
 }

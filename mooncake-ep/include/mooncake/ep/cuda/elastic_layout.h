@@ -24,8 +24,13 @@ struct SendLayoutArgs {
   const int64_t* topk_idx = nullptr;                               // [N, k] global expert ids (-1: none)
   int num_tokens = 0, num_topk = 0, num_local = 0, num_ranks = 0;  // num_ranks <= kMaxEpRanks
   int64_t* dest = nullptr;         // out [N, k]: destination ranks, each once, ascending, repeats -1
-  int32_t* counts = nullptr;       // out [R]: tokens sent to each rank
   int32_t* token_index = nullptr;  // out [N, k]: the token's index among those sent to the pick's rank (-1: none)
+  // out [count_words]: the row the counts are gathered in: tokens sent to
+  // each rank ([R]), then `shape` ([shape_words], the call's shape), then zeros.
+  int32_t* counts = nullptr;
+  int count_words = 0;  // >= num_ranks + shape_words
+  const int32_t* shape = nullptr;
+  int shape_words = 0;
 };
 
 // The rows' staged tail (bytes [head, head + tail_bytes) of each row, see
