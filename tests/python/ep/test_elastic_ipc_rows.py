@@ -73,7 +73,7 @@ def layout_kernels_library(tmp_path_factory):
     return str(library_in(folder))
 
 
-@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("world", [1, 2, 3])
 def test_ipc_path_with_the_layout_kernels_matches_the_dense_reference(world, layout_kernels_library):
     """The same grid with the layout computed by the CUDA kernels' code, built for the host
     (test_elastic_layout_emulated.py): on a GPU, test_elastic_cuda.py runs it on the kernels."""
