@@ -22,8 +22,6 @@ from . import rows_layout as rl
 
 LAYOUT_ENV = "MOONCAKE_EP_ELASTIC_LAYOUT"
 VECTOR_BYTES = 16  # the EP kernels copy rows in 16-byte vectors
-
-
 MAX_KERNEL_TOPK = 32  # kMaxLayoutTopk (mooncake/ep/cuda/elastic_layout.h)
 
 
