@@ -27,6 +27,7 @@ namespace {
 
 constexpr int kScanThreads = 1024;
 constexpr int kWarps = kScanThreads / 32;
+constexpr int kLoadsInFlight = 8;  // per thread, staging a tile's picks
 constexpr int kRowThreads = 256;
 constexpr int kMaxRowBlocks = 1024;      // grid-stride beyond
 constexpr int kMaxSharedExperts = 8192;  // per-block counts in shared memory (32 KB) up to this many local experts
@@ -51,8 +52,20 @@ __global__ void __launch_bounds__(kScanThreads) sendLayoutKernel(SendLayoutArgs 
     const int tile_tokens = a.num_tokens - tile < kScanThreads ? a.num_tokens - tile : kScanThreads;
     const int64_t picks = static_cast<int64_t>(tile_tokens) * k;
     const int64_t* tile_picks = a.topk_idx + static_cast<int64_t>(tile) * k;
-    for (int64_t i = tid; i < picks; i += kScanThreads) {
-      tile_dests[i] = static_cast<int8_t>(layout::destinationOf(tile_picks[i], a.num_local, a.num_ranks));
+    // kLoadsInFlight loads per thread before their first use: one block reads
+    // the whole tile, and a load at a time would wait out the latency each.
+    for (int64_t first = tid; first < picks; first += kLoadsInFlight * kScanThreads) {
+      int64_t ids[kLoadsInFlight];
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        const int64_t i = first + static_cast<int64_t>(u) * kScanThreads;
+        ids[u] = i < picks ? tile_picks[i] : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        const int64_t i = first + static_cast<int64_t>(u) * kScanThreads;
+        if (i < picks) tile_dests[i] = static_cast<int8_t>(layout::destinationOf(ids[u], a.num_local, a.num_ranks));
+      }
     }
     for (int i = tid; i < kWarps * kMaxEpRanks; i += kScanThreads) (&warp_count[0][0])[i] = 0;
     __syncthreads();  // tile_dests written, warp_count zeroed

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>  // __host__ __device__ in host-only translation units
 
+#include <climits>
 #include <cstdint>
 
 namespace mooncake::ep::cuda::layout {
@@ -15,7 +16,10 @@ namespace mooncake::ep::cuda::layout {
 // and ids outside [0, L * R), which the IPC path counts as -1 (it reads no
 // top-k value on the host, so bad ids cannot be refused there).
 __host__ __device__ inline int destinationOf(int64_t id, int num_local, int num_ranks) {
-  if (id < 0 || id >= static_cast<int64_t>(num_local) * num_ranks) return -1;
+  const int64_t experts = static_cast<int64_t>(num_local) * num_ranks;
+  if (id < 0 || id >= experts) return -1;
+  // A 32-bit division where the ids fit (always, in practice): a GPU divides 64-bit integers in software.
+  if (experts <= INT32_MAX) return static_cast<int32_t>(id) / num_local;
   return static_cast<int>(id / num_local);
 }
 

@@ -37,6 +37,9 @@ TEST(EpElasticLayout, DestinationIsTheRankOfAnIdInRange) {
   EXPECT_EQ(destinationOf(-1, 3, 4), -1);
   EXPECT_EQ(destinationOf(-7, 3, 4), -1);
   EXPECT_EQ(destinationOf(12, 3, 4), -1);  // past the experts: counted as no pick
+  // More experts than int32 holds: the 64-bit division.
+  EXPECT_EQ(destinationOf(int64_t{5} << 30, 1 << 30, 8), 5);
+  EXPECT_EQ(destinationOf((int64_t{8} << 30) - 1, 1 << 30, 8), 7);
   EXPECT_EQ(destinationMask(destinationsOf({0, 11, -1, 4, 5}, 3, 4).data(), 5), 0b1011u);
 }
 
