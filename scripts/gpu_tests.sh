@@ -33,6 +33,7 @@ CTEST_REGEX=${GPU_CTEST-$DEFAULT_CTEST}
 SELECTION=("$@")
 [ ${#SELECTION[@]} -gt 0 ] || SELECTION=(tests/python/pg/test_cuda.py tests/python/ep/test_ep_cuda.py
                                          tests/python/ep/test_ep_ipc.py tests/python/ep/test_elastic_cuda.py
+                                         tests/python/ep/test_elastic_layout_kernels.py
                                          tests/python/ep/test_ep_elastic_mode.py
                                          tests/python/ep/test_moe_ep.py
                                          tests/python/te/test_cuda_ipc.py)

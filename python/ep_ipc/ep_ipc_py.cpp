@@ -14,12 +14,18 @@
 #include <string>
 
 #include "ep_call_args.h"
+#include "layout_call_args.h"
+#include "mooncake/ep/cuda/elastic_layout.h"
 #include "mooncake/ep/cuda/ep_ipc_group.h"
 
 namespace py = pybind11;
 using namespace mooncake::ep::cuda;
 using mooncake::ep::python::defineKernelCalls;
 using mooncake::ep::python::KernelCalls;
+using mooncake::ep::python::receiveLayoutArgs;
+using mooncake::ep::python::sendLayoutArgs;
+using mooncake::ep::python::sendTailArgs;
+using mooncake::ep::python::streamOf;
 
 namespace {
 
@@ -70,6 +76,69 @@ class PyEpIpcGroup : public KernelCalls<PyEpIpcGroup> {
   std::unique_ptr<EpIpcGroup> group_;
 };
 
+void raiseUnless(bool ok, const std::string& error) {
+  if (!ok) throw std::runtime_error(error);
+}
+
+// ElasticBuffer's IPC-path layout kernels (mooncake/ep/cuda/elastic_layout.h),
+// called by python/mooncake/_ep_elastic/layout_kernels.py.
+void defineLayoutKernels(py::module_& m) {
+  m.def(
+      "layout_send",
+      [](uintptr_t topk_idx, int num_tokens, int num_topk, int num_local, int num_ranks, uintptr_t dest,
+         uintptr_t token_index, uintptr_t counts, int count_words, uintptr_t shape, int shape_words, uintptr_t stream) {
+        std::string error;
+        raiseUnless(layoutSend(sendLayoutArgs(topk_idx, num_tokens, num_topk, num_local, num_ranks, dest, token_index,
+                                              counts, count_words, shape, shape_words),
+                               streamOf(stream), &error),
+                    error);
+      },
+      py::arg("topk_idx"), py::arg("num_tokens"), py::arg("num_topk"), py::arg("num_local"), py::arg("num_ranks"),
+      py::arg("dest"), py::arg("token_index"), py::arg("counts"), py::arg("count_words"), py::arg("shape"),
+      py::arg("shape_words"), py::arg("stream"),
+      "Destinations per token (int64 [N, k]), each pick's token index among those sent to its rank (int32 [N, k]), "
+      "and the row the counts are gathered in (int32 [count_words]: tokens per rank, then shape, then zeros)");
+  m.def(
+      "send_tail",
+      [](uintptr_t payload, int64_t payload_bytes, uintptr_t scales, int64_t scale_bytes, uintptr_t topk_idx,
+         uintptr_t weights, int num_tokens, int num_topk, int64_t head_bytes, int64_t ids_at, uintptr_t tail,
+         int64_t tail_bytes, uintptr_t stream) {
+        std::string error;
+        raiseUnless(sendTail(sendTailArgs(payload, payload_bytes, scales, scale_bytes, topk_idx, weights, num_tokens,
+                                          num_topk, head_bytes, ids_at, tail, tail_bytes),
+                             streamOf(stream), &error),
+                    error);
+      },
+      py::arg("payload"), py::arg("payload_bytes"), py::arg("scales"), py::arg("scale_bytes"), py::arg("topk_idx"),
+      py::arg("weights"), py::arg("num_tokens"), py::arg("num_topk"), py::arg("head_bytes"), py::arg("ids_at"),
+      py::arg("tail"), py::arg("tail_bytes"), py::arg("stream"),
+      "The rows' staged tails (bytes [head_bytes, head_bytes + tail_bytes) of each row); 0 for an absent input");
+  m.def(
+      "layout_receive",
+      [](uintptr_t topk_idx, uintptr_t token_index, uintptr_t gathered, int64_t gathered_stride,
+         uintptr_t gathered_ranges, int num_tokens, uintptr_t ranges, uintptr_t src_token, uintptr_t recv_tail,
+         int64_t tail_bytes, int64_t ids_at, int64_t weights_at, int64_t capacity, int num_topk, int num_local,
+         int num_ranks, int rank, int tokens_per_rank, uintptr_t slots, uintptr_t real, uintptr_t local,
+         uintptr_t weights, uintptr_t metadata, uintptr_t per_expert, uintptr_t scaleup_psum, uintptr_t stream) {
+        std::string error;
+        raiseUnless(
+            layoutReceive(receiveLayoutArgs(topk_idx, token_index, gathered, gathered_stride, gathered_ranges,
+                                            num_tokens, ranges, src_token, recv_tail, tail_bytes, ids_at, weights_at,
+                                            capacity, num_topk, num_local, num_ranks, rank, tokens_per_rank, slots,
+                                            real, local, weights, metadata, per_expert, scaleup_psum),
+                          streamOf(stream), &error),
+            error);
+      },
+      py::arg("topk_idx"), py::arg("token_index"), py::arg("gathered"), py::arg("gathered_stride"),
+      py::arg("gathered_ranges"), py::arg("num_tokens"), py::arg("ranges"), py::arg("src_token"), py::arg("recv_tail"),
+      py::arg("tail_bytes"), py::arg("ids_at"), py::arg("weights_at"), py::arg("capacity"), py::arg("num_topk"),
+      py::arg("num_local"), py::arg("num_ranks"), py::arg("rank"), py::arg("tokens_per_rank"), py::arg("slots"),
+      py::arg("real"), py::arg("local"), py::arg("weights"), py::arg("metadata"), py::arg("per_expert"),
+      py::arg("scaleup_psum"), py::arg("stream"),
+      "The received rows' layout (offsets in the tail; weights 0 / weights_at -1 without weights), with every "
+      "rank's counts as gathered (rows of gathered_stride int32, gathered_ranges per source); per_expert is added to");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_ep_ipc, m) {
@@ -84,4 +153,5 @@ PYBIND11_MODULE(_ep_ipc, m) {
            "the same name with the same sizes and the same `absent`.")
       .def("close", &PyEpIpcGroup::close);
   defineKernelCalls<PyEpIpcGroup>(group_class);
+  defineLayoutKernels(m);
 }

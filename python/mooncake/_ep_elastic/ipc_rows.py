@@ -1,8 +1,9 @@
 """ElasticBuffer's IPC path: the rows travel through the Buffer fast path's
 kernels (``mooncake._ep_ipc``, CUDA IPC between the GPUs of one host), and
-the layout is computed on the device (``rows_layout``), so a dispatch costs
-two calls of the kernels (the counts, then the rows) and a few dozen tensor
-operations, and at most one
+the layout is computed on the device (``layout_kernels``: three small
+kernels on CUDA, ``rows_layout``'s tensor operations on CPU), so a dispatch
+costs two calls of the EP kernels (the counts, then the rows), the layout's
+kernels and a few tensor operations, and at most one
 host synchronisation: none with ``do_cpu_sync=False``, which a CUDA graph
 can then capture.
 
@@ -30,11 +31,11 @@ from .._env import positive_int
 from . import rows_layout as rl
 from .collective import FACTS, Outputs, call_facts, check_call_table
 from .handle import EPHandle
+from .layout_kernels import VECTOR_BYTES, Gathered, gather_row, layout_for
 from .topology import Topology
 
 ROW_ALIGN_BYTES = 256  # rows are whole multiples of the kernels' 128 bf16 channels
 META_ALIGN_BYTES = 4
-VECTOR_BYTES = 16  # the kernels copy rows in 16-byte vectors
 CHANNELS_PER_VECTOR = VECTOR_BYTES // 2  # bf16
 # Calls with more bytes of rows per rank (num_max_tokens_per_rank x row
 # width) than this variable says take the collective path (unset: none do).
@@ -159,9 +160,12 @@ class IpcRouting:
 class IpcRowsPath:
     name = "ipc"
 
-    def __init__(self, rank: int, topo: Topology, generation: object, transport, max_tokens: int):
+    def __init__(self, rank: int, topo: Topology, generation: object, transport, max_tokens: int, layout=None):
+        """``layout``: the layout's form (``layout_kernels``), None: ``layout_for`` the call's device
+        (the tests give the kernels' code built for the host)."""
         self.rank, self.topo, self.generation = rank, topo, generation
         self.transport = transport
+        self.layout = layout
         self.max_tokens = max_tokens
         self.mask: torch.Tensor | None = None  # the kernels' active ranks: a rank that times out is cleared
         # The calls' shapes as device tensors, made once per shape: a copy from
@@ -183,29 +187,6 @@ class IpcRowsPath:
                 and (limit is None or tokens_per_rank * 2 * self.transport.width <= limit))
 
     # ------------------------------------------------------------ dispatch
-    def _send_rows(self, data, sf, row: RowFormat, topk_idx=None, topk_weights=None):
-        """The two parts of the rows: the payload itself as the head (when
-        it can be), and the rest staged as the tail."""
-        num_tokens = data.size(0)
-        data = data.contiguous()
-        if data.data_ptr() % VECTOR_BYTES:
-            data = data.clone()
-        payload = data.view(torch.uint8).view(num_tokens, row.payload)
-        tail = torch.empty(num_tokens, row.tail, dtype=torch.uint8, device=data.device)
-
-        def put(begin: int, values: torch.Tensor) -> None:
-            tail[:, begin - row.head:begin - row.head + values.size(1)] = values
-
-        if not row.head:
-            put(0, payload)
-        if sf is not None:
-            put(row.payload, sf.contiguous().view(torch.uint8).view(num_tokens, row.scales))
-        if topk_idx is not None:
-            put(row.ids, topk_idx.to(torch.int32).view(torch.uint8))
-        if topk_weights is not None:
-            put(row.weights, topk_weights.contiguous().view(torch.uint8))
-        return (payload if row.head else None), tail
-
     def dispatch(self, data, sf, topk_idx, topk_weights, num_experts, tokens_per_rank, alignment, do_expand,
                  do_cpu_sync, num_sms) -> Outputs:
         num_ranks, me = self.topo.num_ranks, self.rank
@@ -218,45 +199,35 @@ class IpcRowsPath:
 
         facts = call_facts(tokens_per_rank, hidden, num_topk, num_experts, sf is not None, topk_weights is not None,
                            do_expand)
-        by_dest = rl.picks_by_destination(topk_idx, num_local)
-        dest = rl.unique_destinations(by_dest)
-        goes_to = rl.destination_table(dest, num_ranks)
+        layout = self._layout(device, num_topk)
+        shape = self._facts_of((*facts, 0), device)  # gathered after the counts: the call's shape, not refused
+        sent = layout.send(data, sf, row, topk_idx, topk_weights, num_local, num_ranks, shape)
+        dest = sent.dest
         # Counts per destination and the call's shape, gathered on the stream
         # (no wait on the host): the handle's dst_buffer_slot_idx needs where
         # this rank's block starts at each destination.
         mask = self._mask(device)
-        table = self._gather(torch.cat([goes_to.sum(dim=0).to(torch.int32), self._facts_of((*facts, 0), device)]),
-                             mask)
+        gathered = self._gather(sent.counts_row, num_ranks + shape.numel(), mask)
         # Rows past the received ones are cut (do_cpu_sync), or read through
         # the expansion, which never picks them; else they are the output's zeros.
-        head, tail = self._send_rows(data, sf, row, topk_idx, topk_weights)
         recv_head, recv_tail, src_token, ranges = self.transport.dispatch(
-            head, tail, dest, mask, zeroed_rows=0 if do_cpu_sync or do_expand else capacity)
+            sent.head, sent.tail, dest, mask, zeroed_rows=0 if do_cpu_sync or do_expand else capacity)
         received = ReceivedRows(row, recv_head, recv_tail, capacity)
-
-        counts = table[:, :num_ranks]
-        my_begin = torch.cumsum(counts, 0)[me] - counts[me]
-        slots = rl.dst_slots(by_dest, goes_to, my_begin)
-        recv_count = ranges.view(-1) & 0xFFFFFFFF
-        rx = rl.received(recv_count, src_token.view(-1)[:capacity])
-        ids = received.field(row.ids, row.weights).view(torch.int32).to(torch.int64)
-        local = rl.local_picks(ids, rx.real, me, num_local)
-        weights = None
-        if topk_weights is not None:
-            weights = torch.where(local >= 0, received.field(row.weights, row.bytes).view(torch.float32), 0.0)
+        got = layout.receive(sent, gathered, ranges, src_token, received, me, num_local, tokens_per_rank,
+                             topk_weights is not None)
+        local, weights, meta = got.local, got.weights, got.metadata
 
         expansion = rl.expand(local, num_local, alignment) if do_expand else None
-        meta = rl.metadata(rx, local, tokens_per_rank, expansion.slots if expansion is not None else None)
         if expansion is None:
-            per_expert = rl.per_expert_counts(local, num_local)
+            per_expert = got.per_expert
             expert_psum = torch.cumsum(per_expert, 0)
-            recv_x = received.payload(data, sf, rx.real, None)
+            recv_x = received.payload(data, sf, got.real, None)
             recv_w = weights
         else:
+            meta[:, 2:] = expansion.slots.to(torch.int32)
             per_expert, expert_psum = expansion.counts, expansion.ends
-            recv_x = received.payload(data, sf, rx.real, expansion)
+            recv_x = received.payload(data, sf, got.real, expansion)
             recv_w = rl.place_expanded_weights(weights, expansion) if weights is not None else None
-        scaleup_psum = torch.cumsum(recv_count, 0)
 
         num_recv, expanded_rows = capacity, expansion.dummy if expansion is not None else 0
         per_expert_list: list[int] = []
@@ -264,6 +235,8 @@ class IpcRowsPath:
             # The one synchronisation: sizes, the shape agreement, and who answered.
             total = expansion.ends[-1:] if expansion is not None and num_local else torch.zeros(1, dtype=torch.int64,
                                                                                                 device=device)
+            recv_count = ranges.view(-1) & 0xFFFFFFFF
+            table = gathered.table()
             host = torch.cat([t.to(torch.int64) for t in (table.view(-1), recv_count, per_expert, total, mask)]).tolist()
             at, width = table.numel(), table.size(1)
             self._check_answered(host[-num_ranks:])
@@ -286,31 +259,30 @@ class IpcRowsPath:
             do_expand=do_expand, num_experts=num_experts, expert_alignment=alignment,
             num_max_tokens_per_rank=tokens_per_rank, num_sms=num_sms, topk_idx=topk_idx.clone(),
             num_recv_tokens_per_expert_list=per_expert_list,
-            psum_num_recv_tokens_per_scaleup_rank=scaleup_psum.to(torch.int32),
+            psum_num_recv_tokens_per_scaleup_rank=got.scaleup_psum,
             psum_num_recv_tokens_per_expert=expert_psum.to(torch.int32),
-            recv_src_metadata=meta, dst_buffer_slot_idx=slots, native_handle=routing)
+            recv_src_metadata=meta, dst_buffer_slot_idx=got.slots, native_handle=routing)
         return Outputs(recv_x, local, recv_w, handle)
+
+    def _layout(self, device: torch.device, num_topk: int = 0):
+        return self.layout if self.layout is not None else layout_for(device, num_topk)
 
     def _facts_of(self, key: tuple[int, ...], device: torch.device) -> torch.Tensor:
         if key not in self._facts:
             self._facts[key] = torch.tensor(key, dtype=torch.int32, device=device)
         return self._facts[key]
 
-    def _gather(self, mine: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """[R, n] int32: every rank's ``mine`` ([n] int32), through the kernels
-        themselves (one token that goes to every rank), so that a rank that
-        died is given up on within the kernels' bound, as for the rows. A
-        rank given up on reads as zeros, and stays cleared in ``mask``."""
-        num_ranks, n = self.topo.num_ranks, mine.numel()
-        device = mine.device
+    def _gather(self, row: torch.Tensor, n: int, mask: torch.Tensor) -> Gathered:
+        """Every rank's ``n`` int32 (``row``, ``gather_row``'s form), through
+        the kernels themselves (one token that goes to every rank), so that a
+        rank that died is given up on within the kernels' bound, as for the
+        rows. A rank given up on reads as zeros (``Gathered.table``), and
+        stays cleared in ``mask``."""
+        num_ranks = self.topo.num_ranks
         if self._to_everyone is None:
-            self._to_everyone = torch.arange(num_ranks, dtype=torch.int64, device=device).view(1, num_ranks)
-        row = torch.zeros(1, -(-4 * n // VECTOR_BYTES) * VECTOR_BYTES, dtype=torch.uint8, device=device)
-        row[0, :4 * n] = mine.view(torch.uint8)
+            self._to_everyone = torch.arange(num_ranks, dtype=torch.int64, device=row.device).view(1, num_ranks)
         _, recv, _, ranges = self.transport.dispatch(None, row, self._to_everyone, mask, zeroed_rows=0)
-        count, begin = ranges.view(-1) & 0xFFFFFFFF, ranges.view(-1) >> 32
-        got = recv[:, :4 * n][begin.clamp(max=recv.size(0) - 1)].contiguous().view(torch.int32)
-        return torch.where((count > 0).unsqueeze(1), got, 0)
+        return Gathered(rows=recv, ranges=ranges, n=n)
 
     def _check_answered(self, mask: list[int]) -> None:
         """A rank the kernels gave up on stays cleared in the mask: it is
@@ -329,7 +301,7 @@ class IpcRowsPath:
         mine = torch.zeros(num_ranks + len(FACTS) + 1, dtype=torch.int32, device=device)
         mine[-1] = 1
         mask = self._mask(device)
-        table = self._gather(mine, mask)
+        table = self._gather(gather_row(mine), mine.numel(), mask).table()
         nothing = torch.empty(0, VECTOR_BYTES, dtype=torch.uint8, device=device)
         self.transport.dispatch(None, nothing, torch.empty(0, 1, dtype=torch.int64, device=device), mask,
                                 zeroed_rows=0)
@@ -338,7 +310,7 @@ class IpcRowsPath:
     def dispatch_cached(self, data, sf, handle: EPHandle) -> Outputs:
         routing: IpcRouting = handle.native_handle
         row = RowFormat.of(data, sf, 0)  # the payload (and scales) only
-        head, tail = self._send_rows(data, sf, row)
+        head, tail = self._layout(data.device).send_rows(data, sf, row)
         recv_head, recv_tail, _, _ = self.transport.dispatch(
             head, tail, routing.dest, self._mask(data.device),
             zeroed_rows=0 if routing.trimmed or routing.expansion is not None else routing.capacity)

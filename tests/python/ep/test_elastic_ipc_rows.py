@@ -1,8 +1,10 @@
 """ElasticBuffer's IPC path (``_ep_elastic.ipc_rows``) on CPU: its layout,
 handles, cached dispatch and combine, over a twin of the CUDA kernels made
 from the group's collectives (``_elastic_rows_emulation``), against the
-same dense references as the collective path (test_elastic_buffer.py); and
-the device-side layout functions against the host-side ones they mirror.
+same dense references as the collective path (test_elastic_buffer.py), with
+the layout's torch form and with the layout kernels' code built for the host
+(_layout_emulation.py); and the device-side layout functions against the
+host-side ones they mirror.
 On a GPU the same grid runs over the kernels (test_elastic_cuda.py)."""
 
 import pytest
@@ -20,15 +22,19 @@ pytestmark = pytest.mark.timeout(240)
 SIZES = {"num_max_tokens_per_rank": 7, "hidden": 7168, "num_topk": 9}
 
 
-def _on_emulated_rows(ctx):
+def _on_emulated_rows(ctx, kernels_library=None):
+    """``kernels_library``: the layout kernels built for the host (_layout_emulation.py), None: the torch form."""
     from _elastic_rows_emulation import EmulatedRows
+    from _layout_emulation import load
     from mooncake._ep_elastic.ipc_rows import IpcRowsPath, row_width
+    from mooncake._ep_elastic.layout_kernels import KernelLayout
 
     buffer = elastic_buffer_of(ctx, "rows", **SIZES)
     rows = EmulatedRows(buffer.group, ctx.rank, ctx.size, SIZES["num_max_tokens_per_rank"],
                         row_width(SIZES["hidden"], SIZES["num_topk"]))
+    layout = KernelLayout(load(kernels_library)) if kernels_library is not None else None
     buffer.runtime = IpcRowsPath(ctx.rank, buffer._topology, buffer._generation, rows,
-                                 SIZES["num_max_tokens_per_rank"])
+                                 SIZES["num_max_tokens_per_rank"], layout=layout)
     done = [run_elastic_round_on(ctx, ec, expand, sync) for ec in GRID for expand in (False, True)
             for sync in (True, False)]
     return done, buffer.path, rows.calls.count("dispatch"), rows.calls.count("combine")
@@ -40,16 +46,38 @@ def run_elastic_round_on(ctx, ec, expand, sync):
     return run_elastic_round(ctx, ec, expand=expand, cpu_sync=sync, buffer_name="rows")
 
 
-@pytest.mark.parametrize("world", [1, 2, 3])
-def test_ipc_path_matches_the_dense_reference(world):
+def _check_grid(world, kernels_library=None):
     with World(world, gloo=False, env=RANK_ENV) as w:
-        got = w.run(_on_emulated_rows, timeout=200)
+        got = w.run(_on_emulated_rows, kernels_library, timeout=200)
     rounds = 2 * 2 * len(GRID)
     # Per round, all through the seam: a fresh dispatch (the counts' gather, then the rows), a
     # cached one, and two combines.
     assert all(path == "ipc" and dispatches == 3 * rounds and combines == 2 * rounds
                for _, path, dispatches, combines in got)
     assert any(sum(done) for done, *_ in got)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_ipc_path_matches_the_dense_reference(world):
+    _check_grid(world)
+
+
+@pytest.fixture(scope="module")
+def layout_kernels_library(tmp_path_factory):
+    from _layout_emulation import build, compiler_missing, library_in
+
+    if compiler_missing():
+        pytest.skip(compiler_missing())
+    folder = tmp_path_factory.mktemp("layout_kernels")
+    build(folder)
+    return str(library_in(folder))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_ipc_path_with_the_layout_kernels_matches_the_dense_reference(world, layout_kernels_library):
+    """The same grid with the layout computed by the CUDA kernels' code, built for the host
+    (test_elastic_layout_emulated.py): on a GPU, test_elastic_cuda.py runs it on the kernels."""
+    _check_grid(world, layout_kernels_library)
 
 
 def _random_local(rows: int, k: int, num_local: int, seed: int) -> torch.Tensor:

@@ -1,0 +1,291 @@
+// ElasticBuffer's IPC-path layout in three kernels (elastic_layout.h, public
+// header; the per-token rules in the internal elastic_layout.h):
+//   layoutSend     one block: per token, its destinations (each rank once,
+//                  ascending) and, per pick, the token's index among those
+//                  sent to the pick's rank (a prefix count in token order,
+//                  so slots are deterministic); and the count per rank,
+//                  written with the call's shape as the row they are
+//                  gathered in (no tensor operations to assemble it).
+//                  Tiles of 1024 tokens, their picks' destinations staged
+//                  in shared memory; per tile, a warp ballot per rank
+//                  present and a scan of the 32 warps' counts.
+//   sendTail       one thread per 16 bytes of the rows' staged tails.
+//   layoutReceive  one thread per received row (local picks, weights,
+//                  metadata, picks per local expert), then one per pick of
+//                  this rank's tokens (dst_buffer_slot_idx).
+// Why kernels: the same layout as ~60 small tensor operations took longer
+// than the EP kernels themselves (docs/benchmarks/ep_cuda.md).
+#include <algorithm>
+#include <string>
+
+#include "elastic_layout.h"
+#include "mooncake/ep/cuda/elastic_layout.h"
+#include "mooncake/ep/cuda/ep_ipc_group.h"
+
+namespace mooncake::ep::cuda {
+namespace {
+
+constexpr int kScanThreads = 1024;
+constexpr int kWarps = kScanThreads / 32;
+constexpr int kLoadsInFlight = 8;  // per thread, staging a tile's picks
+constexpr int kRowThreads = 256;
+constexpr int kMaxRowBlocks = 1024;      // grid-stride beyond
+constexpr int kMaxSharedExperts = 8192;  // per-block counts in shared memory (32 KB) up to this many local experts
+constexpr unsigned kAllLanes = 0xffffffffu;
+
+__global__ void __launch_bounds__(kScanThreads) sendLayoutKernel(SendLayoutArgs a) {
+  extern __shared__ int8_t tile_dests[];  // [kScanThreads * k]: the destination of each pick of the tile
+  __shared__ int32_t warp_count[kWarps][kMaxEpRanks];
+  __shared__ int32_t warp_base[kWarps][kMaxEpRanks];
+  __shared__ int32_t running[kMaxEpRanks];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int k = a.num_topk;
+  const uint32_t lanes_below = (1u << lane) - 1u;
+  if (tid < kMaxEpRanks) running[tid] = 0;
+  // Every thread runs every tile (tokens past the end have no destination):
+  // the ballots and barriers below need the whole block.
+  for (int tile = 0; tile < a.num_tokens; tile += kScanThreads) {
+    const int64_t t = tile + tid;
+    const bool in = t < a.num_tokens;
+    // The tile's picks are contiguous: read once, in order (a thread reading
+    // its own token's k picks again and again would touch a line per lane).
+    const int tile_tokens = a.num_tokens - tile < kScanThreads ? a.num_tokens - tile : kScanThreads;
+    const int64_t picks = static_cast<int64_t>(tile_tokens) * k;
+    const int64_t* tile_picks = a.topk_idx + static_cast<int64_t>(tile) * k;
+    // kLoadsInFlight loads per thread before their first use: one block reads
+    // the whole tile, and a load at a time would wait out the latency each.
+    for (int64_t first = tid; first < picks; first += kLoadsInFlight * kScanThreads) {
+      int64_t ids[kLoadsInFlight];
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        const int64_t i = first + static_cast<int64_t>(u) * kScanThreads;
+        ids[u] = i < picks ? tile_picks[i] : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        const int64_t i = first + static_cast<int64_t>(u) * kScanThreads;
+        if (i < picks) tile_dests[i] = static_cast<int8_t>(layout::destinationOf(ids[u], a.num_local, a.num_ranks));
+      }
+    }
+    for (int i = tid; i < kWarps * kMaxEpRanks; i += kScanThreads) (&warp_count[0][0])[i] = 0;
+    __syncthreads();  // tile_dests written, warp_count zeroed
+    const int8_t* dests = tile_dests + static_cast<int64_t>(tid) * k;
+    uint32_t mask = 0;
+    if (in) {
+      mask = layout::destinationMask(dests, k);
+      layout::uniqueDestinations(dests, k, a.dest + t * k);
+    }
+    uint32_t any = mask;  // the ranks some token of this warp goes to
+    for (int step = 16; step > 0; step /= 2) any |= __shfl_xor_sync(kAllLanes, any, step);
+    for (uint32_t left = any; left != 0; left &= left - 1u) {
+      const int d = __ffs(static_cast<int>(left)) - 1;
+      const uint32_t with = __ballot_sync(kAllLanes, (mask >> d) & 1u);
+      if (lane == 0) warp_count[warp][d] = __popc(with);
+    }
+    __syncthreads();
+    if (tid < a.num_ranks) {
+      int32_t sum = running[tid];
+      for (int w = 0; w < kWarps; ++w) {
+        warp_base[w][tid] = sum;
+        sum += warp_count[w][tid];
+      }
+      running[tid] = sum;
+    }
+    __syncthreads();
+    for (uint32_t left = any; left != 0; left &= left - 1u) {
+      const int d = __ffs(static_cast<int>(left)) - 1;
+      const uint32_t with = __ballot_sync(kAllLanes, (mask >> d) & 1u);
+      if ((mask >> d) & 1u) {
+        const int32_t index = warp_base[warp][d] + __popc(with & lanes_below);
+        for (int j = 0; j < k; ++j) {
+          if (dests[j] == d) a.token_index[t * k + j] = index;
+        }
+      }
+    }
+    if (in) {
+      for (int j = 0; j < k; ++j) {
+        if (dests[j] < 0) a.token_index[t * k + j] = -1;
+      }
+    }
+    __syncthreads();  // tile_dests and warp_base read before the next tile rewrites them
+  }
+  __syncthreads();  // running initialised when there was no tile
+  for (int i = tid; i < a.count_words; i += kScanThreads) {
+    a.counts[i] = i < a.num_ranks ? running[i] : i - a.num_ranks < a.shape_words ? a.shape[i - a.num_ranks] : 0;
+  }
+}
+
+__global__ void sendTailKernel(layout::TailSources s, int64_t num_tokens, uint8_t* tail) {
+  const int64_t vectors = s.tail_bytes / 16;
+  const int64_t total = num_tokens * vectors;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < total; v += stride) {
+    const int64_t token = v / vectors, at = v % vectors * 16;
+    uint32_t words[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) word |= static_cast<uint32_t>(layout::tailByte(s, token, at + 4 * w + b)) << (8 * b);
+      words[w] = word;
+    }
+    *reinterpret_cast<uint4*>(tail + token * s.tail_bytes + at) = make_uint4(words[0], words[1], words[2], words[3]);
+  }
+}
+
+__global__ void __launch_bounds__(kRowThreads) receiveLayoutKernel(ReceiveLayoutArgs a, bool shared_counts) {
+  extern __shared__ uint32_t expert_counts[];  // [L] this block's picks per local expert, when shared_counts
+  __shared__ int64_t ends[kMaxEpRanks];
+  __shared__ int32_t my_begin[kMaxEpRanks];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int k = a.num_topk, num_ranks = a.num_ranks;
+  if (tid == 0) {
+    int64_t sum = 0;
+    for (int s = 0; s < num_ranks; ++s) {
+      sum += a.ranges[s] & 0xffffffffLL;
+      ends[s] = sum;
+    }
+  }
+  if (tid < num_ranks) {  // where this rank's rows start at rank tid: what the lower ranks sent it
+    int32_t begin = 0;
+    for (int s = 0; s < a.rank; ++s) {
+      const int64_t range = a.gathered_ranges[s];
+      if ((range & 0xffffffffLL) != 0) begin += a.gathered[(range >> 32) * a.gathered_stride + tid];
+    }
+    my_begin[tid] = begin;
+  }
+  if (shared_counts) {
+    for (int e = tid; e < a.num_local; e += kRowThreads) expert_counts[e] = 0;
+  }
+  __syncthreads();
+  const int64_t total = ends[num_ranks - 1];
+  if (blockIdx.x == 0 && tid < num_ranks) a.scaleup_psum[tid] = static_cast<int32_t>(ends[tid]);
+
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowThreads;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRowThreads + tid;
+  const auto* tails = static_cast<const uint8_t*>(a.recv_tail);
+  for (int64_t row = first; row < a.capacity; row += stride) {
+    const bool real = row < total;
+    const uint8_t* tail = tails + row * a.tail_bytes;
+    int32_t here = 0;
+    // Rows are 16-byte multiples and the ids and weights 4-byte aligned in them (RowFormat): plain 32-bit loads.
+    const auto* ids = reinterpret_cast<const int32_t*>(tail + a.ids_at);
+    const auto* weights = a.weights != nullptr ? reinterpret_cast<const uint32_t*>(tail + a.weights_at) : nullptr;
+    for (int j = 0; j < k; ++j) {
+      const int64_t local = layout::localPick(ids[j], real, a.rank, a.num_local);
+      a.local[row * k + j] = local;
+      if (a.weights != nullptr) {
+        // The weight's bits as sent (a NaN keeps its payload), +0.0 where no pick is here.
+        reinterpret_cast<uint32_t*>(a.weights)[row * k + j] = local >= 0 ? weights[j] : 0u;
+      }
+      if (local >= 0) {
+        ++here;
+        if (shared_counts) {
+          atomicAdd(&expert_counts[local], 1u);
+        } else {
+          atomicAdd(reinterpret_cast<unsigned long long*>(a.per_expert) + local, 1ull);
+        }
+      }
+    }
+    a.real[row] = real;
+    int32_t* meta = a.metadata + row * (k + 2);
+    const int source = layout::sourceOfRow(row, ends, num_ranks);
+    meta[0] = real ? static_cast<int32_t>(static_cast<int64_t>(source) * a.tokens_per_rank + a.src_token[row]) : -1;
+    meta[1] = real ? here : -1;
+    for (int j = 0; j < k; ++j) meta[2 + j] = -1;
+  }
+
+  const int64_t picks = static_cast<int64_t>(a.num_tokens) * k;
+  for (int64_t p = first; p < picks; p += stride) {
+    const int d = layout::destinationOf(a.topk_idx[p], a.num_local, num_ranks);
+    const int32_t index = a.token_index[p];
+    a.slots[p] = d >= 0 && index >= 0 ? my_begin[d] + index : -1;
+  }
+
+  if (shared_counts) {
+    __syncthreads();
+    for (int e = tid; e < a.num_local; e += kRowThreads) {
+      if (expert_counts[e] != 0) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(a.per_expert) + e,
+                  static_cast<unsigned long long>(expert_counts[e]));
+      }
+    }
+  }
+}
+
+bool launched(const char* what, std::string* error) {
+  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return true;
+  if (error != nullptr) *error = std::string(what) + ": launch failed: " + cudaGetErrorString(err);
+  return false;
+}
+
+bool refuse(const std::string& why, std::string* error) {
+  if (error != nullptr) *error = why;
+  return false;
+}
+
+int rowBlocks(int64_t threads) {
+  return static_cast<int>(std::clamp<int64_t>((threads + kRowThreads - 1) / kRowThreads, 1, kMaxRowBlocks));
+}
+
+}  // namespace
+
+bool layoutSend(const SendLayoutArgs& a, cudaStream_t stream, std::string* error) {
+  if (a.num_ranks < 1 || a.num_ranks > kMaxEpRanks || a.num_local < 1 || a.num_topk < 0 || a.num_tokens < 0) {
+    return refuse("layoutSend: sizes out of range", error);
+  }
+  if (a.shape_words < 0 || a.count_words < a.num_ranks + a.shape_words) {
+    return refuse("layoutSend: the counts' row is shorter than the counts and the shape", error);
+  }
+  if (a.num_topk > kMaxLayoutTopk) {
+    return refuse("layoutSend: num_topk " + std::to_string(a.num_topk) + " is more than the kernels take (" +
+                      std::to_string(kMaxLayoutTopk) + ")",
+                  error);
+  }
+  sendLayoutKernel<<<1, kScanThreads, static_cast<size_t>(kScanThreads) * a.num_topk, stream>>>(a);
+  return launched("layoutSend", error);
+}
+
+bool sendTail(const SendTailArgs& a, cudaStream_t stream, std::string* error) {
+  if (a.tail_bytes % 16 != 0 || a.num_tokens < 0 || a.num_topk < 0 ||
+      a.head_bytes + a.tail_bytes < a.ids_at + 8 * static_cast<int64_t>(a.num_topk) ||
+      (a.head_bytes != 0 && a.head_bytes != a.payload_bytes)) {
+    return refuse("sendTail: row format out of range", error);
+  }
+  if (a.num_tokens == 0 || a.tail_bytes == 0) return true;
+  layout::TailSources s;
+  s.payload = static_cast<const uint8_t*>(a.payload);
+  s.scales = static_cast<const uint8_t*>(a.scales);
+  s.topk_idx = a.topk_idx;
+  s.weights = reinterpret_cast<const uint8_t*>(a.weights);
+  s.payload_bytes = a.payload_bytes;
+  s.scale_bytes = a.scales != nullptr ? a.scale_bytes : 0;
+  s.head_bytes = a.head_bytes;
+  s.tail_bytes = a.tail_bytes;
+  s.ids_at = a.ids_at;
+  s.num_topk = a.num_topk;
+  sendTailKernel<<<rowBlocks(a.num_tokens * (a.tail_bytes / 16)), kRowThreads, 0, stream>>>(
+      s, a.num_tokens, static_cast<uint8_t*>(a.tail));
+  return launched("sendTail", error);
+}
+
+bool layoutReceive(const ReceiveLayoutArgs& a, cudaStream_t stream, std::string* error) {
+  const int64_t fields = 4 * static_cast<int64_t>(a.num_topk);
+  if (a.num_ranks < 1 || a.num_ranks > kMaxEpRanks || a.num_local < 1 || a.num_topk < 0 || a.num_tokens < 0 ||
+      a.capacity < 0 || a.rank < 0 || a.rank >= a.num_ranks || a.gathered_stride < a.num_ranks) {
+    return refuse("layoutReceive: sizes out of range", error);
+  }
+  // The kernel reads ids and weights as 32-bit words of the rows.
+  if (a.tail_bytes % 16 != 0 || a.ids_at < 0 || a.ids_at % 4 != 0 || a.ids_at + fields > a.tail_bytes ||
+      (a.weights != nullptr && (a.weights_at < 0 || a.weights_at % 4 != 0 || a.weights_at + fields > a.tail_bytes))) {
+    return refuse("layoutReceive: the ids and weights are not 4-byte aligned fields of the rows", error);
+  }
+  const bool shared_counts = a.num_local <= kMaxSharedExperts;
+  const size_t shared_bytes = shared_counts ? sizeof(uint32_t) * a.num_local : 0;
+  const int64_t threads = std::max(a.capacity, static_cast<int64_t>(a.num_tokens) * a.num_topk);
+  receiveLayoutKernel<<<rowBlocks(threads), kRowThreads, shared_bytes, stream>>>(a, shared_counts);
+  return launched("layoutReceive", error);
+}
+
+}  // namespace mooncake::ep::cuda
