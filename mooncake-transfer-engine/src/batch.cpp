@@ -2,6 +2,8 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
+
 namespace mooncake::te {
 
 // ---- TransferTask ----
@@ -27,19 +29,20 @@ void TransferTask::fail(int error) {
 void TransferTask::cancel() {
   std::lock_guard lock(connection_mutex_);
   canceled_.store(true, std::memory_order_release);
-  if (connection_fd_ >= 0) ::shutdown(connection_fd_, SHUT_RDWR);
+  for (int fd : connection_fds_) ::shutdown(fd, SHUT_RDWR);
 }
 
 bool TransferTask::onConnection(int fd) {
   std::lock_guard lock(connection_mutex_);
   if (canceled_.load(std::memory_order_relaxed)) return false;
-  connection_fd_ = fd;
+  connection_fds_.push_back(fd);
   return true;
 }
 
-void TransferTask::offConnection() {
+void TransferTask::offConnection(int fd) {
   std::lock_guard lock(connection_mutex_);
-  connection_fd_ = -1;
+  auto it = std::find(connection_fds_.begin(), connection_fds_.end(), fd);
+  if (it != connection_fds_.end()) connection_fds_.erase(it);
 }
 
 void TransferTask::settle() {

@@ -246,6 +246,9 @@ class EngineImpl {
   void abandonBatch(BatchId id);
   int submit(BatchId id, const std::vector<TransferRequest>& requests, const std::string& hint, bool caller_waits);
   std::chrono::nanoseconds waitBudget(const Batch& batch) const;
+  void dropCanceled() {
+    for (auto& t : transports_) t->dropCanceled();
+  }
 
   // The transport for a request to `peer` from `local` into `remote`: the
   // hint, else the forced protocol, else the first in kTransports that
@@ -894,6 +897,7 @@ int TransferEngine::cancelBatch(BatchId batch) {
   std::shared_ptr<Batch> b = impl_->batch(batch);
   if (!b) return kInvalidArgument;
   b->cancelAll();
+  impl_->dropCanceled();
   return kOk;
 }
 

@@ -157,20 +157,34 @@ TEST_P(MultiProcess, WritesStraightFromUnregisteredHostMemoryWhenTheRequestSaysS
 INSTANTIATE_TEST_SUITE_P(Transports, MultiProcess, ::testing::ValuesIn(testing::builtDataTransports()),
                          [](const auto& info) { return info.param; });
 
+// The stall tests' setting: a peer process, and an engine over tcp that
+// has registered `buf` and opened the peer's segment (`handle`). The test
+// stops the peer when it wants to.
+struct EngineBesideAPeer {
+  EngineBesideAPeer(size_t bytes, int seed) : peer(bytes, seed), buf(bytes), bytes(bytes) {}
+  void open(const EngineConfig& config) {
+    ASSERT_EQ(engine.init("P2PHANDSHAKE", "127.0.0.1", "tcp", "", config), kOk);
+    ASSERT_EQ(engine.registerLocalMemory(buf.data, bytes), kOk);
+    handle = engine.openSegment(peer.segment);
+    ASSERT_NE(handle, kInvalidSegment);
+  }
+  PeerProcess peer;
+  AlignedBuffer buf;
+  TransferEngine engine;  // first to go: nothing reads `buf` after it
+  SegmentHandle handle = kInvalidSegment;
+  size_t bytes;
+};
+
 // A peer that is alive but stopped (SIGSTOP) never answers over TCP: the
 // transfer must end with a timeout. (Cross-memory attach needs nothing from
 // the target, so a stopped peer is still written over shm, as designed.)
 TEST(MultiProcessStall, StoppedPeerTimesOutOverTcp) {
   constexpr size_t kBytes = 64u << 20;
-  PeerProcess peer(kBytes, 3);
+  EngineBesideAPeer setting(kBytes, 3);
   EngineConfig config = testing::fastFailConfig();
   config.transfer_timeout = 1000ms;
-  TransferEngine engine;
-  AlignedBuffer buf(kBytes);
-  ASSERT_EQ(engine.init("P2PHANDSHAKE", "127.0.0.1", "tcp", "", config), kOk);
-  ASSERT_EQ(engine.registerLocalMemory(buf.data, kBytes), kOk);
-  SegmentHandle h = engine.openSegment(peer.segment);
-  ASSERT_NE(h, kInvalidSegment);
+  ASSERT_NO_FATAL_FAILURE(setting.open(config));
+  auto& [peer, buf, engine, h, bytes] = setting;
   peer.stopNow();
   auto start_time = std::chrono::steady_clock::now();
   int rc = engine.transferSync({TransferRequest{Opcode::kWrite, buf.data, h, peer.buffer_addr, kBytes}});
@@ -258,16 +272,11 @@ TEST(MultiProcessStall, ClosingAReceiveWindowCutsShortAWriteWhoseWriterStopped) 
 // so (`sent`, state still pending) until the deadline fails it, which is
 // reported as for any write. A read is sent only when it has its bytes.
 TEST(MultiProcessStall, AWriteIsSentBeforeItsAnswerAndStillFailsWithoutOne) {
-  constexpr size_t kBytes = 1u << 20;
-  PeerProcess peer(kBytes, 9);
+  EngineBesideAPeer setting(1u << 20, 9);
   EngineConfig config = testing::fastFailConfig();
   config.transfer_timeout = 1000ms;
-  TransferEngine engine;
-  AlignedBuffer buf(kBytes);
-  ASSERT_EQ(engine.init("P2PHANDSHAKE", "127.0.0.1", "tcp", "", config), kOk);
-  ASSERT_EQ(engine.registerLocalMemory(buf.data, kBytes), kOk);
-  const SegmentHandle h = engine.openSegment(peer.segment);
-  ASSERT_NE(h, kInvalidSegment);
+  ASSERT_NO_FATAL_FAILURE(setting.open(config));
+  auto& [peer, buf, engine, h, bytes] = setting;
   const TransferStatus healthy = submitAndWait(engine, {{Opcode::kWrite, buf.data, h, peer.buffer_addr, 4096}});
   EXPECT_EQ(healthy.state, TransferState::kCompleted);
   EXPECT_TRUE(healthy.sent);
@@ -369,20 +378,18 @@ TEST(MultiProcessStall, AStoppedPeerHoldsUpOnlyItsOwnSmallWrites) {
 
 // A write blocked on a stopped peer (its socket buffers full, or its
 // answer never coming) ends at once when its batch is canceled, long before
-// its deadline; a write queued behind it (one worker) never starts; small
-// writes on the control lane end too.
-TEST(MultiProcessStall, CanceledWritesToAStoppedPeerEndAtOnce) {
+// its deadline; small writes on the control lane end too. With `workers`
+// workers and slices of `slice_bytes`, one write is on several connections
+// at once, and every one of them is shut down.
+void expectCanceledWritesToAStoppedPeerEndAtOnce(int workers, size_t slice_bytes) {
   constexpr size_t kBytes = 64u << 20;
-  PeerProcess peer(kBytes, 8);
+  EngineBesideAPeer setting(kBytes, 8);
   EngineConfig config = testing::fastFailConfig();
   config.transfer_timeout = 30000ms;
-  config.tcp_workers = 1;
-  TransferEngine engine;
-  AlignedBuffer buf(kBytes);
-  ASSERT_EQ(engine.init("P2PHANDSHAKE", "127.0.0.1", "tcp", "", config), kOk);
-  ASSERT_EQ(engine.registerLocalMemory(buf.data, kBytes), kOk);
-  const SegmentHandle h = engine.openSegment(peer.segment);
-  ASSERT_NE(h, kInvalidSegment);
+  config.tcp_workers = workers;
+  config.tcp_slice_size = slice_bytes;
+  ASSERT_NO_FATAL_FAILURE(setting.open(config));
+  auto& [peer, buf, engine, h, bytes] = setting;
   ASSERT_EQ(engine.transferSync({{Opcode::kWrite, buf.data, h, peer.buffer_addr, 4096}}), kOk);  // a pooled connection
   peer.stopNow();
   std::vector<BatchId> batches;
@@ -422,6 +429,61 @@ TEST(MultiProcessStall, CanceledWritesToAStoppedPeerEndAtOnce) {
       engine.transferSync({{Opcode::kWrite, buf.data + kCanceledPart, h, peer.buffer_addr + kCanceledPart, kClear}}),
       kOk);
   EXPECT_EQ(peer.digestOf(kCanceledPart, kClear), digest(buf.data + kCanceledPart, kClear));
+}
+
+// One worker: the second write, queued behind the first, never starts.
+TEST(MultiProcessStall, CanceledWritesToAStoppedPeerEndAtOnce) {
+  expectCanceledWritesToAStoppedPeerEndAtOnce(1, 4u << 20);
+}
+
+// Four workers, 1 MiB slices: each write's slices block on four connections
+// at once (a cancel that shut down only the last one announced left the
+// others to the 30 s deadline, and a P2P send of a stopped peer with them).
+TEST(MultiProcessStall, CanceledWritesInSeveralSlicesEndAtOnce) {
+  expectCanceledWritesToAStoppedPeerEndAtOnce(4, 1u << 20);
+}
+
+// The only worker is held up by a write to the stopped peer that nobody
+// cancels (a P2P channel's credit or ack, say). A canceled write queued
+// behind it ends at once all the same (it used to wait for the worker,
+// until the first write's deadline), and the first is still pending.
+TEST(MultiProcessStall, ACanceledWriteQueuedBehindABusyWorkerEndsAtOnce) {
+  EngineBesideAPeer setting(64u << 20, 10);
+  EngineConfig config = testing::fastFailConfig();
+  config.transfer_timeout = 30000ms;
+  config.tcp_workers = 1;
+  ASSERT_NO_FATAL_FAILURE(setting.open(config));
+  auto& [peer, buf, engine, h, bytes] = setting;
+  ASSERT_EQ(engine.transferSync({{Opcode::kWrite, buf.data, h, peer.buffer_addr, 4096}}), kOk);
+  peer.stopNow();
+  const BatchId held = engine.allocateBatchID(1), queued = engine.allocateBatchID(1);
+  ASSERT_EQ(engine.submitTransfer(held, {{Opcode::kWrite, buf.data, h, peer.buffer_addr, 32u << 20}}), kOk);
+  ASSERT_EQ(engine.submitTransfer(queued, {{Opcode::kWrite, buf.data + (32u << 20), h, peer.buffer_addr, 65536}}), kOk);
+  std::this_thread::sleep_for(300ms);
+  TransferStatus status;
+  ASSERT_EQ(engine.getBatchTransferStatus(queued, status), kOk);
+  EXPECT_EQ(status.state, TransferState::kPending);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(engine.cancelBatch(queued), kOk);
+  while (engine.getBatchTransferStatus(queued, status) == kOk && status.state == TransferState::kPending &&
+         std::chrono::steady_clock::now() - t0 < 5s) {
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ(status.state, TransferState::kCanceled);
+  EXPECT_FALSE(status.sent);  // it never left
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  ASSERT_EQ(engine.getBatchTransferStatus(held, status), kOk);
+  EXPECT_EQ(status.state, TransferState::kPending);  // still held up by the peer
+  ASSERT_EQ(engine.cancelBatch(held), kOk);
+  const auto limit = std::chrono::steady_clock::now() + 5s;
+  while (engine.getBatchTransferStatus(held, status) == kOk && status.state == TransferState::kPending &&
+         std::chrono::steady_clock::now() < limit) {
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ(status.state, TransferState::kCanceled);
+  EXPECT_EQ(engine.freeBatchID(held), kOk);
+  EXPECT_EQ(engine.freeBatchID(queued), kOk);
+  peer.signal(SIGCONT);
 }
 
 }  // namespace

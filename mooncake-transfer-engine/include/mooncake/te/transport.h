@@ -63,14 +63,15 @@ class TransferTask {
 
   // Cancellation (TransferEngine::cancelBatch): a slice that is about to
   // move bytes over a connection announces it with onConnection(fd) (false:
-  // canceled, do not start), and withdraws it with offConnection() before
-  // the connection is used for anything else. cancel() shuts the announced
-  // connection down, so a send or receive blocked on a silent peer returns
-  // at once, and later slices see canceled() and end with kCanceled.
+  // canceled, do not start), and withdraws it with offConnection(fd) before
+  // the connection is used for anything else. The slices of one task run on
+  // several connections at once, so every announced one is kept. cancel()
+  // shuts them all down, so a send or receive blocked on a silent peer
+  // returns at once, and later slices see canceled() and end with kCanceled.
   void cancel();
   bool canceled() const { return canceled_.load(std::memory_order_acquire); }
   bool onConnection(int fd);
-  void offConnection();
+  void offConnection(int fd);
 
   TransferStatus status() const;
 
@@ -87,8 +88,8 @@ class TransferTask {
   std::atomic<int> first_error_{kOk};
   std::atomic<TransferState> state_{TransferState::kPending};
   std::atomic<bool> canceled_{false};
-  std::mutex connection_mutex_;  // orders cancel() against the announced connection's release
-  int connection_fd_ = -1;
+  std::mutex connection_mutex_;      // orders cancel() against the announced connections' release
+  std::vector<int> connection_fds_;  // one per slice on the wire now
 };
 
 // A remote (or local) segment opened by name, with its cached descriptor.
@@ -183,6 +184,12 @@ class Transport {
 
   // Drops per-peer state (connections, attachments) for a segment being closed.
   virtual void forget(SegmentHandle) {}
+
+  // Ends at once, as kCanceled, the queued slices of canceled tasks that no
+  // thread has started (TransferEngine::cancelBatch calls it after marking
+  // the tasks): a canceled request behind workers that a silent peer holds
+  // up must not wait for one of them to come free.
+  virtual void dropCanceled() {}
 };
 
 }  // namespace mooncake::te

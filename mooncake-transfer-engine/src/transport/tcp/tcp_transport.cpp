@@ -225,6 +225,25 @@ void TcpTransport::submit(PeerSegment& peer, const std::vector<TransferTask*>& t
   for (const Slice& s : slices) s.task->completeSlice(0, kEndpointError);  // engine shutting down
 }
 
+void TcpTransport::dropCanceled() {
+  // Slices in the worker queue were never sent (a control write that was
+  // sent inline waits in the control lane instead): nothing to close.
+  std::deque<Slice> dropped;
+  {
+    std::lock_guard lock(queue_mutex_);
+    auto canceled = [](const Slice& s) { return !s.sent_on && s.task->canceled(); };
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (canceled(*it)) {
+        dropped.push_back(std::move(*it));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const Slice& s : dropped) s.task->completeSlice(0, kCanceled);
+}
+
 void TcpTransport::workerLoop() {
   for (;;) {
     Slice slice;
@@ -264,6 +283,10 @@ void TcpTransport::controlLoop() {
       // a worker connects (this thread never waits on a connection's
       // opening: the peer may be the one that does not answer).
       if (!slice.sent_on && !sendInline(slice)) {
+        if (slice.task->canceled()) {  // canceled before it left: no worker needed to end it
+          slice.task->completeSlice(0, kCanceled);
+          continue;
+        }
         {
           std::lock_guard lock(queue_mutex_);
           if (!stopping_) {
@@ -332,7 +355,7 @@ bool TcpTransport::sendInline(Slice& slice) const {
   // On failure the connection closes (it may hold part of the request) and
   // a worker sends the whole request again on another.
   if (sendRequest(socket->fd(), bounded) != kOk) {
-    slice.task->offConnection();
+    slice.task->offConnection(socket->fd());
     return false;
   }
   slice.sent_on = std::move(socket);  // announced until its answer is read (run)
@@ -343,7 +366,7 @@ bool TcpTransport::sendInline(Slice& slice) const {
 void TcpTransport::run(const Slice& slice) const {
   if (slice.sent_on) {
     const int answer = awaitAnswer(slice.sent_on->fd(), slice);
-    slice.task->offConnection();
+    slice.task->offConnection(slice.sent_on->fd());
     if (answer == kOk) {
       slice.pool->release(std::move(*slice.sent_on));
       slice.task->completeSlice(slice.length, kOk);
@@ -377,7 +400,7 @@ void TcpTransport::run(const Slice& slice) const {
     }
     if (rc == kOk) {
       rc = exchange(socket, slice, sent);
-      slice.task->offConnection();
+      slice.task->offConnection(socket.fd());
       if (rc != kOk && slice.task->canceled()) rc = kCanceled;  // its connection was shut down under it
     }
     if (rc == kOk) {

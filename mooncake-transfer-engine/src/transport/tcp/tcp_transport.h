@@ -40,6 +40,7 @@ class TcpTransport : public Transport {
   bool reaches(PeerSegment& peer) override;
   void submit(PeerSegment& peer, const std::vector<TransferTask*>& tasks, bool caller_waits) override;
   void forget(SegmentHandle handle) override;
+  void dropCanceled() override;
   // A request with a trailer is one slice, and the trailer follows its
   // payload on the same connection.
   bool ordersTrailers() const override { return true; }
