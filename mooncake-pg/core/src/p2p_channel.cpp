@@ -1189,6 +1189,12 @@ void P2pChannel::Impl::failPeer(int peer, const std::string& why, bool gone) {
     for (int c : p.quarantined) free_chunks_.push_back(c);
     p.quarantined.clear();
     p.tainted.clear();
+    // Nor answer the writes of nobody's (credits, acks, releases) still on
+    // their way to it: canceled, they stop holding the engine's workers
+    // (which other peers' writes need) until their deadlines.
+    for (const PendingWrite& w : writes_) {
+      if (w.peer == peer && w.op == nullptr && w.batch != te::kInvalidBatch) engine_.cancelBatch(w.batch);
+    }
   }
   rl.outstanding.clear();
   for (RecvOp& op : rl.ops) {
