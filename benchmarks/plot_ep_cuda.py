@@ -5,7 +5,10 @@ IPC fast path there), the all-gather design, ElasticBuffer (fresh and cached
 dispatch), ElasticBuffer sized at construction (its IPC path, eager and
 replayed from a CUDA graph) and the copy bound.
 
-    python3 benchmarks/plot_ep_cuda.py docs/benchmarks/ep_cuda.csv docs/benchmarks/ep_cuda.png
+    python3 benchmarks/plot_ep_cuda.py docs/benchmarks/ep_cuda.csv docs/benchmarks/ep_cuda.png [GPU name]
+
+The world-1 columns are named by their mode too when the file holds several
+for one world (runs of one rank with and without a switch).
 """
 
 import csv
@@ -29,11 +32,12 @@ COLORS = {"Buffer (fast path)": "C0", "all-gather design": "C1", "ElasticBuffer"
           "copy bound": "C3", IPC: "C5", IPC_GRAPH: "C6"}
 
 
-def main(src: str, dst: str) -> None:
+def main(src: str, dst: str, gpu: str) -> None:
     with open(src) as f:
         rows = [r for r in csv.DictReader(f) if r["dtype"] == "bf16"]
     configs = list(dict.fromkeys((r["world"], r["mode"], r["tokens"], r["hidden"], r["topk"]) for r in rows))
     configs.sort(key=lambda c: (int(c[2]), int(c[0]), c[1] != "time-sliced"))
+    modes_of_one = len({c[1] for c in configs if c[0] == "1"})
     median = {(r["world"], r["mode"], r["tokens"], r["hidden"], r["topk"], r["impl"], r["phase"]): float(r["median_ms"])
               for r in rows}
     fig, axes = plt.subplots(2, 1, figsize=(12, 8))
@@ -45,9 +49,9 @@ def main(src: str, dst: str) -> None:
                    color=COLORS[label])
         ax.set_yscale("log")
         ax.set_xticks(range(len(configs)))
-        ax.set_xticklabels([f"{w} rank{'s' if w != '1' else ''}\n{m if w != '1' else 'alone'}\nT={t} H={h}\nk={k}"
+        ax.set_xticklabels([f"{w} rank{'s' if w != '1' else ''}\n{m if w != '1' or modes_of_one > 1 else 'alone'}\nT={t} H={h}\nk={k}"
                             for w, m, t, h, k in configs], fontsize=7)
-        ax.set_title(f"{phase}, bf16, ranks sharing one H200 (mooncake CUDA group)")
+        ax.set_title(f"{phase}, bf16, ranks sharing one {gpu} (mooncake CUDA group)")
         ax.set_ylabel("median ms, slowest rank (log)")
         ax.grid(True, axis="y", alpha=0.3, which="both")
         ax.legend(fontsize=7, ncol=5)
@@ -56,4 +60,4 @@ def main(src: str, dst: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "H200")
