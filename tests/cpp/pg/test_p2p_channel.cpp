@@ -597,6 +597,9 @@ TEST_P(P2pPair, SendsEndingWhenSentNeverOverrunTheRingOfASlowReceiver) {
   for (int i = 0; i < kMessages; ++i) out.push_back(pattern(500 + 97 * i, i));
   for (int i = 0; i < kMessages; ++i) in.emplace_back(out[i].size());
   for (int i = 0; i < kMessages; ++i) sends.push_back(sendEndingWhenSent(0, 1, i < 40 ? 1 : 2 + i % 3, out[i]));
+  // Nothing is received yet: the messages that fit the ring end once sent.
+  const auto ring = static_cast<int>(P2pOptions{}.eager_slots);
+  for (int i = 0; i < ring; ++i) ASSERT_EQ(sends[i].wait_for(5s), std::future_status::ready) << "message " << i;
   for (int i = 0; i < 40; ++i) {
     auto r = recv(1, 0, 1, in[i]);
     ASSERT_TRUE(get(r).ok) << i;
@@ -614,7 +617,12 @@ TEST_P(P2pPair, SendsEndingWhenSentNeverOverrunTheRingOfASlowReceiver) {
   }
   for (auto& f : sends) ASSERT_TRUE(get(f).ok);
   for (int i = 0; i < kMessages; ++i) EXPECT_EQ(in[i], out[i]) << "message " << i;
-  EXPECT_EQ(ranks_[0]->channel->counters().ended_when_sent, static_cast<uint64_t>(kMessages));
+  // The ring's first messages ended once sent. Later ones may have ended
+  // when their receive took them (or gone by credits, when the receive
+  // came first): how many of each depends on the timing, not on the rule.
+  const P2pCounters counters = ranks_[0]->channel->counters();
+  EXPECT_GE(counters.ended_when_sent, static_cast<uint64_t>(ring));
+  EXPECT_LE(counters.ended_when_sent, counters.eager_sent);
 }
 
 TEST_P(P2pPair, UnmatchedReceiveTimesOut) {
