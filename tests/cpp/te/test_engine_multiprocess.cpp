@@ -81,6 +81,16 @@ TEST_P(MultiProcess, PeerKilledMidTransferFailsWithinTheTimeout) {
   EXPECT_NE(engine_.probe(peer_->segment, 500ms), kOk);
 }
 
+// Polls `batch` while it is pending, until `deadline`; returns its last status.
+TransferStatus pollWhilePending(TransferEngine& engine, BatchId batch, std::chrono::steady_clock::time_point deadline) {
+  TransferStatus status;
+  while (engine.getBatchTransferStatus(batch, status) == kOk && status.state == TransferState::kPending &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  return status;
+}
+
 // Submits `requests` as one batch and polls it to its end.
 TransferStatus submitAndWait(TransferEngine& engine, const std::vector<TransferRequest>& requests) {
   const BatchId batch = engine.allocateBatchID(requests.size());
@@ -365,11 +375,7 @@ TEST(MultiProcessStall, AStoppedPeerHoldsUpOnlyItsOwnSmallWrites) {
   // The stopped peer's writes end, timed out, within their deadline.
   const auto limit = std::chrono::steady_clock::now() + config.budgetFor(64) + 2s;
   for (BatchId id : held) {
-    TransferStatus status;
-    while (engine.getBatchTransferStatus(id, status) == kOk && status.state == TransferState::kPending &&
-           std::chrono::steady_clock::now() < limit) {
-      std::this_thread::sleep_for(1ms);
-    }
+    const TransferStatus status = pollWhilePending(engine, id, limit);
     EXPECT_EQ(status.state, TransferState::kTimeout);  // never answered
     engine.freeBatchID(id);
   }
@@ -412,11 +418,7 @@ void expectCanceledWritesToAStoppedPeerEndAtOnce(int workers, size_t slice_bytes
   const auto t0 = std::chrono::steady_clock::now();
   for (BatchId id : batches) ASSERT_EQ(engine.cancelBatch(id), kOk);
   for (BatchId id : batches) {
-    TransferStatus status;
-    while (engine.getBatchTransferStatus(id, status) == kOk && status.state == TransferState::kPending &&
-           std::chrono::steady_clock::now() - t0 < 5s) {
-      std::this_thread::sleep_for(1ms);
-    }
+    const TransferStatus status = pollWhilePending(engine, id, t0 + 5s);
     EXPECT_EQ(status.state, TransferState::kCanceled);
     EXPECT_EQ(status.error, kCanceled);
     EXPECT_EQ(engine.freeBatchID(id), kOk);
@@ -465,21 +467,14 @@ TEST(MultiProcessStall, ACanceledWriteQueuedBehindABusyWorkerEndsAtOnce) {
   EXPECT_EQ(status.state, TransferState::kPending);
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(engine.cancelBatch(queued), kOk);
-  while (engine.getBatchTransferStatus(queued, status) == kOk && status.state == TransferState::kPending &&
-         std::chrono::steady_clock::now() - t0 < 5s) {
-    std::this_thread::sleep_for(1ms);
-  }
+  status = pollWhilePending(engine, queued, t0 + 5s);
   EXPECT_EQ(status.state, TransferState::kCanceled);
   EXPECT_FALSE(status.sent);  // it never left
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
   ASSERT_EQ(engine.getBatchTransferStatus(held, status), kOk);
   EXPECT_EQ(status.state, TransferState::kPending);  // still held up by the peer
   ASSERT_EQ(engine.cancelBatch(held), kOk);
-  const auto limit = std::chrono::steady_clock::now() + 5s;
-  while (engine.getBatchTransferStatus(held, status) == kOk && status.state == TransferState::kPending &&
-         std::chrono::steady_clock::now() < limit) {
-    std::this_thread::sleep_for(1ms);
-  }
+  status = pollWhilePending(engine, held, std::chrono::steady_clock::now() + 5s);
   EXPECT_EQ(status.state, TransferState::kCanceled);
   EXPECT_EQ(engine.freeBatchID(held), kOk);
   EXPECT_EQ(engine.freeBatchID(queued), kOk);
