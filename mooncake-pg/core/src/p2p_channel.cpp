@@ -1155,11 +1155,8 @@ void P2pChannel::Impl::endWhenSent(int peer, SendOp& op) {
   lane.ended_unconfirmed |= 1ull << (op.eager_seq % 64);
   peers_[peer].last_progress = Clock::now();
   ended_when_sent_.fetch_add(1, std::memory_order_relaxed);
-  forgetWritesOf(&op);
   auto mine = std::find_if(lane.ops.begin(), lane.ops.end(), [&](const SendOp& o) { return &o == &op; });
-  Done done = std::move(op.done);
-  lane.ops.erase(mine);
-  done(OpResult{});
+  endSend(lane.ops, mine, OpResult{}, /*cancel=*/false);  // its write read the eager ring, not the caller's buffer
 }
 
 void P2pChannel::Impl::drainWrites() {
