@@ -3,7 +3,8 @@
 //   send  one block per global expert e (destination rank d = e / L): scans
 //         this rank's tokens in order, and writes each token that picked e
 //         into d's region, slot (parity, local expert, this rank, n-th token
-//         that picked e); then publishes the count with the call's sequence.
+//         that picked e, or the caller's pick_slots); then publishes the
+//         count with the call's sequence.
 //         Slots in token order make every (source, expert) segment ordered by
 //         token, deterministically, without atomics.
 //   wait  one block: waits for every (local expert, source) signal, bounded;
@@ -44,6 +45,15 @@ __device__ __forceinline__ bool picks(const int64_t* topk_idx, int token, int nu
   return false;
 }
 
+// The caller's slot of `token`'s pick of `expert` (DispatchArgs::pick_slots), -1 without one.
+__device__ __forceinline__ int givenSlot(const DispatchArgs& args, int token, int expert) {
+  const size_t first = static_cast<size_t>(token) * args.num_topk;
+  for (int k = 0; k < args.num_topk; ++k) {
+    if (args.topk_idx[first + k] == expert) return args.pick_slots[first + k];
+  }
+  return -1;
+}
+
 __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const DispatchArgs& args) {
   const RegionLayout& lay = ctx.layout;
   const int expert = blockIdx.x, dest = expert / lay.L, le = expert % lay.L;
@@ -63,20 +73,31 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
   const int per_block = (args.num_tokens + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
   const int first_token = min(args.num_tokens, static_cast<int>(blockIdx.y) * per_block);
   const int end_token = min(args.num_tokens, first_token + per_block);
+  // With the caller's pick_slots the slots are given: nothing to count.
   int picked_before = 0;
-  for (int base = 0; base < first_token; base += kSendThreads) {
+  for (int base = 0; args.pick_slots == nullptr && base < first_token; base += kSendThreads) {
     const int token = base + threadIdx.x;
     picked_before += __syncthreads_count(token < first_token && picks(args.topk_idx, token, args.num_topk, expert));
   }
   __shared__ int warp_totals[kWarps];
   __shared__ int chunk_tokens[kSendThreads];
+  __shared__ int chunk_slots[kSendThreads];  // with pick_slots: each row's slot
   __shared__ int sent_before;  // tokens before this chunk of the loop that picked `expert`
   if (threadIdx.x == 0) sent_before = picked_before;
   __syncthreads();
   for (int base = first_token; base < end_token; base += kSendThreads) {
     // Slot of each picking token in this chunk: an exclusive scan in token order.
     const int token = base + threadIdx.x;
-    const bool picked = token < end_token && picks(args.topk_idx, token, args.num_topk, expert);
+    int slot = -1;  // with pick_slots: this token's row at the expert (a slot outside [0, T) is not sent)
+    bool picked = false;
+    if (token < end_token) {
+      if (args.pick_slots != nullptr) {
+        slot = givenSlot(args, token, expert);
+        picked = slot >= 0 && slot < lay.T;
+      } else {
+        picked = picks(args.topk_idx, token, args.num_topk, expert);
+      }
+    }
     const unsigned ballot = __ballot_sync(0xffffffffu, picked);
     if (lane == 0) warp_totals[warp] = __popc(ballot);
     __syncthreads();
@@ -85,11 +106,16 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
       before += w < warp ? warp_totals[w] : 0;
       total += warp_totals[w];
     }
-    if (picked) chunk_tokens[before + __popc(ballot & ((1u << lane) - 1))] = token;
+    if (picked) {
+      const int at = before + __popc(ballot & ((1u << lane) - 1));
+      chunk_tokens[at] = token;
+      chunk_slots[at] = slot;
+    }
     __syncthreads();
     for (int i = warp; i < total; i += kWarps) {
       const int t = chunk_tokens[i];
-      char* message = region + lay.dispatchMessage(parity, le, ctx.rank, sent_before + i);
+      const int row = args.pick_slots != nullptr ? chunk_slots[i] : sent_before + i;
+      char* message = region + lay.dispatchMessage(parity, le, ctx.rank, row);
       const auto* src = static_cast<const __nv_bfloat16*>(args.x) + static_cast<size_t>(t) * lay.H;
       if (lane == 0) *reinterpret_cast<int32_t*>(message) = t;
       char* payload = message + kMessageHeaderBytes;
@@ -241,7 +267,11 @@ cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args,
                            cudaStream_t stream) {
   // Each launch checked at once: a kernel whose predecessor failed to launch is not enqueued.
   if (stages != EpStages::kReceiveOnly) {
-    const dim3 grid(ctx.layout.E, sendChunks(ctx.layout.E, args.num_tokens));
+    // Given slots, a block need not count the tokens before its own: smaller blocks pay.
+    constexpr int kRowsPerChunkWithSlots = 32;
+    const dim3 grid(ctx.layout.E, args.pick_slots != nullptr
+                                      ? sendChunks(ctx.layout.E, args.num_tokens, kRowsPerChunkWithSlots)
+                                      : sendChunks(ctx.layout.E, args.num_tokens));
     dispatch<<<grid, kSendThreads, 0, stream>>>(ctx, args, DispatchPhase::kSend);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   }

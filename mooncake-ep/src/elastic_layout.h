@@ -58,6 +58,14 @@ __host__ __device__ inline void uniqueDestinations(const int8_t* dests, int num_
   }
 }
 
+// Where rank d (a destination of the token) stands in uniqueDestinations'
+// output: after the picks without a destination and those on lower ranks.
+__host__ __device__ inline int uniquePosition(const int8_t* dests, int num_topk, int d) {
+  int before = 0;
+  for (int j = 0; j < num_topk; ++j) before += dests[j] < d ? 1 : 0;
+  return before;
+}
+
 // Where a row's bytes come from: the send tail of token t is bytes
 // [head, head + tail_bytes) of its row (ipc_rows.RowFormat): the payload
 // (only when it is not sent as the head), the scales, zeros up to `ids_at`,

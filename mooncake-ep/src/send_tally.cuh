@@ -52,10 +52,12 @@ __device__ __forceinline__ bool publishFromChunks(char* dest_region, size_t sign
 
 // Blocks per destination for a send kernel over `experts` destinations and
 // at most `rows` rows each: about two waves on an H200's 132 SMs when there
-// are few destinations, at least 128 rows a block; one block each from 132
-// destinations up (every block then has its own SM already).
-inline int sendChunks(int experts, int rows) {
-  constexpr int kTargetBlocks = 264, kRowsPerChunk = 128;
+// are few destinations, at least `rows_per_chunk` rows a block (a block that
+// counts the tokens before its own first needs more rows to pay for that);
+// one block each from 132 destinations up (every block then has its own SM).
+inline int sendChunks(int experts, int rows, int rows_per_chunk = 128) {
+  constexpr int kTargetBlocks = 264;
+  const int kRowsPerChunk = rows_per_chunk < 1 ? 1 : rows_per_chunk;
   if (experts <= 0 || experts >= kTargetBlocks / 2) return 1;
   const int by_rows = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
   const int by_blocks = kTargetBlocks / experts;

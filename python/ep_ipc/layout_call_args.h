@@ -17,8 +17,9 @@ T* address(uintptr_t value) {
 }
 
 inline cuda::SendLayoutArgs sendLayoutArgs(uintptr_t topk_idx, int num_tokens, int num_topk, int num_local,
-                                           int num_ranks, uintptr_t dest, uintptr_t token_index, uintptr_t counts,
-                                           int count_words, uintptr_t shape, int shape_words) {
+                                           int num_ranks, uintptr_t dest, uintptr_t dest_slots, uintptr_t token_index,
+                                           uintptr_t counts, int count_words, uintptr_t shape, int shape_words,
+                                           uintptr_t tile_counts, int64_t tile_count_words) {
   cuda::SendLayoutArgs a;
   a.topk_idx = address<const int64_t>(topk_idx);
   a.num_tokens = num_tokens;
@@ -26,11 +27,14 @@ inline cuda::SendLayoutArgs sendLayoutArgs(uintptr_t topk_idx, int num_tokens, i
   a.num_local = num_local;
   a.num_ranks = num_ranks;
   a.dest = address<int64_t>(dest);
+  a.dest_slots = address<int32_t>(dest_slots);
   a.token_index = address<int32_t>(token_index);
   a.counts = address<int32_t>(counts);
   a.count_words = count_words;
   a.shape = address<const int32_t>(shape);
   a.shape_words = shape_words;
+  a.tile_counts = address<int32_t>(tile_counts);
+  a.tile_count_words = tile_count_words;
   return a;
 }
 

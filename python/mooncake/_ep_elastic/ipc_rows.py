@@ -99,9 +99,10 @@ class KernelRows:
         self.device = device
 
     def dispatch(self, head: torch.Tensor | None, tail: torch.Tensor, dest: torch.Tensor, mask: torch.Tensor,
-                 zeroed_rows: int):
+                 zeroed_rows: int, slots: torch.Tensor | None = None):
         """Rows of ``head`` ([N, h] bytes, or None) then ``tail`` ([N, t]
-        bytes) to the ranks of ``dest``. Returns the rows received at capacity,
+        bytes) to the ranks of ``dest``; ``slots`` (``SendLayout.dest_slots``,
+        or None: the kernels count) says where each row goes among this rank's. Returns the rows received at capacity,
         as head ([C, h], None without) and tail ([C, t]), each source's in
         token order (then zeros up to row ``zeroed_rows``; past those, what
         the buffers held), the source token of each row and
@@ -117,7 +118,8 @@ class KernelRows:
         self.group.dispatch_bytes(head.data_ptr() if head is not None else 0, head_bytes, tail.data_ptr(),
                                   tail.size(1), dest.data_ptr(), tail.size(0), dest.size(1), mask.data_ptr(),
                                   self.timeout_us, recv_head.data_ptr(), recv_tail.data_ptr(), zeroed_rows,
-                                  count.data_ptr(), src_token.data_ptr(), ranges.data_ptr(), stream, "all")
+                                  count.data_ptr(), src_token.data_ptr(), ranges.data_ptr(), stream, "all",
+                                  slots.data_ptr() if slots is not None else 0)
         return recv_head if head is not None else None, recv_tail, src_token, ranges
 
     def combine(self, y: torch.Tensor, src_token: torch.Tensor, ranges: torch.Tensor, dest: torch.Tensor,
@@ -143,6 +145,7 @@ class IpcRouting:
     hidden: int
     num_topk: int
     dest: torch.Tensor  # [N, k] destination ranks, each once, ascending (-1: none)
+    dest_slots: torch.Tensor  # [N, k] each row's place among this rank's at its destination (SendLayout's)
     src_token: torch.Tensor  # the kernels' handle: token index at the source of each received row
     ranges: torch.Tensor  # the kernels' handle: (begin << 32) | count per source
     capacity: int  # C = R * num_max_tokens_per_rank: rows of the layout at capacity
@@ -211,7 +214,8 @@ class IpcRowsPath:
         # Rows past the received ones are cut (do_cpu_sync), or read through
         # the expansion, which never picks them; else they are the output's zeros.
         recv_head, recv_tail, src_token, ranges = self.transport.dispatch(
-            sent.head, sent.tail, dest, mask, zeroed_rows=0 if do_cpu_sync or do_expand else capacity)
+            sent.head, sent.tail, dest, mask, zeroed_rows=0 if do_cpu_sync or do_expand else capacity,
+            slots=sent.dest_slots)
         received = ReceivedRows(row, recv_head, recv_tail, capacity)
         got = layout.receive(sent, gathered, ranges, src_token, received, me, num_local, tokens_per_rank,
                              topk_weights is not None)
@@ -252,7 +256,7 @@ class IpcRowsPath:
             local, meta = local[:num_recv], meta[:num_recv]
 
         routing = IpcRouting(generation=self.generation, num_tokens=num_tokens, hidden=hidden, num_topk=num_topk,
-                             dest=dest, src_token=src_token, ranges=ranges, capacity=capacity, num_recv=num_recv,
+                             dest=dest, dest_slots=sent.dest_slots, src_token=src_token, ranges=ranges, capacity=capacity, num_recv=num_recv,
                              recv_topk_idx=local, expansion=expansion, expanded_rows=expanded_rows,
                              trimmed=do_cpu_sync)
         handle = EPHandle(
@@ -313,7 +317,8 @@ class IpcRowsPath:
         head, tail = self._layout(data.device).send_rows(data, sf, row)
         recv_head, recv_tail, _, _ = self.transport.dispatch(
             head, tail, routing.dest, self._mask(data.device),
-            zeroed_rows=0 if routing.trimmed or routing.expansion is not None else routing.capacity)
+            zeroed_rows=0 if routing.trimmed or routing.expansion is not None else routing.capacity,
+            slots=routing.dest_slots)
         real = torch.arange(routing.capacity, device=data.device) < (routing.ranges.view(-1) & 0xFFFFFFFF).sum()
         recv_x = ReceivedRows(row, recv_head, recv_tail, routing.capacity).payload(data, sf, real, routing.expansion)
         if routing.trimmed:

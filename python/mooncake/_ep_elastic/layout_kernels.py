@@ -23,6 +23,7 @@ from . import rows_layout as rl
 LAYOUT_ENV = "MOONCAKE_EP_ELASTIC_LAYOUT"
 VECTOR_BYTES = 16  # the EP kernels copy rows in 16-byte vectors
 MAX_KERNEL_TOPK = 32  # kMaxLayoutTopk (mooncake/ep/cuda/elastic_layout.h)
+SEND_TILE_TOKENS = 256  # kLayoutSendTileTokens (the same header; layout_send refuses a smaller scratch)
 
 
 def layout_for(device: torch.device, num_topk: int = 0):
@@ -69,6 +70,9 @@ def gather_row(values: torch.Tensor) -> torch.Tensor:
 class SendLayout:
     """What a dispatch sends, from this rank's picks."""
     dest: torch.Tensor  # [N, k] int64: destination ranks, each once, ascending (-1: none)
+    # [N, k] int32 beside dest: the token's row among those this rank sends to
+    # that destination (-1 where none): the EP kernels' pick_slots.
+    dest_slots: torch.Tensor
     counts_row: torch.Tensor  # gather_row of the tokens sent to each rank ([R] int32), then the call's shape
     head: torch.Tensor | None  # [N, head] bytes: the payload itself, or None (all in the tail)
     tail: torch.Tensor  # [N, tail] bytes
@@ -135,7 +139,8 @@ class TorchLayout:
         goes_to = rl.destination_table(dest, num_ranks)
         head, tail = self.send_rows(data, sf, row, topk_idx, topk_weights)
         counts_row = gather_row(torch.cat([goes_to.sum(dim=0).to(torch.int32), shape]))
-        return SendLayout(dest=dest, counts_row=counts_row, head=head, tail=tail, topk_idx=topk_idx,
+        dest_slots = rl.index_among_sent(dest, goes_to).to(torch.int32)
+        return SendLayout(dest=dest, dest_slots=dest_slots, counts_row=counts_row, head=head, tail=tail, topk_idx=topk_idx,
                           slot_state=(by_dest, goes_to), num_ranks=num_ranks)
 
     def receive(self, sent: SendLayout, gathered: Gathered, ranges, src_token, received, rank: int, num_local: int,
@@ -208,17 +213,22 @@ class KernelLayout:
         shape = shape.to(torch.int32).contiguous()
         num_tokens, num_topk = topk.shape
         dest = torch.empty(num_tokens, num_topk, dtype=torch.int64, device=device)
+        dest_slots = torch.empty(num_tokens, num_topk, dtype=torch.int32, device=device)
         token_index = torch.empty(num_tokens, num_topk, dtype=torch.int32, device=device)
         words = num_ranks + shape.numel()
         counts_row = torch.empty(1, -(-4 * words // VECTOR_BYTES) * VECTOR_BYTES, dtype=torch.uint8, device=device)
+        tile_counts = torch.empty(max(1, -(-num_tokens // SEND_TILE_TOKENS)) * num_ranks, dtype=torch.int32,
+                                  device=device)
         with self._on(device):
             self._kernels().layout_send(topk_idx=_address(topk), num_tokens=num_tokens, num_topk=num_topk,
                                         num_local=num_local, num_ranks=num_ranks, dest=_address(dest),
+                                        dest_slots=_address(dest_slots),
                                         token_index=_address(token_index), counts=_address(counts_row),
                                         count_words=counts_row.size(1) // 4, shape=_address(shape),
-                                        shape_words=shape.numel(), stream=self._stream(device))
+                                        shape_words=shape.numel(), tile_counts=_address(tile_counts),
+                                        tile_count_words=tile_counts.numel(), stream=self._stream(device))
         head, tail = self.send_rows(data, sf, row, topk, topk_weights)
-        return SendLayout(dest=dest, counts_row=counts_row, head=head, tail=tail, topk_idx=topk,
+        return SendLayout(dest=dest, dest_slots=dest_slots, counts_row=counts_row, head=head, tail=tail, topk_idx=topk,
                           slot_state=token_index, num_ranks=num_ranks)
 
     def receive(self, sent: SendLayout, gathered: Gathered, ranges, src_token, received, rank: int, num_local: int,

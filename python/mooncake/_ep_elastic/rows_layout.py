@@ -43,14 +43,21 @@ def destination_table(dest: torch.Tensor, num_ranks: int) -> torch.Tensor:
     return table[:, :num_ranks]
 
 
+def index_among_sent(dest_of_pick: torch.Tensor, goes_to: torch.Tensor) -> torch.Tensor:
+    """[N, k] int64: each pick's token's index among this rank's tokens sent
+    to the pick's destination, in token order (-1 for a pick without one).
+    ``dest_of_pick``: a destination per pick, -1 for none (``picks_by_destination``
+    or ``unique_destinations``); ``goes_to``: ``destination_table``."""
+    within = torch.cumsum(goes_to.to(torch.int64), 0) - 1  # [N, R]
+    valid = dest_of_pick >= 0
+    return torch.where(valid, torch.gather(within, 1, torch.where(valid, dest_of_pick, 0)), -1)
+
+
 def dst_slots(dest_of_pick: torch.Tensor, goes_to: torch.Tensor, my_begin: torch.Tensor) -> torch.Tensor:
     """[N, k] int32: the row at its destination of each pick's token (-1 for a -1 pick).
-    ``dest_of_pick``: the destination of each pick, -1 for none; ``goes_to``:
-    ``destination_table``; ``my_begin[d]``: where this rank's block starts at d."""
-    within = torch.cumsum(goes_to.to(torch.int64), 0) - 1  # [N, R]: the token's index among those sent to d
+    ``my_begin[d]``: where this rank's block starts at d; the rest as ``index_among_sent``."""
     valid = dest_of_pick >= 0
-    owner = torch.where(valid, dest_of_pick, 0)
-    slots = my_begin[owner] + torch.gather(within, 1, owner)
+    slots = my_begin[torch.where(valid, dest_of_pick, 0)] + index_among_sent(dest_of_pick, goes_to)
     return torch.where(valid, slots, -1).to(torch.int32)
 
 

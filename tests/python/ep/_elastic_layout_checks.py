@@ -111,6 +111,7 @@ def check_case(case, kernels, device):
         mine = kernels.send(data, sf, row, topk, w, num_local, world, shape)
         ref = TORCH.send(data, sf, row, topk, w, num_local, world, shape)
         assert_same("dest", mine.dest, ref.dest)
+        assert_same("dest slots", mine.dest_slots, ref.dest_slots)
         assert_same("counts and shape", mine.counts_row, ref.counts_row)
         assert_same("head", mine.head, ref.head)
         assert_same("tail", defined_tail(mine.tail, row, with_weights), defined_tail(ref.tail, row, with_weights))

@@ -25,7 +25,7 @@ class EmulatedRows:
                                input_split_sizes=send_counts, group=self.group)
         return recv
 
-    def dispatch(self, head, tail, dest, mask, zeroed_rows):
+    def dispatch(self, head, tail, dest, mask, zeroed_rows, slots=None):
         del mask  # nothing times out here
         self.calls.append("dispatch")
         num_ranks = self.num_ranks
@@ -39,6 +39,12 @@ class EmulatedRows:
         goes_to = rl.destination_table(dest, num_ranks)
         to_rank, token = torch.nonzero(goes_to.t(), as_tuple=True)  # by destination, then token
         send_counts = goes_to.sum(dim=0)
+        if slots is not None:  # the kernels put each row where its slot says: it must be the n-th row to that rank
+            n = torch.arange(to_rank.numel()) - (torch.cumsum(send_counts, 0) - send_counts)[to_rank]
+            column = (dest[token] == to_rank.unsqueeze(1)).to(torch.int32).argmax(dim=1)
+            want = torch.full(dest.shape, -1, dtype=torch.int32)
+            want[token, column] = n.to(torch.int32)
+            assert torch.equal(slots.cpu(), want), "pick_slots: not each row's index among those sent to its rank"
         table = torch.empty(num_ranks * num_ranks, dtype=torch.int64)
         dist.all_gather_into_tensor(table, send_counts, group=self.group)
         counts = table.view(num_ranks, num_ranks)[:, self.rank]

@@ -37,6 +37,7 @@ unsigned __ballot_sync(unsigned lanes, int predicate);
 unsigned __shfl_xor_sync(unsigned lanes, unsigned value, int lane_mask);
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int __ffs(int v) { return __builtin_ffs(v); }
+int atomicAdd(int* at, int value);
 unsigned atomicAdd(unsigned* at, unsigned value);
 unsigned long long atomicAdd(unsigned long long* at, unsigned long long value);
 

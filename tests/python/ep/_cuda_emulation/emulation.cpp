@@ -54,6 +54,8 @@ unsigned __shfl_xor_sync(unsigned /*lanes*/, unsigned value, int lane_mask) {
   return exchange(value, [from](const unsigned* v) { return v[from]; });
 }
 
+int atomicAdd(int* at, int value) { return __atomic_fetch_add(at, value, __ATOMIC_SEQ_CST); }
+
 unsigned atomicAdd(unsigned* at, unsigned value) { return __atomic_fetch_add(at, value, __ATOMIC_SEQ_CST); }
 
 unsigned long long atomicAdd(unsigned long long* at, unsigned long long value) {
@@ -95,11 +97,13 @@ int report(bool ok, const std::string& error) {
 using namespace mooncake::ep;
 
 extern "C" int emulated_layout_send(uintptr_t topk_idx, int num_tokens, int num_topk, int num_local, int num_ranks,
-                                    uintptr_t dest, uintptr_t token_index, uintptr_t counts, int count_words,
-                                    uintptr_t shape, int shape_words) {
+                                    uintptr_t dest, uintptr_t dest_slots, uintptr_t token_index, uintptr_t counts,
+                                    int count_words, uintptr_t shape, int shape_words, uintptr_t tile_counts,
+                                    int64_t tile_count_words) {
   std::string error;
   return report(cuda::layoutSend(python::sendLayoutArgs(topk_idx, num_tokens, num_topk, num_local, num_ranks, dest,
-                                                        token_index, counts, count_words, shape, shape_words),
+                                                        dest_slots, token_index, counts, count_words, shape,
+                                                        shape_words, tile_counts, tile_count_words),
                                  nullptr, &error),
                 error);
 }

@@ -14,16 +14,30 @@
 
 namespace mooncake::ep::cuda {
 
-// Picks per token that layoutSend takes (a tile of 1024 tokens' destinations
-// in 32 KB of shared memory); python/mooncake/_ep_elastic/layout_kernels.py
+// Picks per token that layoutSend takes (a tile's destinations, one byte
+// each, in shared memory); python/mooncake/_ep_elastic/layout_kernels.py
 // keeps larger calls on the torch form.
 constexpr int kMaxLayoutTopk = 32;
+
+// layoutSend's tokens per thread block: the tiles run side by side, each
+// counts its tokens per rank into SendLayoutArgs::tile_counts, and a second
+// launch adds the earlier tiles' counts (python's SEND_TILE_TOKENS).
+constexpr int kLayoutSendTileTokens = 256;
+
+// int32 words of SendLayoutArgs::tile_counts a call of num_tokens needs.
+inline int64_t layoutSendScratchWords(int64_t num_tokens, int num_ranks) {
+  const int64_t tiles = num_tokens > 0 ? (num_tokens + kLayoutSendTileTokens - 1) / kLayoutSendTileTokens : 1;
+  return tiles * num_ranks;
+}
 
 // From this rank's top-k picks, before the rows are sent.
 struct SendLayoutArgs {
   const int64_t* topk_idx = nullptr;                               // [N, k] global expert ids (-1: none)
   int num_tokens = 0, num_topk = 0, num_local = 0, num_ranks = 0;  // num_ranks <= kMaxEpRanks
   int64_t* dest = nullptr;         // out [N, k]: destination ranks, each once, ascending, repeats -1
+  // out [N, k], beside dest: the token's index among those sent to dest's
+  // rank (-1 where dest is -1), the EP kernels' DispatchArgs::pick_slots.
+  int32_t* dest_slots = nullptr;
   int32_t* token_index = nullptr;  // out [N, k]: the token's index among those sent to the pick's rank (-1: none)
   // out [count_words]: the row the counts are gathered in: tokens sent to
   // each rank ([R]), then `shape` ([shape_words], the call's shape), then zeros.
@@ -31,6 +45,8 @@ struct SendLayoutArgs {
   int count_words = 0;  // >= num_ranks + shape_words
   const int32_t* shape = nullptr;
   int shape_words = 0;
+  int32_t* tile_counts = nullptr;  // scratch: layoutSendScratchWords(num_tokens, num_ranks) words, any contents
+  int64_t tile_count_words = 0;
 };
 
 // The rows' staged tail (bytes [head, head + tail_bytes) of each row, see

@@ -79,6 +79,11 @@ struct DispatchArgs {
   int32_t* src_info = nullptr;     // [L, S]: token index at the source rank; -1 past the count
   int64_t* layout_range = nullptr;  // [L, R]: (begin << 32) | count of each source's rows
   ByteRows bytes;                   // enabled: x and recv_x as its fields say (not with use_fp8)
+  // [num_tokens, num_topk] or null: each pick's slot at its expert, the
+  // token's index among this rank's tokens that picked the expert, in token
+  // order (-1 for a -1 pick). A caller that has them (ElasticBuffer's layout
+  // kernels) spares the send blocks counting the tokens before their own.
+  const int32_t* pick_slots = nullptr;
 };
 
 // Inputs and outputs of combine. y, src_info and layout_range are in the row
