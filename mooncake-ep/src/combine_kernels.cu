@@ -10,6 +10,8 @@
 //           w[t, k] * row(expert of pick k, t), float32 multiply then add,
 //           rounded to bf16 once; picks that are -1 or whose owner is masked
 //           (after the wait) are skipped. The collective path's arithmetic.
+//           Warp 0 finds the picks that count (findPicks); each thread loads
+//           kRowsInFlight rows' vectors before it adds them.
 // The send phase is the call's first half, wait and reduce its second
 // (EpStages); each half takes its call number from the device counters.
 #include <cuda_bf16.h>
@@ -96,37 +98,93 @@ __device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const Comb
   }
 }
 
+// A token's picks that contribute, in k order: where each one's row is in
+// the region, and its weight. Warp 0 finds them, kPickBatch picks at a time,
+// once per block: every thread then reads them from shared memory, instead
+// of each thread loading every pick's id, mask word and weight (dependent
+// loads, one after another) before each row it adds.
+constexpr int kPickBatch = kWarp;
+constexpr int kMaxReducePasses = 2;  // 16-byte vectors per thread: hidden <= 8192 with 512 threads
+constexpr int kRowsInFlight = 4;     // rows whose vectors a thread loads before it adds them
+
+struct PickBatch {
+  size_t row_offset[kPickBatch];
+  float weight[kPickBatch];
+  int count;
+};
+
+// By warp 0: the contributing picks of [first, first + kPickBatch) into `batch`, in k order.
+__device__ __forceinline__ void findPicks(const EpKernelContext& ctx, const CombineArgs& args, int token, int first,
+                                          int parity, PickBatch& batch) {
+  const RegionLayout& lay = ctx.layout;
+  const int lane = threadIdx.x % kWarp, k = first + lane;
+  bool live = false;
+  int64_t expert = -1;
+  if (k < args.num_topk) {
+    expert = args.topk_idx[static_cast<size_t>(token) * args.num_topk + k];
+    // Entries outside [0, E) are not checked on the host (that would
+    // synchronise): they count as -1 here, never as an address.
+    live = expert >= 0 && expert < lay.E && loadActive(args.active_ranks + expert / lay.L) != 0;
+  }
+  const unsigned ballot = __ballot_sync(0xffffffffu, live);
+  if (live) {
+    const int at = __popc(ballot & ((1u << lane) - 1));
+    batch.row_offset[at] = lay.combineRow(parity, static_cast<int>(expert), token);
+    batch.weight[at] = args.topk_weights[static_cast<size_t>(token) * args.num_topk + k];
+  }
+  if (lane == 0) batch.count = __popc(ballot);
+}
+
 __device__ __forceinline__ void reducePhase(const EpKernelContext& ctx, const CombineArgs& args) {
   const RegionLayout& lay = ctx.layout;
   const int token = blockIdx.x;
-  const bool self_active = loadActive(args.active_ranks + ctx.rank) != 0;
   const char* region = ctx.regions[ctx.rank];
   const int parity = static_cast<int>(receivedSequence(&ctx.counters->combine) & 1);
   const int channels = channelsOf(args, lay);
-  for (int c = threadIdx.x * kChannelsPerThread; c < channels; c += blockDim.x * kChannelsPerThread) {
-    float acc[kChannelsPerThread];
-    for (int i = 0; i < kChannelsPerThread; ++i) acc[i] = 0.0f;
-    for (int k = 0; self_active && k < args.num_topk; ++k) {
-      const int64_t expert = args.topk_idx[static_cast<size_t>(token) * args.num_topk + k];
-      // Entries outside [0, E) are not checked on the host (that would
-      // synchronise): they count as -1 here, never as an address.
-      if (expert < 0 || expert >= lay.E || loadActive(args.active_ranks + expert / lay.L) == 0) continue;
-      const float w = args.topk_weights[static_cast<size_t>(token) * args.num_topk + k];
-      // Written by the owner before its signal, which the wait kernel
-      // acquired before this kernel began (stream order). Loaded through L2
-      // only, where the owner's stores land, never from a stale L1 line.
-      const int4 raw = __ldcg(reinterpret_cast<const int4*>(
-          region + lay.combineRow(parity, static_cast<int>(expert), token) + static_cast<size_t>(c) * 2));
-      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-      for (int i = 0; i < kChannelsPerThread / 2; ++i) {
-        // Multiply, then add, each rounded: never fused into an FMA.
-        acc[2 * i] = __fadd_rn(acc[2 * i], __fmul_rn(__low2float(pairs[i]), w));
-        acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], __fmul_rn(__high2float(pairs[i]), w));
+  __shared__ PickBatch batch;
+  __shared__ bool self_active;  // read once: every thread must take the same barriers
+  if (threadIdx.x == 0) self_active = loadActive(args.active_ranks + ctx.rank) != 0;
+  __syncthreads();
+  const int picks = self_active ? args.num_topk : 0;
+  const bool one_batch = picks <= kPickBatch;  // then found once, for every pass
+  const int passes = (channels / kChannelsPerThread + static_cast<int>(blockDim.x) - 1) / static_cast<int>(blockDim.x);
+  for (int pass = 0; pass < passes; ++pass) {
+    const int c = (threadIdx.x + pass * static_cast<int>(blockDim.x)) * kChannelsPerThread;
+    float acc[kChannelsPerThread] = {};
+    for (int first = 0; first < picks; first += kPickBatch) {
+      if (pass == 0 || !one_batch) {
+        if (threadIdx.x < kWarp) findPicks(ctx, args, token, first, parity, batch);
+        __syncthreads();
       }
+      for (int i = 0; c < channels && i < batch.count; i += kRowsInFlight) {
+        // Written by the owner before its signal, which the wait kernel
+        // acquired before this kernel began (stream order). Loaded through L2
+        // only, where the owner's stores land, never from a stale L1 line.
+        int4 raw[kRowsInFlight];
+#pragma unroll
+        for (int u = 0; u < kRowsInFlight; ++u) {
+          if (i + u < batch.count) {
+            raw[u] = __ldcg(reinterpret_cast<const int4*>(region + batch.row_offset[i + u] + static_cast<size_t>(c) * 2));
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kRowsInFlight; ++u) {
+          if (i + u >= batch.count) break;
+          const float w = batch.weight[i + u];
+          const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+          for (int j = 0; j < kChannelsPerThread / 2; ++j) {
+            // Multiply, then add, each rounded, in k order: never fused into an FMA.
+            acc[2 * j] = __fadd_rn(acc[2 * j], __fmul_rn(__low2float(pairs[j]), w));
+            acc[2 * j + 1] = __fadd_rn(acc[2 * j + 1], __fmul_rn(__high2float(pairs[j]), w));
+          }
+        }
+      }
+      if (!one_batch) __syncthreads();  // the batch read by every thread before warp 0 finds the next
     }
+    if (c >= channels) continue;
     int4 packed;
     __nv_bfloat162* out_pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
-    for (int i = 0; i < kChannelsPerThread / 2; ++i) out_pairs[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+    for (int j = 0; j < kChannelsPerThread / 2; ++j) out_pairs[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
     *reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(args.out) + static_cast<size_t>(token) * channels + c) = packed;
   }
 }
@@ -149,14 +207,19 @@ cudaError_t launchCombine(const EpKernelContext& ctx, const CombineArgs& args, E
                           cudaStream_t stream) {
   // Each launch checked at once: a kernel whose predecessor failed to launch is not enqueued.
   if (stages != EpStages::kReceiveOnly) {
-    const dim3 grid(ctx.layout.E, sendChunks(ctx.layout.E, ctx.layout.T));
+    // No block counts anything before its rows here: blocks of 32 rows pay.
+    constexpr int kRowsPerChunk = 32;
+    const dim3 grid(ctx.layout.E, sendChunks(ctx.layout.E, ctx.layout.T, kRowsPerChunk));
     combine<<<grid, kSendThreads, 0, stream>>>(ctx, args, CombinePhase::kSend);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess || stages == EpStages::kSendOnly) return err;
   }
   combine<<<1, kWaitThreads, 0, stream>>>(ctx, args, CombinePhase::kWait);
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   if (args.num_tokens > 0) {
-    const int threads = std::min(kMaxThreads, channelsOf(args, ctx.layout) / kChannelsPerThread);
+    // A warp at least (warp 0 finds each token's picks), every vector in kMaxReducePasses.
+    const int vectors = channelsOf(args, ctx.layout) / kChannelsPerThread;
+    const int threads = std::max(kWarp, std::min(kMaxThreads, vectors));
+    if (vectors > threads * kMaxReducePasses) return cudaErrorInvalidValue;
     combine<<<args.num_tokens, threads, 0, stream>>>(ctx, args, CombinePhase::kReduce);
   }
   return cudaGetLastError();
