@@ -1137,9 +1137,7 @@ bool P2pChannel::Impl::reapWrites() {
     if (op.landed == op.total && op.in_flight == 0) {
       SendLane& lane = send_lanes_[peer];
       auto mine = std::find_if(lane.ops.begin(), lane.ops.end(), [&](const SendOp& o) { return &o == &op; });
-      Done finished = std::move(op.done);
-      lane.ops.erase(mine);
-      finished(OpResult{});
+      endSend(lane.ops, mine, OpResult{}, /*cancel=*/false);  // no write of it is in flight: it ends now
     }
     // Test only: the write's reply is lost after it landed; the message
     // stands, the peer counts as unreachable for what comes next.
