@@ -54,7 +54,11 @@ __device__ __forceinline__ int givenSlot(const DispatchArgs& args, int token, in
   return -1;
 }
 
-__device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const DispatchArgs& args) {
+// `self_by_reference`: rows for this rank itself travel only as their
+// headers; the copy phase reads their bytes from the caller's x and tail
+// (one copy instead of two). Only for byte rows enqueued whole (EpStages::kAll):
+// a receive half enqueued later could find x already reused.
+__device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const DispatchArgs& args, bool self_by_reference) {
   const RegionLayout& lay = ctx.layout;
   const int expert = blockIdx.x, dest = expert / lay.L, le = expert % lay.L;
   CallCounters* counters = &ctx.counters->dispatch;
@@ -119,6 +123,7 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
       const auto* src = static_cast<const __nv_bfloat16*>(args.x) + static_cast<size_t>(t) * lay.H;
       if (lane == 0) *reinterpret_cast<int32_t*>(message) = t;
       char* payload = message + kMessageHeaderBytes;
+      if (self_by_reference && dest == ctx.rank) continue;  // the header says which token: copied from x
       if (args.use_fp8) {
         quantizeTokenWarp(src, reinterpret_cast<uint8_t*>(payload), reinterpret_cast<float*>(payload + lay.H), lay.H,
                           lane);
@@ -181,7 +186,7 @@ __device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const Disp
   }
 }
 
-__device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const DispatchArgs& args) {
+__device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const DispatchArgs& args, bool self_by_reference) {
   const RegionLayout& lay = ctx.layout;
   const int le = blockIdx.x, src = blockIdx.y;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -198,9 +203,16 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
   for (int i = first; i < count; i += stride) {
     const char* message = region + lay.dispatchMessage(parity, le, src, i);
     const size_t row = le * rows_per_expert + begin + i;
-    if (lane == 0) args.src_info[row] = __ldcg(reinterpret_cast<const int32_t*>(message));
+    const int32_t token = __ldcg(reinterpret_cast<const int32_t*>(message));
+    if (lane == 0) args.src_info[row] = token;
     const char* payload = message + kMessageHeaderBytes;
-    if (args.use_fp8) {
+    if (self_by_reference && src == ctx.rank) {  // only the header came: the bytes are this rank's own inputs
+      const ByteRows& b = args.bytes;
+      warpCopy(static_cast<char*>(args.recv_x) + row * b.head_bytes, static_cast<const char*>(args.x) + token * b.head_bytes,
+               b.head_bytes, lane);
+      warpCopy(static_cast<char*>(b.recv_tail) + row * b.tail_bytes,
+               static_cast<const char*>(b.tail) + token * b.tail_bytes, b.tail_bytes, lane);
+    } else if (args.use_fp8) {
       warpCopy(static_cast<uint8_t*>(args.recv_x) + row * lay.H, payload, lay.H, lane, L2Load());
       const float* scales = reinterpret_cast<const float*>(payload + lay.H);
       for (int g = lane; g < lay.H / kChannelsPerScale; g += kWarp) {
@@ -253,11 +265,12 @@ int copyChunks(const RegionLayout& lay) {
 // same for every thread of a launch): a profiler then shows all of a
 // dispatch's GPU time in one row named "dispatch", as the benchmark helpers of
 // DeepEP and the reference expect (exactly one row per operation name).
-__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) dispatch(EpKernelContext ctx, DispatchArgs args, DispatchPhase phase) {
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
+    dispatch(EpKernelContext ctx, DispatchArgs args, DispatchPhase phase, bool self_by_reference) {
   switch (phase) {
-    case DispatchPhase::kSend: sendPhase(ctx, args); break;
+    case DispatchPhase::kSend: sendPhase(ctx, args, self_by_reference); break;
     case DispatchPhase::kWait: waitPhase(ctx, args); break;
-    case DispatchPhase::kCopy: copyPhase(ctx, args); break;
+    case DispatchPhase::kCopy: copyPhase(ctx, args, self_by_reference); break;
   }
 }
 
@@ -266,20 +279,21 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) dispatch(EpKernelCont
 cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args, EpStages stages,
                            cudaStream_t stream) {
   // Each launch checked at once: a kernel whose predecessor failed to launch is not enqueued.
+  const bool self_by_reference = stages == EpStages::kAll && args.bytes.enabled;
   if (stages != EpStages::kReceiveOnly) {
     // Given slots, a block need not count the tokens before its own: smaller blocks pay.
     constexpr int kRowsPerChunkWithSlots = 32;
     const dim3 grid(ctx.layout.E, args.pick_slots != nullptr
                                       ? sendChunks(ctx.layout.E, args.num_tokens, kRowsPerChunkWithSlots)
                                       : sendChunks(ctx.layout.E, args.num_tokens));
-    dispatch<<<grid, kSendThreads, 0, stream>>>(ctx, args, DispatchPhase::kSend);
+    dispatch<<<grid, kSendThreads, 0, stream>>>(ctx, args, DispatchPhase::kSend, self_by_reference);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   }
   if (stages != EpStages::kSendOnly) {
-    dispatch<<<1, kWaitThreads, 0, stream>>>(ctx, args, DispatchPhase::kWait);
+    dispatch<<<1, kWaitThreads, 0, stream>>>(ctx, args, DispatchPhase::kWait, self_by_reference);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     dispatch<<<dim3(ctx.layout.L, ctx.layout.R, copyChunks(ctx.layout)), kCopyThreads, 0, stream>>>(
-        ctx, args, DispatchPhase::kCopy);
+        ctx, args, DispatchPhase::kCopy, self_by_reference);
   }
   return cudaGetLastError();
 }
