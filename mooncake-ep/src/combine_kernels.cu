@@ -38,7 +38,11 @@ __host__ __device__ __forceinline__ int channelsOf(const CombineArgs& args, cons
   return args.channels > 0 ? args.channels : lay.H;
 }
 
-__device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const CombineArgs& args) {
+// `self_by_reference`: a row for this rank itself does not travel; its slot
+// holds the row's index in y instead, and the reduce reads y there (one copy
+// fewer). Only for calls enqueued whole (EpStages::kAll): a receive half
+// enqueued later could find y already reused.
+__device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const CombineArgs& args, bool self_by_reference) {
   const RegionLayout& lay = ctx.layout;
   const int dest = blockIdx.x / lay.L, le = blockIdx.x % lay.L;
   CallCounters* counters = &ctx.counters->combine;
@@ -67,6 +71,10 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Comb
     const size_t row = le * rows_per_expert + begin + i;
     const int token = args.src_info[row];
     if (token < 0 || token >= lay.T) continue;  // not a dispatch handle's row: never write out of the slot table
+    if (self_by_reference && dest == ctx.rank) {
+      if (lane == 0) *reinterpret_cast<int64_t*>(region + lay.combineRow(parity, expert, token)) = static_cast<int64_t>(row);
+      continue;
+    }
     warpCopy(region + lay.combineRow(parity, expert, token), static_cast<const __nv_bfloat16*>(args.y) + row * channels,
              2 * static_cast<size_t>(channels), lane);
   }
@@ -108,14 +116,14 @@ constexpr int kMaxReducePasses = 2;  // 16-byte vectors per thread: hidden <= 81
 constexpr int kRowsInFlight = 4;     // rows whose vectors a thread loads before it adds them
 
 struct PickBatch {
-  size_t row_offset[kPickBatch];
+  const char* row[kPickBatch];  // in the region, or y's own row (self_by_reference)
   float weight[kPickBatch];
   int count;
 };
 
 // By warp 0: the contributing picks of [first, first + kPickBatch) into `batch`, in k order.
 __device__ __forceinline__ void findPicks(const EpKernelContext& ctx, const CombineArgs& args, int token, int first,
-                                          int parity, PickBatch& batch) {
+                                          int parity, bool self_by_reference, PickBatch& batch) {
   const RegionLayout& lay = ctx.layout;
   const int lane = threadIdx.x % kWarp, k = first + lane;
   bool live = false;
@@ -129,16 +137,20 @@ __device__ __forceinline__ void findPicks(const EpKernelContext& ctx, const Comb
   const unsigned ballot = __ballot_sync(0xffffffffu, live);
   if (live) {
     const int at = __popc(ballot & ((1u << lane) - 1));
-    batch.row_offset[at] = lay.combineRow(parity, static_cast<int>(expert), token);
+    const char* slot = ctx.regions[ctx.rank] + lay.combineRow(parity, static_cast<int>(expert), token);
+    if (self_by_reference && expert / lay.L == ctx.rank) {  // the slot holds the row's index in y (sendPhase)
+      const int64_t y_row = __ldcg(reinterpret_cast<const long long*>(slot));
+      slot = static_cast<const char*>(args.y) + static_cast<size_t>(y_row) * channelsOf(args, lay) * 2;
+    }
+    batch.row[at] = slot;
     batch.weight[at] = args.topk_weights[static_cast<size_t>(token) * args.num_topk + k];
   }
   if (lane == 0) batch.count = __popc(ballot);
 }
 
-__device__ __forceinline__ void reducePhase(const EpKernelContext& ctx, const CombineArgs& args) {
+__device__ __forceinline__ void reducePhase(const EpKernelContext& ctx, const CombineArgs& args, bool self_by_reference) {
   const RegionLayout& lay = ctx.layout;
   const int token = blockIdx.x;
-  const char* region = ctx.regions[ctx.rank];
   const int parity = static_cast<int>(receivedSequence(&ctx.counters->combine) & 1);
   const int channels = channelsOf(args, lay);
   __shared__ PickBatch batch;
@@ -153,7 +165,7 @@ __device__ __forceinline__ void reducePhase(const EpKernelContext& ctx, const Co
     float acc[kChannelsPerThread] = {};
     for (int first = 0; first < picks; first += kPickBatch) {
       if (pass == 0 || !one_batch) {
-        if (threadIdx.x < kWarp) findPicks(ctx, args, token, first, parity, batch);
+        if (threadIdx.x < kWarp) findPicks(ctx, args, token, first, parity, self_by_reference, batch);
         __syncthreads();
       }
       for (int i = 0; c < channels && i < batch.count; i += kRowsInFlight) {
@@ -164,7 +176,7 @@ __device__ __forceinline__ void reducePhase(const EpKernelContext& ctx, const Co
 #pragma unroll
         for (int u = 0; u < kRowsInFlight; ++u) {
           if (i + u < batch.count) {
-            raw[u] = __ldcg(reinterpret_cast<const int4*>(region + batch.row_offset[i + u] + static_cast<size_t>(c) * 2));
+            raw[u] = __ldcg(reinterpret_cast<const int4*>(batch.row[i + u] + static_cast<size_t>(c) * 2));
           }
         }
 #pragma unroll
@@ -193,11 +205,12 @@ enum class CombinePhase : int { kSend, kWait, kReduce };
 
 // One kernel, launched once per phase: one profiler row named "combine" (see
 // `dispatch` in dispatch_kernels.cu).
-__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) combine(EpKernelContext ctx, CombineArgs args, CombinePhase phase) {
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
+    combine(EpKernelContext ctx, CombineArgs args, CombinePhase phase, bool self_by_reference) {
   switch (phase) {
-    case CombinePhase::kSend: sendPhase(ctx, args); break;
+    case CombinePhase::kSend: sendPhase(ctx, args, self_by_reference); break;
     case CombinePhase::kWait: waitPhase(ctx, args); break;
-    case CombinePhase::kReduce: reducePhase(ctx, args); break;
+    case CombinePhase::kReduce: reducePhase(ctx, args, self_by_reference); break;
   }
 }
 
@@ -206,21 +219,22 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) combine(EpKernelConte
 cudaError_t launchCombine(const EpKernelContext& ctx, const CombineArgs& args, EpStages stages,
                           cudaStream_t stream) {
   // Each launch checked at once: a kernel whose predecessor failed to launch is not enqueued.
+  const bool self_by_reference = stages == EpStages::kAll;
   if (stages != EpStages::kReceiveOnly) {
     // No block counts anything before its rows here: blocks of 32 rows pay.
     constexpr int kRowsPerChunk = 32;
     const dim3 grid(ctx.layout.E, sendChunks(ctx.layout.E, ctx.layout.T, kRowsPerChunk));
-    combine<<<grid, kSendThreads, 0, stream>>>(ctx, args, CombinePhase::kSend);
+    combine<<<grid, kSendThreads, 0, stream>>>(ctx, args, CombinePhase::kSend, self_by_reference);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess || stages == EpStages::kSendOnly) return err;
   }
-  combine<<<1, kWaitThreads, 0, stream>>>(ctx, args, CombinePhase::kWait);
+  combine<<<1, kWaitThreads, 0, stream>>>(ctx, args, CombinePhase::kWait, self_by_reference);
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   if (args.num_tokens > 0) {
     // A warp at least (warp 0 finds each token's picks), every vector in kMaxReducePasses.
     const int vectors = channelsOf(args, ctx.layout) / kChannelsPerThread;
     const int threads = std::max(kWarp, std::min(kMaxThreads, vectors));
     if (vectors > threads * kMaxReducePasses) return cudaErrorInvalidValue;
-    combine<<<args.num_tokens, threads, 0, stream>>>(ctx, args, CombinePhase::kReduce);
+    combine<<<args.num_tokens, threads, 0, stream>>>(ctx, args, CombinePhase::kReduce, self_by_reference);
   }
   return cudaGetLastError();
 }
