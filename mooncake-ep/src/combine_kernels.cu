@@ -139,8 +139,12 @@ __device__ __forceinline__ void findPicks(const EpKernelContext& ctx, const Comb
     const int at = __popc(ballot & ((1u << lane) - 1));
     const char* slot = ctx.regions[ctx.rank] + lay.combineRow(parity, static_cast<int>(expert), token);
     if (self_by_reference && expert / lay.L == ctx.rank) {  // the slot holds the row's index in y (sendPhase)
+      // A row index outside y (a slot this call's send did not write: a caller's protocol error) is never
+      // an address: the slot's own bytes are read then, as for any peer's unwritten slot.
       const int64_t y_row = __ldcg(reinterpret_cast<const long long*>(slot));
-      slot = static_cast<const char*>(args.y) + static_cast<size_t>(y_row) * channelsOf(args, lay) * 2;
+      if (y_row >= 0 && y_row < static_cast<int64_t>(lay.L) * lay.R * lay.T) {
+        slot = static_cast<const char*>(args.y) + static_cast<size_t>(y_row) * channelsOf(args, lay) * 2;
+      }
     }
     batch.row[at] = slot;
     batch.weight[at] = args.topk_weights[static_cast<size_t>(token) * args.num_topk + k];

@@ -207,6 +207,7 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
     if (lane == 0) args.src_info[row] = token;
     const char* payload = message + kMessageHeaderBytes;
     if (self_by_reference && src == ctx.rank) {  // only the header came: the bytes are this rank's own inputs
+      if (token < 0 || token >= args.num_tokens) continue;  // never an address outside x
       const ByteRows& b = args.bytes;
       warpCopy(static_cast<char*>(args.recv_x) + row * b.head_bytes, static_cast<const char*>(args.x) + token * b.head_bytes,
                b.head_bytes, lane);
