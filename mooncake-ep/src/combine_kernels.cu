@@ -225,9 +225,8 @@ cudaError_t launchCombine(const EpKernelContext& ctx, const CombineArgs& args, E
   // Each launch checked at once: a kernel whose predecessor failed to launch is not enqueued.
   const bool self_by_reference = stages == EpStages::kAll;
   if (stages != EpStages::kReceiveOnly) {
-    // No block counts anything before its rows here: blocks of 32 rows pay.
-    constexpr int kRowsPerChunk = 32;
-    const dim3 grid(ctx.layout.E, sendChunks(ctx.layout.E, ctx.layout.T, kRowsPerChunk));
+    // No block counts anything before its rows here: small blocks pay.
+    const dim3 grid(ctx.layout.E, sendChunks(ctx.layout.E, ctx.layout.T, kRowsPerChunkNotCounting));
     combine<<<grid, kSendThreads, 0, stream>>>(ctx, args, CombinePhase::kSend, self_by_reference);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess || stages == EpStages::kSendOnly) return err;
   }

@@ -38,18 +38,11 @@ constexpr int kMaxThreads = 512;
 constexpr int kMinBlocks = 3;
 constexpr int kWarp = 32;
 
-__device__ __forceinline__ bool picks(const int64_t* topk_idx, int token, int num_topk, int expert) {
+// Where `token`'s pick of `expert` is in topk_idx ([token, num_topk]), -1 when it has none.
+__device__ __forceinline__ int64_t pickOf(const int64_t* topk_idx, int token, int num_topk, int expert) {
+  const int64_t first = static_cast<int64_t>(token) * num_topk;
   for (int k = 0; k < num_topk; ++k) {
-    if (topk_idx[static_cast<size_t>(token) * num_topk + k] == expert) return true;
-  }
-  return false;
-}
-
-// The caller's slot of `token`'s pick of `expert` (DispatchArgs::pick_slots), -1 without one.
-__device__ __forceinline__ int givenSlot(const DispatchArgs& args, int token, int expert) {
-  const size_t first = static_cast<size_t>(token) * args.num_topk;
-  for (int k = 0; k < args.num_topk; ++k) {
-    if (args.topk_idx[first + k] == expert) return args.pick_slots[first + k];
+    if (topk_idx[first + k] == expert) return first + k;
   }
   return -1;
 }
@@ -81,7 +74,8 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
   int picked_before = 0;
   for (int base = 0; args.pick_slots == nullptr && base < first_token; base += kSendThreads) {
     const int token = base + threadIdx.x;
-    picked_before += __syncthreads_count(token < first_token && picks(args.topk_idx, token, args.num_topk, expert));
+    picked_before +=
+        __syncthreads_count(token < first_token && pickOf(args.topk_idx, token, args.num_topk, expert) >= 0);
   }
   __shared__ int warp_totals[kWarps];
   __shared__ int chunk_tokens[kSendThreads];
@@ -95,11 +89,12 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
     int slot = -1;  // with pick_slots: this token's row at the expert (a slot outside [0, T) is not sent)
     bool picked = false;
     if (token < end_token) {
+      const int64_t pick = pickOf(args.topk_idx, token, args.num_topk, expert);
       if (args.pick_slots != nullptr) {
-        slot = givenSlot(args, token, expert);
+        slot = pick >= 0 ? args.pick_slots[pick] : -1;
         picked = slot >= 0 && slot < lay.T;
       } else {
-        picked = picks(args.topk_idx, token, args.num_topk, expert);
+        picked = pick >= 0;
       }
     }
     const unsigned ballot = __ballot_sync(0xffffffffu, picked);
@@ -283,9 +278,8 @@ cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args,
   const bool self_by_reference = stages == EpStages::kAll && args.bytes.enabled;
   if (stages != EpStages::kReceiveOnly) {
     // Given slots, a block need not count the tokens before its own: smaller blocks pay.
-    constexpr int kRowsPerChunkWithSlots = 32;
     const dim3 grid(ctx.layout.E, args.pick_slots != nullptr
-                                      ? sendChunks(ctx.layout.E, args.num_tokens, kRowsPerChunkWithSlots)
+                                      ? sendChunks(ctx.layout.E, args.num_tokens, kRowsPerChunkNotCounting)
                                       : sendChunks(ctx.layout.E, args.num_tokens));
     dispatch<<<grid, kSendThreads, 0, stream>>>(ctx, args, DispatchPhase::kSend, self_by_reference);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;

@@ -55,11 +55,14 @@ __device__ __forceinline__ bool publishFromChunks(char* dest_region, size_t sign
 // are few destinations, at least `rows_per_chunk` rows a block (a block that
 // counts the tokens before its own first needs more rows to pay for that);
 // one block each from 132 destinations up (every block then has its own SM).
-inline int sendChunks(int experts, int rows, int rows_per_chunk = 128) {
+constexpr int kRowsPerChunkCounting = 128;    // a block that counts the earlier tokens first
+constexpr int kRowsPerChunkNotCounting = 32;  // a block whose rows' places are known (combine, pick_slots)
+
+inline int sendChunks(int experts, int rows, int rows_per_chunk = kRowsPerChunkCounting) {
   constexpr int kTargetBlocks = 264;
-  const int kRowsPerChunk = rows_per_chunk < 1 ? 1 : rows_per_chunk;
+  const int per_chunk = rows_per_chunk < 1 ? 1 : rows_per_chunk;
   if (experts <= 0 || experts >= kTargetBlocks / 2) return 1;
-  const int by_rows = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+  const int by_rows = (rows + per_chunk - 1) / per_chunk;
   const int by_blocks = kTargetBlocks / experts;
   return by_rows < 1 ? 1 : (by_rows < by_blocks ? by_rows : by_blocks);
 }

@@ -102,11 +102,11 @@ class KernelRows:
                  zeroed_rows: int, slots: torch.Tensor | None = None):
         """Rows of ``head`` ([N, h] bytes, or None) then ``tail`` ([N, t]
         bytes) to the ranks of ``dest``; ``slots`` (``SendLayout.dest_slots``,
-        or None: the kernels count) says where each row goes among this rank's. Returns the rows received at capacity,
-        as head ([C, h], None without) and tail ([C, t]), each source's in
-        token order (then zeros up to row ``zeroed_rows``; past those, what
-        the buffers held), the source token of each row and
-        ``(begin << 32) | count`` per source."""
+        or None: the kernels count) says where each row goes among this
+        rank's. Returns the rows received at capacity, as head ([C, h],
+        None without) and tail ([C, t]), each source's in token order (then
+        zeros up to row ``zeroed_rows``; past those, what the buffers held),
+        the source token of each row and ``(begin << 32) | count`` per source."""
         capacity = self.num_ranks * self.tokens
         head_bytes = head.size(1) if head is not None else 0
         recv_head = torch.empty(capacity, head_bytes, dtype=torch.uint8, device=self.device)
@@ -256,9 +256,9 @@ class IpcRowsPath:
             local, meta = local[:num_recv], meta[:num_recv]
 
         routing = IpcRouting(generation=self.generation, num_tokens=num_tokens, hidden=hidden, num_topk=num_topk,
-                             dest=dest, dest_slots=sent.dest_slots, src_token=src_token, ranges=ranges, capacity=capacity, num_recv=num_recv,
-                             recv_topk_idx=local, expansion=expansion, expanded_rows=expanded_rows,
-                             trimmed=do_cpu_sync)
+                             dest=dest, dest_slots=sent.dest_slots, src_token=src_token, ranges=ranges,
+                             capacity=capacity, num_recv=num_recv, recv_topk_idx=local, expansion=expansion,
+                             expanded_rows=expanded_rows, trimmed=do_cpu_sync)
         handle = EPHandle(
             do_expand=do_expand, num_experts=num_experts, expert_alignment=alignment,
             num_max_tokens_per_rank=tokens_per_rank, num_sms=num_sms, topk_idx=topk_idx.clone(),

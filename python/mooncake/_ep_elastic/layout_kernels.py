@@ -140,8 +140,8 @@ class TorchLayout:
         head, tail = self.send_rows(data, sf, row, topk_idx, topk_weights)
         counts_row = gather_row(torch.cat([goes_to.sum(dim=0).to(torch.int32), shape]))
         dest_slots = rl.index_among_sent(dest, goes_to).to(torch.int32)
-        return SendLayout(dest=dest, dest_slots=dest_slots, counts_row=counts_row, head=head, tail=tail, topk_idx=topk_idx,
-                          slot_state=(by_dest, goes_to), num_ranks=num_ranks)
+        return SendLayout(dest=dest, dest_slots=dest_slots, counts_row=counts_row, head=head, tail=tail,
+                          topk_idx=topk_idx, slot_state=(by_dest, goes_to), num_ranks=num_ranks)
 
     def receive(self, sent: SendLayout, gathered: Gathered, ranges, src_token, received, rank: int, num_local: int,
                 tokens_per_rank: int, with_weights: bool) -> ReceiveLayout:
