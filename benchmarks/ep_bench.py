@@ -281,6 +281,28 @@ def _profile(elastic, x, topk, weights, E, T, rank, world, calls=5):
         print(f"[ep_bench] profile, world {world}, T={T} H={x.size(1)} E={E} k={topk.size(1)}, {calls} calls of "
               "dispatch (do_cpu_sync=False) + combine:", file=sys.stderr)
         print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=30), file=sys.stderr, flush=True)
+        try:
+            _print_last_call_timeline(prof)
+        except Exception as e:  # noqa: BLE001 (a profiler without device events: the table above stands)
+            print(f"[ep_bench] no kernel timeline: {e}", file=sys.stderr)
+
+
+def _print_last_call_timeline(prof):
+    """The last dispatch + combine as launches in device order: start (µs
+    after the call's first kernel) and duration. One kernel name covers an
+    operation's send, wait and copy/reduce launches; this tells them apart,
+    and shows the gaps and the time spent waiting for peers."""
+    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and e.time_range.elapsed_us() > 0),
+                     key=lambda e: e.time_range.start)
+    starts = [i for i, e in enumerate(kernels) if "sendTileKernel" in e.name]
+    if not starts:
+        return
+    last = kernels[starts[-1]:]
+    t0 = last[0].time_range.start
+    print("[ep_bench] the last call's kernels in device order: start_us duration_us name", file=sys.stderr)
+    for e in last:
+        print(f"  {e.time_range.start - t0:9.1f} {e.time_range.elapsed_us():9.1f}  {e.name[:90]}", file=sys.stderr)
+    sys.stderr.flush()
 
 
 def _run_world(world, args):
