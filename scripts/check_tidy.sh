@@ -14,7 +14,9 @@ import json, subprocess, sys, os
 changed = subprocess.run(["git", "diff", "--name-only", "--diff-filter=ACMR", sys.argv[1], "--", "*.cpp"],
                          capture_output=True, text=True, check=True).stdout.split()
 compiled = {os.path.realpath(c["file"]) for c in json.load(open("build/compile_commands.json"))}
-print("\n".join(f for f in changed if os.path.realpath(f) in compiled))
+for f in changed:
+    if os.path.realpath(f) in compiled:
+        print(f)
 PY
 )
 if [ ${#files[@]} -eq 0 ]; then
