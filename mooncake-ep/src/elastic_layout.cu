@@ -13,7 +13,8 @@
 //   sendTail       one thread per 16 bytes of the rows' staged tails.
 //   layoutReceive  one thread per received row (local picks, weights,
 //                  metadata, picks per local expert), then one per pick of
-//                  this rank's tokens (dst_buffer_slot_idx).
+//                  this rank's tokens (dst_buffer_slot_idx); the last block
+//                  to finish writes the picks' prefix sums per expert.
 // Why kernels: the same layout as ~60 small tensor operations took longer
 // than the EP kernels themselves (docs/benchmarks/ep_cuda.md).
 #include <algorithm>
@@ -167,6 +168,45 @@ __global__ void sendTailKernel(layout::TailSources s, int64_t num_tokens, uint8_
   }
 }
 
+// The block that finishes last (a ticket taken after each block's additions
+// to per_expert, fenced: the threadFenceReduction pattern) turns the counts
+// into their inclusive prefix sums, as int32: the handle's
+// psum_num_recv_tokens_per_expert without a scan and a cast of torch's after
+// the kernel. Each thread sums a run of experts, thread 0 scans the runs.
+__device__ __forceinline__ void writeExpertPsumInLastBlock(const ReceiveLayoutArgs& a) {
+  __shared__ bool last;
+  __shared__ int64_t run_begin[kRowThreads];
+  const int tid = static_cast<int>(threadIdx.x);
+  __threadfence();  // this thread's additions to per_expert before the ticket
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(a.finished_blocks, 1ull) + 1 == gridDim.x;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // the other blocks' additions, seen after their tickets
+  const int run = (a.num_local + kRowThreads - 1) / kRowThreads;
+  const int first = tid * run, end = first + run < a.num_local ? first + run : a.num_local;
+  // Read where the atomics landed (L2), never a stale L1 line.
+  const volatile int64_t* counts = a.per_expert;
+  int64_t sum = 0;
+  for (int e = first; e < end; ++e) sum += counts[e];
+  run_begin[tid] = sum;
+  __syncthreads();
+  if (tid == 0) {
+    int64_t before = 0;
+    for (int t = 0; t < kRowThreads; ++t) {
+      const int64_t runs_sum = run_begin[t];
+      run_begin[t] = before;
+      before += runs_sum;
+    }
+  }
+  __syncthreads();
+  int64_t psum = run_begin[tid];
+  for (int e = first; e < end; ++e) {
+    psum += counts[e];
+    a.expert_psum[e] = static_cast<int32_t>(psum);
+  }
+}
+
 __global__ void __launch_bounds__(kRowThreads) receiveLayoutKernel(ReceiveLayoutArgs a, bool shared_counts) {
   extern __shared__ uint32_t expert_counts[];  // [L] this block's picks per local expert, when shared_counts
   __shared__ int64_t ends[kMaxEpRanks];
@@ -245,6 +285,7 @@ __global__ void __launch_bounds__(kRowThreads) receiveLayoutKernel(ReceiveLayout
       }
     }
   }
+  writeExpertPsumInLastBlock(a);
 }
 
 bool launched(const char* what, std::string* error) {
@@ -321,6 +362,9 @@ bool layoutReceive(const ReceiveLayoutArgs& a, cudaStream_t stream, std::string*
   if (a.tail_bytes % 16 != 0 || a.ids_at < 0 || a.ids_at % 4 != 0 || a.ids_at + fields > a.tail_bytes ||
       (a.weights != nullptr && (a.weights_at < 0 || a.weights_at % 4 != 0 || a.weights_at + fields > a.tail_bytes))) {
     return refuse("layoutReceive: the ids and weights are not 4-byte aligned fields of the rows", error);
+  }
+  if (a.per_expert == nullptr || a.expert_psum == nullptr || a.finished_blocks == nullptr) {
+    return refuse("layoutReceive: per_expert, expert_psum and finished_blocks are required", error);
   }
   const bool shared_counts = a.num_local <= kMaxSharedExperts;
   const size_t shared_bytes = shared_counts ? sizeof(uint32_t) * a.num_local : 0;

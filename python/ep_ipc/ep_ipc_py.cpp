@@ -123,24 +123,26 @@ void defineLayoutKernels(py::module_& m) {
          uintptr_t gathered_ranges, int num_tokens, uintptr_t ranges, uintptr_t src_token, uintptr_t recv_tail,
          int64_t tail_bytes, int64_t ids_at, int64_t weights_at, int64_t capacity, int num_topk, int num_local,
          int num_ranks, int rank, int tokens_per_rank, uintptr_t slots, uintptr_t real, uintptr_t local,
-         uintptr_t weights, uintptr_t metadata, uintptr_t per_expert, uintptr_t scaleup_psum, uintptr_t stream) {
+         uintptr_t weights, uintptr_t metadata, uintptr_t per_expert, uintptr_t expert_psum, uintptr_t scaleup_psum,
+         uintptr_t finished_blocks, uintptr_t stream) {
         std::string error;
-        raiseUnless(
-            layoutReceive(receiveLayoutArgs(topk_idx, token_index, gathered, gathered_stride, gathered_ranges,
-                                            num_tokens, ranges, src_token, recv_tail, tail_bytes, ids_at, weights_at,
-                                            capacity, num_topk, num_local, num_ranks, rank, tokens_per_rank, slots,
-                                            real, local, weights, metadata, per_expert, scaleup_psum),
-                          streamOf(stream), &error),
-            error);
+        raiseUnless(layoutReceive(
+                        receiveLayoutArgs(topk_idx, token_index, gathered, gathered_stride, gathered_ranges, num_tokens,
+                                          ranges, src_token, recv_tail, tail_bytes, ids_at, weights_at, capacity,
+                                          num_topk, num_local, num_ranks, rank, tokens_per_rank, slots, real, local,
+                                          weights, metadata, per_expert, expert_psum, scaleup_psum, finished_blocks),
+                        streamOf(stream), &error),
+                    error);
       },
       py::arg("topk_idx"), py::arg("token_index"), py::arg("gathered"), py::arg("gathered_stride"),
       py::arg("gathered_ranges"), py::arg("num_tokens"), py::arg("ranges"), py::arg("src_token"), py::arg("recv_tail"),
       py::arg("tail_bytes"), py::arg("ids_at"), py::arg("weights_at"), py::arg("capacity"), py::arg("num_topk"),
       py::arg("num_local"), py::arg("num_ranks"), py::arg("rank"), py::arg("tokens_per_rank"), py::arg("slots"),
       py::arg("real"), py::arg("local"), py::arg("weights"), py::arg("metadata"), py::arg("per_expert"),
-      py::arg("scaleup_psum"), py::arg("stream"),
+      py::arg("expert_psum"), py::arg("scaleup_psum"), py::arg("finished_blocks"), py::arg("stream"),
       "The received rows' layout (offsets in the tail; weights 0 / weights_at -1 without weights), with every "
-      "rank's counts as gathered (rows of gathered_stride int32, gathered_ranges per source); per_expert is added to");
+      "rank's counts as gathered (rows of gathered_stride int32, gathered_ranges per source); per_expert is added to "
+      "and finished_blocks counted in (zero both first), expert_psum is per_expert's inclusive prefix sums");
 }
 
 }  // namespace

@@ -57,14 +57,12 @@ inline cuda::SendTailArgs sendTailArgs(uintptr_t payload, int64_t payload_bytes,
   return a;
 }
 
-inline cuda::ReceiveLayoutArgs receiveLayoutArgs(uintptr_t topk_idx, uintptr_t token_index, uintptr_t gathered,
-                                                 int64_t gathered_stride, uintptr_t gathered_ranges, int num_tokens,
-                                                 uintptr_t ranges, uintptr_t src_token, uintptr_t recv_tail,
-                                                 int64_t tail_bytes, int64_t ids_at, int64_t weights_at,
-                                                 int64_t capacity, int num_topk, int num_local, int num_ranks, int rank,
-                                                 int tokens_per_rank, uintptr_t slots, uintptr_t real, uintptr_t local,
-                                                 uintptr_t weights, uintptr_t metadata, uintptr_t per_expert,
-                                                 uintptr_t scaleup_psum) {
+inline cuda::ReceiveLayoutArgs receiveLayoutArgs(
+    uintptr_t topk_idx, uintptr_t token_index, uintptr_t gathered, int64_t gathered_stride, uintptr_t gathered_ranges,
+    int num_tokens, uintptr_t ranges, uintptr_t src_token, uintptr_t recv_tail, int64_t tail_bytes, int64_t ids_at,
+    int64_t weights_at, int64_t capacity, int num_topk, int num_local, int num_ranks, int rank, int tokens_per_rank,
+    uintptr_t slots, uintptr_t real, uintptr_t local, uintptr_t weights, uintptr_t metadata, uintptr_t per_expert,
+    uintptr_t expert_psum, uintptr_t scaleup_psum, uintptr_t finished_blocks) {
   cuda::ReceiveLayoutArgs a;
   a.topk_idx = address<const int64_t>(topk_idx);
   a.token_index = address<const int32_t>(token_index);
@@ -90,7 +88,9 @@ inline cuda::ReceiveLayoutArgs receiveLayoutArgs(uintptr_t topk_idx, uintptr_t t
   a.weights = address<float>(weights);
   a.metadata = address<int32_t>(metadata);
   a.per_expert = address<int64_t>(per_expert);
+  a.expert_psum = address<int32_t>(expert_psum);
   a.scaleup_psum = address<int32_t>(scaleup_psum);
+  a.finished_blocks = address<unsigned long long>(finished_blocks);
   return a;
 }
 

@@ -223,8 +223,7 @@ class IpcRowsPath:
 
         expansion = rl.expand(local, num_local, alignment) if do_expand else None
         if expansion is None:
-            per_expert = got.per_expert
-            expert_psum = torch.cumsum(per_expert, 0)
+            per_expert, expert_psum = got.per_expert, got.expert_psum
             recv_x = received.payload(data, sf, got.real, None)
             recv_w = weights
         else:

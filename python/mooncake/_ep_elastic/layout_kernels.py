@@ -95,6 +95,7 @@ class ReceiveLayout:
     weights: torch.Tensor | None  # [C, k] float32 (0 where no pick is here)
     metadata: torch.Tensor  # [C, k + 2] int32, columns 2.. -1 (the expanded slots go there)
     per_expert: torch.Tensor  # [L] int64: picks per local expert
+    expert_psum: torch.Tensor  # [L] int32: its inclusive prefix sums (the handle's psum_num_recv_tokens_per_expert)
     scaleup_psum: torch.Tensor  # [R] int32: inclusive prefix sums of the rows per source
 
 
@@ -154,12 +155,13 @@ class TorchLayout:
         rx = rl.received(recv_count, src_token.view(-1)[:capacity])
         ids = received.field(row.ids, row.weights).view(torch.int32).to(torch.int64)
         local = rl.local_picks(ids, rx.real, rank, num_local)
+        per_expert = rl.per_expert_counts(local, num_local)
         weights = None
         if with_weights:
             weights = torch.where(local >= 0, received.field(row.weights, row.bytes).view(torch.float32), 0.0)
         return ReceiveLayout(slots=slots, real=rx.real, local=local, weights=weights,
                              metadata=rl.metadata(rx, local, tokens_per_rank, None),
-                             per_expert=rl.per_expert_counts(local, num_local),
+                             per_expert=per_expert, expert_psum=torch.cumsum(per_expert, 0).to(torch.int32),
                              scaleup_psum=torch.cumsum(recv_count, 0).to(torch.int32))
 
 
@@ -237,13 +239,16 @@ class KernelLayout:
         capacity, device = tail.size(0), tail.device
         num_tokens, num_topk = sent.topk_idx.shape
         num_ranks = gathered.ranges.numel()
+        # One zeroing for what the kernel adds to: the counts per expert, then its count of finished blocks.
+        added_to = torch.zeros(num_local + 1, dtype=torch.int64, device=device)
         out = ReceiveLayout(
             slots=torch.empty(num_tokens, num_topk, dtype=torch.int32, device=device),
             real=torch.empty(capacity, dtype=torch.bool, device=device),
             local=torch.empty(capacity, num_topk, dtype=torch.int64, device=device),
             weights=torch.empty(capacity, num_topk, dtype=torch.float32, device=device) if with_weights else None,
             metadata=torch.empty(capacity, num_topk + 2, dtype=torch.int32, device=device),
-            per_expert=torch.zeros(num_local, dtype=torch.int64, device=device),  # the kernel adds to it
+            per_expert=added_to[:num_local],
+            expert_psum=torch.empty(num_local, dtype=torch.int32, device=device),
             scaleup_psum=torch.empty(num_ranks, dtype=torch.int32, device=device))
         # The kernel reads rows by their stride: the received tensors are whole, contiguous buffers.
         assert tail.is_contiguous() and ranges.is_contiguous() and src_token.is_contiguous()
@@ -258,7 +263,8 @@ class KernelLayout:
                 capacity=capacity, num_topk=num_topk, num_local=num_local, num_ranks=num_ranks, rank=rank,
                 tokens_per_rank=tokens_per_rank, slots=_address(out.slots), real=_address(out.real),
                 local=_address(out.local), weights=_address(out.weights), metadata=_address(out.metadata),
-                per_expert=_address(out.per_expert), scaleup_psum=_address(out.scaleup_psum),
+                per_expert=_address(out.per_expert), expert_psum=_address(out.expert_psum),
+                scaleup_psum=_address(out.scaleup_psum), finished_blocks=_address(added_to[num_local:]),
                 stream=self._stream(device))
         return out
 

@@ -91,6 +91,7 @@ CASES = [
     (3, 0, 128, 4, 2, False, True, None),  # no tokens anywhere
     (2, 1030, 128, 6, 8, False, True, None),  # more than one tile of the send scan
     (3, 2100, 128, 9, 3, False, True, 1),  # three tiles
+    (1, 20, 128, 4, 600, False, True, None),  # more local experts than a block's threads: runs of 3 in the psum
     (2, 40, 128, 32, 16, True, True, None),  # the most picks the kernels take
 ]
 
@@ -141,7 +142,7 @@ def check_case(case, kernels, device):
         mine, ref, _ = calls[me]  # the handle's slots are the receiving rank's own as a sender
         got = kernels.receive(mine, gathered, ranges, src_token, received, me, num_local, tokens_per_rank, with_weights)
         want = TORCH.receive(ref, gathered, ranges, src_token, received, me, num_local, tokens_per_rank, with_weights)
-        for name in ("slots", "real", "local", "weights", "metadata", "per_expert", "scaleup_psum"):
+        for name in ("slots", "real", "local", "weights", "metadata", "per_expert", "expert_psum", "scaleup_psum"):
             assert_same(name, getattr(got, name), getattr(want, name))
         # The expansion (torch on both) reads the kernels' local picks: the same.
         for alignment in (1, 4):

@@ -37,7 +37,8 @@ _CALLS = {
                        ("ranges", _U), ("src_token", _U), ("recv_tail", _U), ("tail_bytes", _L), ("ids_at", _L),
                        ("weights_at", _L), ("capacity", _L), ("num_topk", _I), ("num_local", _I), ("num_ranks", _I),
                        ("rank", _I), ("tokens_per_rank", _I), ("slots", _U), ("real", _U), ("local", _U),
-                       ("weights", _U), ("metadata", _U), ("per_expert", _U), ("scaleup_psum", _U)],
+                       ("weights", _U), ("metadata", _U), ("per_expert", _U), ("expert_psum", _U),
+                       ("scaleup_psum", _U), ("finished_blocks", _U)],
 }
 
 

@@ -12,6 +12,7 @@
 #define __host__
 #define __device__
 #define __global__
+#define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static  // the blocks run one at a time: one copy serves each in turn
 
@@ -40,6 +41,7 @@ inline int __ffs(int v) { return __builtin_ffs(v); }
 int atomicAdd(int* at, int value);
 unsigned atomicAdd(unsigned* at, unsigned value);
 unsigned long long atomicAdd(unsigned long long* at, unsigned long long value);
+void __threadfence();
 
 // `extern __shared__ T name[]` becomes `T* name = emulatedDynamicShared<T>()`.
 void* emulatedDynamicSharedBytes();

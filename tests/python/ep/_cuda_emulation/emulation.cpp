@@ -58,6 +58,8 @@ int atomicAdd(int* at, int value) { return __atomic_fetch_add(at, value, __ATOMI
 
 unsigned atomicAdd(unsigned* at, unsigned value) { return __atomic_fetch_add(at, value, __ATOMIC_SEQ_CST); }
 
+void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
 unsigned long long atomicAdd(unsigned long long* at, unsigned long long value) {
   return __atomic_fetch_add(at, value, __ATOMIC_SEQ_CST);
 }
@@ -124,13 +126,14 @@ extern "C" int emulated_layout_receive(uintptr_t topk_idx, uintptr_t token_index
                                        int64_t ids_at, int64_t weights_at, int64_t capacity, int num_topk,
                                        int num_local, int num_ranks, int rank, int tokens_per_rank, uintptr_t slots,
                                        uintptr_t real, uintptr_t local, uintptr_t weights, uintptr_t metadata,
-                                       uintptr_t per_expert, uintptr_t scaleup_psum) {
+                                       uintptr_t per_expert, uintptr_t expert_psum, uintptr_t scaleup_psum,
+                                       uintptr_t finished_blocks) {
   std::string error;
-  return report(cuda::layoutReceive(
-                    python::receiveLayoutArgs(topk_idx, token_index, gathered, gathered_stride, gathered_ranges,
-                                              num_tokens, ranges, src_token, recv_tail, tail_bytes, ids_at, weights_at,
-                                              capacity, num_topk, num_local, num_ranks, rank, tokens_per_rank, slots,
-                                              real, local, weights, metadata, per_expert, scaleup_psum),
-                    nullptr, &error),
+  return report(cuda::layoutReceive(python::receiveLayoutArgs(
+                                        topk_idx, token_index, gathered, gathered_stride, gathered_ranges, num_tokens,
+                                        ranges, src_token, recv_tail, tail_bytes, ids_at, weights_at, capacity,
+                                        num_topk, num_local, num_ranks, rank, tokens_per_rank, slots, real, local,
+                                        weights, metadata, per_expert, expert_psum, scaleup_psum, finished_blocks),
+                                    nullptr, &error),
                 error);
 }

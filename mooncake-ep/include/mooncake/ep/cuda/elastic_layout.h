@@ -4,7 +4,8 @@
 // captures them). A dispatch enqueues layoutSend and sendTail before the EP
 // kernels' calls and layoutReceive after them. Addresses are device memory;
 // every output is written whole by each call (graph replays need no zeroing),
-// except ReceiveLayoutArgs::per_expert, which the caller zeroes.
+// except ReceiveLayoutArgs::per_expert and finished_blocks, which the caller
+// zeroes.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -88,7 +89,10 @@ struct ReceiveLayoutArgs {
   float* weights = nullptr;         // [C, k] its weight (0 where none), or null
   int32_t* metadata = nullptr;      // [C, k + 2] source * T + token, picks here, then -1 (the caller may fill slots)
   int64_t* per_expert = nullptr;    // [L] picks per local expert, added to (zero it first)
+  int32_t* expert_psum = nullptr;   // [L] inclusive prefix sums of per_expert (after the additions)
   int32_t* scaleup_psum = nullptr;  // [R] inclusive prefix sums of the received counts
+  // Scratch: the blocks that finished (zero it first, with per_expert); the last one writes expert_psum.
+  unsigned long long* finished_blocks = nullptr;
 };
 
 // Each returns false with *error set when the launch fails or the sizes are out of range.
