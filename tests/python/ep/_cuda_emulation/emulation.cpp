@@ -58,11 +58,11 @@ int atomicAdd(int* at, int value) { return __atomic_fetch_add(at, value, __ATOMI
 
 unsigned atomicAdd(unsigned* at, unsigned value) { return __atomic_fetch_add(at, value, __ATOMIC_SEQ_CST); }
 
-void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-
 unsigned long long atomicAdd(unsigned long long* at, unsigned long long value) {
   return __atomic_fetch_add(at, value, __ATOMIC_SEQ_CST);
 }
+
+void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 void* emulatedDynamicSharedBytes() { return dynamic_shared.data(); }
 
