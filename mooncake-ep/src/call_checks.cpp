@@ -17,6 +17,9 @@ std::string checkGroupSizes(int rank, int num_ranks, const EpIpcGroupOptions& o)
   if (o.num_experts < num_ranks || o.num_experts % num_ranks != 0) {
     return "num_experts must be a positive multiple of the number of ranks";
   }
+  if (o.output_slots < 0 || (o.output_slots > 0 && o.num_experts != num_ranks)) {
+    return "output_slots must be >= 0, and 0 unless num_experts equals the number of ranks";
+  }
   return {};
 }
 
@@ -43,6 +46,23 @@ std::string checkByteRows(const DispatchArgs& args, const RegionLayout& layout) 
   return {};
 }
 
+// The rules of DispatchArgs::direct (ep_ipc_group.h).
+std::string checkDirectHeads(const DispatchArgs& args, const RegionLayout& layout) {
+  const DirectHeads& d = args.direct;
+  if (layout.O == 0) return "direct heads need a group opened with output slots";
+  if (!args.bytes.enabled || args.pick_slots == nullptr) return "direct heads go with byte rows and pick_slots";
+  if (d.gathered_ranges == nullptr || d.gathered_stride < layout.R + 1 || d.slot_word < layout.R ||
+      d.slot_word >= d.gathered_stride) {
+    return "direct.gathered_ranges is required, and direct.slot_word must follow the R counts in rows of "
+           "direct.gathered_stride words";
+  }
+  if (d.own_slot < -1 || d.own_slot >= layout.O) return "direct.own_slot must be -1 or an output slot";
+  if (d.own_slot >= 0 && args.recv_x != nullptr && args.bytes.head_bytes > 0) {
+    return "with direct.own_slot, recv_x is null: the heads arrive in that slot";
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string checkDispatchCall(const DispatchArgs& args, const RegionLayout& layout) {
@@ -55,8 +75,13 @@ std::string checkDispatchCall(const DispatchArgs& args, const RegionLayout& layo
   if (args.bytes.enabled) {
     if (std::string why = checkByteRows(args, layout); !why.empty()) return why;
   }
-  if (args.active_ranks == nullptr || (needs_x && args.recv_x == nullptr) || args.recv_count == nullptr ||
-      args.src_info == nullptr || args.layout_range == nullptr || (args.use_fp8 && args.recv_scales == nullptr)) {
+  if (args.direct.gathered != nullptr) {
+    if (std::string why = checkDirectHeads(args, layout); !why.empty()) return why;
+  }
+  const bool heads_in_slot = args.direct.gathered != nullptr && args.direct.own_slot >= 0;
+  if (args.active_ranks == nullptr || (needs_x && !heads_in_slot && args.recv_x == nullptr) ||
+      args.recv_count == nullptr || args.src_info == nullptr || args.layout_range == nullptr ||
+      (args.use_fp8 && args.recv_scales == nullptr)) {
     return "active_ranks and every output are required (recv_scales with use_fp8)";
   }
   if (args.timeout_us < -1) return "timeout_us must be -1 or >= 0";

@@ -7,13 +7,16 @@
 //         count with the call's sequence.
 //         Slots in token order make every (source, expert) segment ordered by
 //         token, deterministically, without atomics.
+//         With DirectHeads, a byte row's head goes straight to its final row
+//         in d's output slot instead (only its header and tail to the region).
 //   wait  one block: waits for every (local expert, source) signal, bounded;
 //         then lays the segments out by source rank (layout_range,
 //         recv_count) from the final mask.
 //   copy  one block per (local expert, source): moves the segment's rows
 //         from the receive region into recv_x / recv_scales / src_info (or
-//         bytes.recv_tail), and fills src_info past the count with -1 (and
-//         byte rows up to bytes.zeroed_rows with zeros).
+//         bytes.recv_tail; with DirectHeads only the tails: the heads are in
+//         place), and fills src_info past the count with -1 (and byte rows
+//         up to bytes.zeroed_rows with zeros).
 // The send phase is the call's first half, wait and copy its second
 // (EpStages); each half takes its call number from the device counters.
 #include <cuda_bf16.h>
@@ -45,6 +48,28 @@ __device__ __forceinline__ int64_t pickOf(const int64_t* topk_idx, int token, in
     if (topk_idx[first + k] == expert) return first + k;
   }
   return -1;
+}
+
+// Where this rank's first head to `dest` goes in dest's output slot
+// (DirectHeads, ep_ipc_group.h), or null: through dest's region.
+__device__ __forceinline__ char* directHeadsAt(const EpKernelContext& ctx, const DispatchArgs& args, int dest) {
+  const DirectHeads& d = args.direct;
+  const RegionLayout& lay = ctx.layout;
+  if (d.gathered == nullptr || args.bytes.head_bytes == 0) return nullptr;
+  // A source's gathered row, null when it did not answer.
+  auto row_of = [&](int r) -> const int32_t* {
+    const int64_t range = d.gathered_ranges[r];
+    return (range & 0xffffffff) != 0 ? d.gathered + (range >> 32) * d.gathered_stride : nullptr;
+  };
+  const int32_t* dest_row = row_of(dest);
+  const int slot = dest_row != nullptr ? dest_row[d.slot_word] : -1;
+  if (slot < 0 || slot >= lay.O) return nullptr;
+  // Clamped to T as the wait phase clamps: every row lands inside the slot.
+  int64_t begin = 0;
+  for (int src = 0; src < ctx.rank; ++src) {
+    if (const int32_t* row = row_of(src)) begin += min(max(row[dest], 0), lay.T);
+  }
+  return ctx.regions[dest] + lay.outputSlot(slot) + begin * static_cast<int64_t>(args.bytes.head_bytes);
 }
 
 // `self_by_reference`: rows for this rank itself travel only as their
@@ -81,7 +106,11 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
   __shared__ int chunk_tokens[kSendThreads];
   __shared__ int chunk_slots[kSendThreads];  // with pick_slots: each row's slot
   __shared__ int sent_before;  // tokens before this chunk of the loop that picked `expert`
-  if (threadIdx.x == 0) sent_before = picked_before;
+  __shared__ char* direct_heads;  // this rank's first head in dest's output slot, or null
+  if (threadIdx.x == 0) {
+    sent_before = picked_before;
+    direct_heads = lay.L == 1 ? directHeadsAt(ctx, args, dest) : nullptr;
+  }
   __syncthreads();
   for (int base = first_token; base < end_token; base += kSendThreads) {
     // Slot of each picking token in this chunk: an exclusive scan in token order.
@@ -118,6 +147,15 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
       const auto* src = static_cast<const __nv_bfloat16*>(args.x) + static_cast<size_t>(t) * lay.H;
       if (lane == 0) *reinterpret_cast<int32_t*>(message) = t;
       char* payload = message + kMessageHeaderBytes;
+      if (direct_heads != nullptr) {  // the head in its final place; the tail as ever (not for itself)
+        const ByteRows& b = args.bytes;
+        warpCopy(direct_heads + static_cast<size_t>(row) * b.head_bytes,
+                 static_cast<const char*>(args.x) + t * b.head_bytes, b.head_bytes, lane);
+        if (!(self_by_reference && dest == ctx.rank)) {
+          warpCopy(payload + b.head_bytes, static_cast<const char*>(b.tail) + t * b.tail_bytes, b.tail_bytes, lane);
+        }
+        continue;
+      }
       if (self_by_reference && dest == ctx.rank) continue;  // the header says which token: copied from x
       if (args.use_fp8) {
         quantizeTokenWarp(src, reinterpret_cast<uint8_t*>(payload), reinterpret_cast<float*>(payload + lay.H), lay.H,
@@ -193,6 +231,8 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
   const int begin = static_cast<int>(range >> 32), count = static_cast<int>(range & 0xffffffff);
   const char* region = ctx.regions[ctx.rank];
   const int parity = static_cast<int>(receivedSequence(&ctx.counters->dispatch) & 1);
+  // Every source wrote its heads into recv_x (this rank's output slot) itself.
+  const bool heads_in_place = args.direct.gathered != nullptr && args.direct.own_slot >= 0;
   // The wait kernel's acquire loads ended before this kernel began (stream
   // order), so the rows are visible here (read through L2, see L2Load).
   for (int i = first; i < count; i += stride) {
@@ -204,8 +244,10 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
     if (self_by_reference && src == ctx.rank) {  // only the header came: the bytes are this rank's own inputs
       if (token < 0 || token >= args.num_tokens) continue;  // never an address outside x
       const ByteRows& b = args.bytes;
-      warpCopy(static_cast<char*>(args.recv_x) + row * b.head_bytes, static_cast<const char*>(args.x) + token * b.head_bytes,
-               b.head_bytes, lane);
+      if (!heads_in_place) {
+        warpCopy(static_cast<char*>(args.recv_x) + row * b.head_bytes,
+                 static_cast<const char*>(args.x) + token * b.head_bytes, b.head_bytes, lane);
+      }
       warpCopy(static_cast<char*>(b.recv_tail) + row * b.tail_bytes,
                static_cast<const char*>(b.tail) + token * b.tail_bytes, b.tail_bytes, lane);
     } else if (args.use_fp8) {
@@ -217,7 +259,9 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
       }
     } else if (args.bytes.enabled) {
       const ByteRows& b = args.bytes;
-      warpCopy(static_cast<char*>(args.recv_x) + row * b.head_bytes, payload, b.head_bytes, lane, L2Load());
+      if (!heads_in_place) {
+        warpCopy(static_cast<char*>(args.recv_x) + row * b.head_bytes, payload, b.head_bytes, lane, L2Load());
+      }
       warpCopy(static_cast<char*>(b.recv_tail) + row * b.tail_bytes, payload + b.head_bytes, b.tail_bytes, lane,
                L2Load());
     } else {

@@ -8,7 +8,7 @@ namespace mooncake::ep::cuda {
 namespace {
 
 constexpr uint64_t kMagic = 0x4d43455049504331ull;  // "MCEPIPC1"
-constexpr uint32_t kVersion = 4;  // 4: send tallies in the region (3: departed_seen; 2: device escape words)
+constexpr uint32_t kVersion = 5;  // 5: output slots (4: send tallies; 3: departed_seen; 2: device escape words)
 constexpr auto kWatchPeriod = std::chrono::milliseconds(2);
 
 size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -59,15 +59,16 @@ std::unique_ptr<EpControlBlock> EpControlBlock::open(const std::string& name, in
     h->tokens = options.max_tokens_per_rank;
     h->hidden = options.hidden;
     h->experts = options.num_experts;
+    h->output_slots = options.output_slots;
     for (int r = 0; r < num_ranks; ++r) {
       if (absent(r)) h->departed[r].store(1, std::memory_order_relaxed);  // gone from the start
     }
   };
   steps.check_header = [&]() -> std::string {
     if (h->magic != kMagic || h->version != kVersion || h->num_ranks != static_cast<uint32_t>(num_ranks) ||
-        h->tokens != options.max_tokens_per_rank || h->hidden != options.hidden ||
-        h->experts != options.num_experts) {
-      return "sizes differ across ranks (ranks, max tokens per rank, hidden or experts)";
+        h->tokens != options.max_tokens_per_rank || h->hidden != options.hidden || h->experts != options.num_experts ||
+        h->output_slots != options.output_slots) {
+      return "sizes differ across ranks (ranks, max tokens per rank, hidden, experts or output slots)";
     }
     return {};
   };

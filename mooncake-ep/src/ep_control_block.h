@@ -47,7 +47,7 @@ struct EpControlHeader {
   uint64_t magic;
   uint32_t version;
   uint32_t num_ranks;
-  int32_t tokens, hidden, experts, reserved;
+  int32_t tokens, hidden, experts, output_slots;
   std::atomic<uint32_t> ready;
   // Read by the GPU: departed[r] = 1 once rank r's process is gone (set by
   // any peer's watchdog). Packed, so that a

@@ -24,8 +24,8 @@ using mooncake::pg::cuda::mapPeerAllocations;
 
 }  // namespace
 
-size_t epReceiveRegionBytes(int max_tokens_per_rank, int hidden, int num_experts, int num_ranks) {
-  return RegionLayout::make(max_tokens_per_rank, hidden, num_experts, num_ranks).total;
+size_t epReceiveRegionBytes(int max_tokens_per_rank, int hidden, int num_experts, int num_ranks, int output_slots) {
+  return RegionLayout::make(max_tokens_per_rank, hidden, num_experts, num_ranks, output_slots).total;
 }
 
 struct EpIpcGroup::State {
@@ -34,7 +34,10 @@ struct EpIpcGroup::State {
   int device = 0;
   EpIpcGroupOptions options;
   RegionLayout layout;
-  char* region = nullptr;           // this rank's receive region
+  // This rank's receive region; the memory is freed when the last lease()
+  // goes (the group's own is dropped when it closes).
+  std::shared_ptr<char> region_memory;
+  char* region = nullptr;
   std::vector<char*> peer_regions;  // every rank's, as mapped here
   std::unique_ptr<EpControlBlock> control;
   LaunchGate gate;  // refuses every call after a failed launch (call_checks.h says why)
@@ -58,7 +61,7 @@ struct EpIpcGroup::State {
     for (int q = 0; q < static_cast<int>(peer_regions.size()); ++q) {
       if (q != rank && peer_regions[q] != nullptr) cudaIpcCloseMemHandle(peer_regions[q]);
     }
-    if (region != nullptr) cudaFree(region);
+    region_memory.reset();
     control.reset();
   }
 };
@@ -77,10 +80,15 @@ std::unique_ptr<EpIpcGroup> EpIpcGroup::open(const std::string& name, int rank, 
   if (std::string why = chosenDevice(options.device, &state->device); !why.empty()) return fail(why);
   cudaError_t err = cudaSuccess;
   DeviceScope scope(state->device);
-  state->layout = RegionLayout::make(options.max_tokens_per_rank, options.hidden, options.num_experts, num_ranks);
+  state->layout = RegionLayout::make(options.max_tokens_per_rank, options.hidden, options.num_experts, num_ranks,
+                                     options.output_slots);
   if ((err = cudaMalloc(reinterpret_cast<void**>(&state->region), state->layout.total)) != cudaSuccess) {
     return fail(cudaWhat("cudaMalloc of the receive region", err));
   }
+  state->region_memory = std::shared_ptr<char>(state->region, [device = state->device](char* memory) {
+    DeviceScope scope(device);
+    cudaFree(memory);  // an implicit device synchronisation: outputs in it may still be read
+  });
   // Signals and call counters must read 0 (no sequence) before any peer can write into the
   // region: zero it and wait before publishing the handle. Rows need no
   // clearing: a row is read only after a signal says it was written.
@@ -146,6 +154,13 @@ const EpIpcGroupOptions& EpIpcGroup::options() const { return state_->options; }
 
 void EpIpcGroup::abortWaits() { state_->control->slot(state_->rank).abort.store(1, std::memory_order_release); }
 
+int EpIpcGroup::outputSlots() const { return state_->layout.O; }
+size_t EpIpcGroup::outputSlotBytes() const { return state_->layout.output_slot_bytes; }
+void* EpIpcGroup::outputSlot(int slot) const {
+  return slot >= 0 && slot < state_->layout.O ? state_->region + state_->layout.outputSlot(slot) : nullptr;
+}
+std::shared_ptr<void> EpIpcGroup::lease() const { return state_->region_memory; }
+
 std::string EpIpcGroup::enqueueCall(const std::function<cudaError_t()>& launch) {
   // Whatever this rank did enqueue ends without waiting for peers.
   return state_->gate.run(state_->device, launch, [this] { abortWaits(); });
@@ -154,7 +169,9 @@ std::string EpIpcGroup::enqueueCall(const std::function<cudaError_t()>& launch) 
 bool EpIpcGroup::dispatch(const DispatchArgs& args, cudaStream_t stream, std::string* error, EpStages stages) {
   State& g = *state_;
   std::string why = checkDispatchCall(args, g.layout);
-  if (why.empty()) why = enqueueCall([&] { return launchDispatch(g.context(args.timeout_us), args, stages, stream); });
+  DispatchArgs call = args;
+  if (call.direct.gathered != nullptr && call.direct.own_slot >= 0) call.recv_x = outputSlot(call.direct.own_slot);
+  if (why.empty()) why = enqueueCall([&] { return launchDispatch(g.context(args.timeout_us), call, stages, stream); });
   if (!why.empty() && error) *error = "EP dispatch: " + why;
   return why.empty();
 }

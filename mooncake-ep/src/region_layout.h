@@ -16,6 +16,10 @@
 //                      int32 token index at the source, 12 bytes padding,
 //                      then bf16 [H], or e4m3 [H] followed by float32 [H / 128]
 //   combine rows     [2][E][T] bf16 [H]  (global expert, token index at the owner)
+//   output slots     [O] of R * T rows of at most 2H bytes (O = 0 unless asked for):
+//                      receive buffers that a caller hands out as its outputs, into
+//                      which senders write rows in their final place (DirectHeads,
+//                      ep_ipc_group.h); only with one local expert per rank
 //
 // A signal word is (sequence << 32) | count: one 64-bit store publishes both,
 // and a word left from an earlier call never matches the current sequence,
@@ -34,18 +38,19 @@ constexpr int kChannelsPerScale = 128;
 constexpr size_t kCountersBytes = 64;  // GroupCounters (call_sequence.cuh), with room to spare
 
 struct RegionLayout {
-  int T = 0, H = 0, E = 0, R = 0, L = 0;
+  int T = 0, H = 0, E = 0, R = 0, L = 0, O = 0;
   size_t msg_stride = 0;
   size_t dispatch_signals = 0, combine_signals = 0, counters = 0, departed_seen = 0, send_tallies = 0,
-         dispatch_rows = 0, combine_rows = 0, total = 0;
+         dispatch_rows = 0, combine_rows = 0, output_slots = 0, output_slot_bytes = 0, total = 0;
 
-  static RegionLayout make(int tokens, int hidden, int experts, int ranks) {
+  static RegionLayout make(int tokens, int hidden, int experts, int ranks, int output_slots = 0) {
     RegionLayout l;
     l.T = tokens;
     l.H = hidden;
     l.E = experts;
     l.R = ranks;
     l.L = experts / ranks;
+    l.O = output_slots;
     // The bf16 payload bounds the FP8 one (H + H / 32 <= 2H): one stride for both.
     l.msg_stride = kMessageHeaderBytes + 2 * static_cast<size_t>(hidden);
     auto align = [](size_t n) { return (n + 4095) / 4096 * 4096; };
@@ -58,7 +63,9 @@ struct RegionLayout {
     const size_t dispatch_half = static_cast<size_t>(l.L) * ranks * tokens * l.msg_stride;
     l.combine_rows = align(l.dispatch_rows + 2 * dispatch_half);
     const size_t combine_half = static_cast<size_t>(experts) * tokens * 2 * hidden;
-    l.total = align(l.combine_rows + 2 * combine_half);
+    l.output_slots = align(l.combine_rows + 2 * combine_half);
+    l.output_slot_bytes = align(static_cast<size_t>(ranks) * tokens * 2 * hidden);
+    l.total = l.output_slots + static_cast<size_t>(output_slots) * l.output_slot_bytes;
     return l;
   }
 
@@ -74,6 +81,9 @@ struct RegionLayout {
   }
   __host__ __device__ size_t dispatchMessage(int parity, int le, int src, int slot) const {
     return dispatch_rows + (((static_cast<size_t>(parity) * L + le) * R + src) * T + slot) * msg_stride;
+  }
+  __host__ __device__ size_t outputSlot(int slot) const {
+    return output_slots + static_cast<size_t>(slot) * output_slot_bytes;
   }
   __host__ __device__ size_t combineRow(int parity, int expert, int token) const {
     return combine_rows + ((static_cast<size_t>(parity) * E + expert) * T + token) * 2 * static_cast<size_t>(H);

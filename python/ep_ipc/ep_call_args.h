@@ -86,12 +86,15 @@ class KernelCalls {
   void dispatchBytes(uintptr_t x, size_t head_bytes, uintptr_t tail, size_t tail_bytes, uintptr_t topk_idx,
                      int num_tokens, int num_topk, uintptr_t active_ranks, int64_t timeout_us, uintptr_t recv_x,
                      uintptr_t recv_tail, int zeroed_rows, uintptr_t recv_count, uintptr_t src_info,
-                     uintptr_t layout_range, uintptr_t stream, const std::string& stages, uintptr_t pick_slots) {
+                     uintptr_t layout_range, uintptr_t stream, const std::string& stages, uintptr_t pick_slots,
+                     uintptr_t gathered, int gathered_stride, uintptr_t gathered_ranges, int slot_word, int own_slot) {
     DispatchArgs a = dispatchArgs(x, topk_idx, num_tokens, num_topk, active_ranks, timeout_us, false, recv_x, 0,
                                   recv_count, src_info, layout_range);
     a.bytes =
         cuda::ByteRows{true, head_bytes, pointer<const void>(tail), tail_bytes, pointer<void>(recv_tail), zeroed_rows};
     a.pick_slots = pointer<const int32_t>(pick_slots);
+    a.direct = cuda::DirectHeads{pointer<const int32_t>(gathered), gathered_stride,
+                                 pointer<const int64_t>(gathered_ranges), slot_word, own_slot};
     enqueue(a, stream, stages);
   }
 
@@ -130,12 +133,17 @@ void defineKernelCalls(Class& cls) {
           py::arg("tail_bytes"), py::arg("topk_idx"), py::arg("num_tokens"), py::arg("num_topk"),
           py::arg("active_ranks"), py::arg("timeout_us"), py::arg("recv_x"), py::arg("recv_tail"),
           py::arg("zeroed_rows"), py::arg("recv_count"), py::arg("src_info"), py::arg("layout_range"),
-          py::arg("stream"), py::arg("stages") = "all", py::arg("pick_slots") = 0,
+          py::arg("stream"), py::arg("stages") = "all", py::arg("pick_slots") = 0, py::arg("gathered") = 0,
+          py::arg("gathered_stride") = 0, py::arg("gathered_ranges") = 0, py::arg("slot_word") = 0,
+          py::arg("own_slot") = -1,
           "Rows as bytes in two parts: head_bytes of each row of x, then tail_bytes of each row of tail; received "
           "into recv_x [L, S, head_bytes] and recv_tail [L, S, tail_bytes]; each local expert's rows from its count "
           "up to zeroed_rows are zeros. Sizes are multiples of 16 adding up to at most 2 * hidden. pick_slots: "
           "int32 [num_tokens, num_topk] or 0, each pick's slot at its expert (the token's index among this rank's "
-          "tokens that picked it, in token order), so that the send blocks need not count them.");
+          "tokens that picked it, in token order), so that the send blocks need not count them. gathered (0: none): "
+          "every rank's counts row as gathered (rows of gathered_stride int32: counts per rank, that rank's output "
+          "slot at slot_word; gathered_ranges per source): heads go straight into each destination's output slot, "
+          "this rank's own (own_slot, -1: none) then holds recv_x, which must be 0.");
 }
 
 }  // namespace mooncake::ep::python

@@ -33,9 +33,10 @@ namespace {
 class PyEpIpcGroup : public KernelCalls<PyEpIpcGroup> {
  public:
   PyEpIpcGroup(const std::string& name, int rank, int num_ranks, int max_tokens_per_rank, int hidden, int num_experts,
-               int device, int attach_timeout_ms, uint32_t absent) {
+               int device, int attach_timeout_ms, uint32_t absent, int output_slots) {
     EpIpcGroupOptions options;
     options.absent = absent;
+    options.output_slots = output_slots;
     options.max_tokens_per_rank = max_tokens_per_rank;
     options.hidden = hidden;
     options.num_experts = num_experts;
@@ -71,6 +72,12 @@ class PyEpIpcGroup : public KernelCalls<PyEpIpcGroup> {
     if (!group_) throw std::runtime_error("EP IPC group: already closed");
     return *group_;
   }
+
+  // The region's memory, kept while the returned object lives (outputs handed out in slots).
+  struct RegionLease {
+    std::shared_ptr<void> memory;
+  };
+  RegionLease lease() { return RegionLease{group().lease()}; }
 
  private:
   std::unique_ptr<EpIpcGroup> group_;
@@ -150,14 +157,26 @@ void defineLayoutKernels(py::module_& m) {
 PYBIND11_MODULE(_ep_ipc, m) {
   m.doc() = "EP dispatch/combine kernels over CUDA IPC between the processes of one host (docs/ep-kernels.md)";
   m.attr("MAX_RANKS") = kMaxEpRanks;
+  py::class_<PyEpIpcGroup::RegionLease> lease_class(m, "RegionLease");
+  lease_class.doc() = "Keeps an EP IPC group's receive region allocated while it lives";
   py::class_<PyEpIpcGroup> group_class(m, "EpIpcGroup");
   group_class
-      .def(py::init<const std::string&, int, int, int, int, int, int, int, uint32_t>(), py::arg("name"),
+      .def(py::init<const std::string&, int, int, int, int, int, int, int, uint32_t, int>(), py::arg("name"),
            py::arg("rank"), py::arg("num_ranks"), py::arg("max_tokens_per_rank"), py::arg("hidden"),
            py::arg("num_experts"), py::arg("device"), py::arg("attach_timeout_ms"), py::arg("absent") = 0,
+           py::arg("output_slots") = 0,
            "Collective: every rank of the host group but the `absent` ones (bit r: rank r takes no part) opens "
-           "the same name with the same sizes and the same `absent`.")
-      .def("close", &PyEpIpcGroup::close);
+           "the same name with the same sizes, the same `absent` and the same `output_slots` (receive buffers for "
+           "outputs, with one expert per rank).")
+      .def("close", &PyEpIpcGroup::close)
+      .def_property_readonly("output_slots", [](PyEpIpcGroup& g) { return g.group().outputSlots(); })
+      .def_property_readonly("output_slot_bytes", [](PyEpIpcGroup& g) { return g.group().outputSlotBytes(); })
+      .def(
+          "output_slot",
+          [](PyEpIpcGroup& g, int slot) { return reinterpret_cast<uintptr_t>(g.group().outputSlot(slot)); },
+          py::arg("slot"), "Slot's device address (0 outside [0, output_slots))")
+      .def("lease", &PyEpIpcGroup::lease,
+           "An object that keeps the receive region (and its output slots) allocated while it lives, after close too");
   defineKernelCalls<PyEpIpcGroup>(group_class);
   defineLayoutKernels(m);
 }

@@ -5,16 +5,22 @@ from __future__ import annotations
 import os
 
 
-def positive_int(name: str, unit: str) -> int | None:
-    """The positive int in ``name`` (None when unset or blank); a ValueError
-    naming the variable and the unit when it is anything else."""
+def int_setting(name: str, unit: str, minimum: int) -> int | None:
+    """The int in ``name``, at least ``minimum`` (None when unset or blank);
+    a ValueError naming the variable and the unit when it is anything else."""
     text = os.environ.get(name, "").strip()
     if not text:
         return None
+    rule = "a positive int" if minimum == 1 else f"an int >= {minimum}"
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"{name}: must be a positive int ({unit}), got {text!r}") from None
-    if value <= 0:
-        raise ValueError(f"{name}: must be a positive int ({unit}), got {value}")
+        raise ValueError(f"{name}: must be {rule} ({unit}), got {text!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name}: must be {rule} ({unit}), got {value}")
     return value
+
+
+def positive_int(name: str, unit: str) -> int | None:
+    """``int_setting`` of at least 1."""
+    return int_setting(name, unit, 1)

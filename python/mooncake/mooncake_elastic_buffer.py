@@ -59,6 +59,7 @@ from mooncake._ep_elastic.handle import EPHandle
 from mooncake._ep_elastic.ipc_rows import IpcRouting, IpcRowsPath, KernelRows, RowFormat, row_width
 from mooncake._ep_elastic.nccl_bootstrap import share_unique_id
 from mooncake._ep_elastic.nccl_path import NcclRowsGroup
+from mooncake._ep_elastic.output_slots import output_slots_setting
 from mooncake._ep_elastic.topology import local_ranks_setting, ranks_per_host, topology
 from mooncake._ep_ipc_path import IpcPath, choose_path, local_statement
 from mooncake._ep_ipc_path.choice import host_id
@@ -206,7 +207,7 @@ class ElasticBuffer:
         try:
             rows = KernelRows(ipc, torch.device("cuda", torch.cuda.current_device()), self.num_max_tokens_per_rank,
                               row_width(self.hidden, self.num_topk), self.num_ranks,
-                              self.num_gpu_timeout_secs * 1_000_000)
+                              self.num_gpu_timeout_secs * 1_000_000, output_slots=output_slots_setting())
         except FastPathUnavailable as err:  # raised on every rank alike
             ipc.close()
             self._path_reason = f"the IPC kernels could not be set up ({err})"

@@ -32,6 +32,7 @@ from . import rows_layout as rl
 from .collective import FACTS, Outputs, call_facts, check_call_table
 from .handle import EPHandle
 from .layout_kernels import VECTOR_BYTES, Gathered, gather_row, layout_for
+from .output_slots import OutputSlots
 from .topology import Topology
 
 ROW_ALIGN_BYTES = 256  # rows are whole multiples of the kernels' 128 bf16 channels
@@ -40,6 +41,13 @@ CHANNELS_PER_VECTOR = VECTOR_BYTES // 2  # bf16
 # Calls with more bytes of rows per rank (num_max_tokens_per_rank x row
 # width) than this variable says take the collective path (unset: none do).
 MAX_CALL_BYTES_ENV = "MOONCAKE_EP_ELASTIC_IPC_MAX_BYTES"
+
+
+# A dispatch's gathered row, int32 words: the tokens to each of the R ranks,
+# at word R this rank's output slot (-1: none; DirectHeads), then the call's
+# FACTS, then 1 if this rank refused its arguments.
+def _facts_begin(num_ranks: int) -> int:
+    return num_ranks + 1
 
 
 @dataclass(frozen=True)
@@ -89,37 +97,65 @@ def row_width(hidden: int, num_topk: int) -> int:
     return (need + ROW_ALIGN_BYTES - 1) // ROW_ALIGN_BYTES * ROW_ALIGN_BYTES // 2
 
 
+@dataclass(frozen=True)
+class DirectHeads:
+    """Heads straight into each destination's output slot (ep_ipc_group.h's
+    DirectHeads): every rank's counts row as gathered (its counts per rank,
+    then its slot, at word R), and this rank's own slot with
+    the tensor over it (-1 and None: its rows come through the region)."""
+    gathered: Gathered
+    own_slot: int = -1
+    own_rows: torch.Tensor | None = None
+
+
 class KernelRows:
     """The rows through ``mooncake._ep_ipc``'s kernels, on the current stream."""
 
-    def __init__(self, ipc_path, device: torch.device, tokens: int, width: int, num_ranks: int, timeout_us: int):
+    def __init__(self, ipc_path, device: torch.device, tokens: int, width: int, num_ranks: int, timeout_us: int,
+                 output_slots: int = 0):
+        """``output_slots``: receive buffers lent as outputs (``output_slots.py``; the IPC group only)."""
         self.tokens, self.width, self.num_ranks = tokens, width, num_ranks
         self.timeout_us = timeout_us
-        self.group = ipc_path.group_for(device, tokens, width, num_ranks, timeout_us)
+        if output_slots:
+            self.group = ipc_path.group_for(device, tokens, width, num_ranks, timeout_us, output_slots=output_slots)
+            self.slots = OutputSlots(device, self.group.output_slots, self.group.output_slot_bytes,
+                                     self.group.output_slot, self.group.lease())
+        else:
+            self.group = ipc_path.group_for(device, tokens, width, num_ranks, timeout_us)
+            self.slots = None
         self.device = device
 
     def dispatch(self, head: torch.Tensor | None, tail: torch.Tensor, dest: torch.Tensor, mask: torch.Tensor,
-                 zeroed_rows: int, slots: torch.Tensor | None = None):
+                 zeroed_rows: int, slots: torch.Tensor | None = None, direct: DirectHeads | None = None):
         """Rows of ``head`` ([N, h] bytes, or None) then ``tail`` ([N, t]
         bytes) to the ranks of ``dest``; ``slots`` (``SendLayout.dest_slots``,
         or None: the kernels count) says where each row goes among this
-        rank's. Returns the rows received at capacity, as head ([C, h],
-        None without) and tail ([C, t]), each source's in token order (then
-        zeros up to row ``zeroed_rows``; past those, what the buffers held),
-        the source token of each row and ``(begin << 32) | count`` per source."""
+        rank's; ``direct`` (with ``slots``): heads go straight into the output
+        slots the destinations published. Returns the rows received at
+        capacity, as head ([C, h], None without; ``direct.own_rows`` when
+        given) and tail ([C, t]), each source's in token order (then zeros up
+        to row ``zeroed_rows``; past those, what the buffers held), the source
+        token of each row and ``(begin << 32) | count`` per source."""
         capacity = self.num_ranks * self.tokens
         head_bytes = head.size(1) if head is not None else 0
-        recv_head = torch.empty(capacity, head_bytes, dtype=torch.uint8, device=self.device)
+        in_slot = direct is not None and direct.own_slot >= 0
+        recv_head = direct.own_rows if in_slot else torch.empty(capacity, head_bytes, dtype=torch.uint8,
+                                                                device=self.device)
         recv_tail = torch.empty(capacity, tail.size(1), dtype=torch.uint8, device=self.device)
         count = torch.empty(1, dtype=torch.int32, device=self.device)
         src_token = torch.empty(1, capacity, dtype=torch.int32, device=self.device)
         ranges = torch.empty(1, self.num_ranks, dtype=torch.int64, device=self.device)
         stream = torch.cuda.current_stream(self.device).cuda_stream
+        gathered = direct.gathered if direct is not None else None
         self.group.dispatch_bytes(head.data_ptr() if head is not None else 0, head_bytes, tail.data_ptr(),
                                   tail.size(1), dest.data_ptr(), tail.size(0), dest.size(1), mask.data_ptr(),
-                                  self.timeout_us, recv_head.data_ptr(), recv_tail.data_ptr(), zeroed_rows,
-                                  count.data_ptr(), src_token.data_ptr(), ranges.data_ptr(), stream, "all",
-                                  slots.data_ptr() if slots is not None else 0)
+                                  self.timeout_us, 0 if in_slot else recv_head.data_ptr(), recv_tail.data_ptr(),
+                                  zeroed_rows, count.data_ptr(), src_token.data_ptr(), ranges.data_ptr(), stream, "all",
+                                  slots.data_ptr() if slots is not None else 0,
+                                  gathered=gathered.rows.data_ptr() if gathered is not None else 0,
+                                  gathered_stride=gathered.rows.size(1) // 4 if gathered is not None else 0,
+                                  gathered_ranges=gathered.ranges.data_ptr() if gathered is not None else 0,
+                                  slot_word=self.num_ranks, own_slot=direct.own_slot if direct is not None else -1)
         return recv_head if head is not None else None, recv_tail, src_token, ranges
 
     def combine(self, y: torch.Tensor, src_token: torch.Tensor, ranges: torch.Tensor, dest: torch.Tensor,
@@ -203,7 +239,9 @@ class IpcRowsPath:
         facts = call_facts(tokens_per_rank, hidden, num_topk, num_experts, sf is not None, topk_weights is not None,
                            do_expand)
         layout = self._layout(device, num_topk)
-        shape = self._facts_of((*facts, 0), device)  # gathered after the counts: the call's shape, not refused
+        own_slot, own_rows = self._take_slot(capacity, row, do_expand)
+        # Gathered after the counts: this rank's output slot, the call's shape, not refused.
+        shape = self._facts_of((own_slot, *facts, 0), device)
         sent = layout.send(data, sf, row, topk_idx, topk_weights, num_local, num_ranks, shape)
         dest = sent.dest
         # Counts per destination and the call's shape, gathered on the stream
@@ -213,9 +251,10 @@ class IpcRowsPath:
         gathered = self._gather(sent.counts_row, num_ranks + shape.numel(), mask)
         # Rows past the received ones are cut (do_cpu_sync), or read through
         # the expansion, which never picks them; else they are the output's zeros.
+        direct = DirectHeads(gathered, own_slot, own_rows) if self.transport.slots is not None else None
         recv_head, recv_tail, src_token, ranges = self.transport.dispatch(
             sent.head, sent.tail, dest, mask, zeroed_rows=0 if do_cpu_sync or do_expand else capacity,
-            slots=sent.dest_slots)
+            slots=sent.dest_slots, direct=direct)
         received = ReceivedRows(row, recv_head, recv_tail, capacity)
         got = layout.receive(sent, gathered, ranges, src_token, received, me, num_local, tokens_per_rank,
                              topk_weights is not None)
@@ -243,7 +282,7 @@ class IpcRowsPath:
             host = torch.cat([t.to(torch.int64) for t in (table.view(-1), recv_count, per_expert, total, mask)]).tolist()
             at, width = table.numel(), table.size(1)
             self._check_answered(host[-num_ranks:])
-            check_call_table([host[r * width + num_ranks:(r + 1) * width] for r in range(num_ranks)])
+            check_call_table([host[r * width + _facts_begin(num_ranks):(r + 1) * width] for r in range(num_ranks)])
             num_recv = sum(host[at:at + num_ranks])
             per_expert_list = host[at + num_ranks:at + num_ranks + num_local]
             if expansion is not None:
@@ -266,6 +305,15 @@ class IpcRowsPath:
             psum_num_recv_tokens_per_expert=expert_psum.to(torch.int32),
             recv_src_metadata=meta, dst_buffer_slot_idx=got.slots, native_handle=routing)
         return Outputs(recv_x, local, recv_w, handle)
+
+    def _take_slot(self, capacity: int, row: RowFormat, do_expand: bool) -> tuple[int, torch.Tensor | None]:
+        """An output slot for this dispatch's payload, when the transport
+        has them and the payload is returned as received: (-1, None) when
+        expanded (each row is copied to its experts' places anyway), sent in
+        the tail, or when every slot is held."""
+        if self.transport.slots is None or do_expand or not row.head:
+            return -1, None
+        return self.transport.slots.take(capacity, row.head)
 
     def _layout(self, device: torch.device, num_topk: int = 0):
         return self.layout if self.layout is not None else layout_for(device, num_topk)
@@ -301,14 +349,15 @@ class IpcRowsPath:
         collectives and the kernels' call (sending nothing), saying so; the
         others raise at their synchronisation."""
         num_ranks = self.topo.num_ranks
-        mine = torch.zeros(num_ranks + len(FACTS) + 1, dtype=torch.int32, device=device)
+        mine = torch.zeros(_facts_begin(num_ranks) + len(FACTS) + 1, dtype=torch.int32, device=device)
+        mine[num_ranks] = -1  # no output slot: the peers' rows come through the region
         mine[-1] = 1
         mask = self._mask(device)
         table = self._gather(gather_row(mine), mine.numel(), mask).table()
         nothing = torch.empty(0, VECTOR_BYTES, dtype=torch.uint8, device=device)
         self.transport.dispatch(None, nothing, torch.empty(0, 1, dtype=torch.int64, device=device), mask,
                                 zeroed_rows=0)
-        check_call_table(table[:, num_ranks:].tolist())
+        check_call_table(table[:, _facts_begin(num_ranks):].tolist())
 
     def dispatch_cached(self, data, sf, handle: EPHandle) -> Outputs:
         routing: IpcRouting = handle.native_handle

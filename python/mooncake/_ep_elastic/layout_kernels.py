@@ -39,8 +39,8 @@ def layout_for(device: torch.device, num_topk: int = 0):
 
 @dataclass
 class Gathered:
-    """Every rank's ``[n]`` int32 (its counts per destination, then the
-    call's shape) as the EP kernels delivered them here: the received rows
+    """Every rank's ``[n]`` int32 (its counts per destination, then its
+    output slot and the call's shape) as the EP kernels delivered them here: the received rows
     and their ranges, one row per source that answered."""
     rows: torch.Tensor  # [C, bytes] uint8, contiguous: source s's at row ranges[s] >> 32
     ranges: torch.Tensor  # [1, R] int64: (begin << 32) | count per source

@@ -114,19 +114,21 @@ class IpcPath:
         self._alive = alive  # the group's active mask as bits
         self._group = None
         self._device: torch.device | None = None
-        self._sizes: tuple[int, int, int] | None = None
+        self._sizes: tuple[int, int, int, int] | None = None
         self._opens = 0
         self._default_mask: torch.Tensor | None = None
         self._in_flight = {"dispatch": _InFlight("dispatch"), "combine": _InFlight("combine")}
 
     # ---------------------------------------------------------------- group
-    def group_for(self, device: torch.device, tokens: int, hidden: int, experts: int, timeout_us: int = -1):
+    def group_for(self, device: torch.device, tokens: int, hidden: int, experts: int, timeout_us: int = -1,
+                  output_slots: int = 0):
         """The native group on `device` sized for these values, opened or
         reopened as needed (collective). Ranks the membership has deactivated
         (gone before this first call) are not waited for: the others open
         without them and leave them out; waiting for the others ends at the
-        call's `timeout_us` (when positive) or twice the attach timeout."""
-        sizes = (tokens, hidden, experts)
+        call's `timeout_us` (when positive) or twice the attach timeout.
+        `output_slots`: receive buffers lent as outputs (ElasticBuffer's)."""
+        sizes = (tokens, hidden, experts, output_slots)
         if self._group is not None and self._sizes == sizes:
             if device != self._device:
                 raise ValueError(f"x: the fast path of this Buffer runs on {self._device}, got a tensor on {device}")
@@ -134,7 +136,7 @@ class IpcPath:
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
                 "dispatch: the fast path sets up its receive buffers at the first dispatch with given "
-                f"num_max_dispatch_tokens_per_rank, hidden and num_experts {sizes}; run one such dispatch "
+                f"num_max_dispatch_tokens_per_rank, hidden and num_experts {sizes[:3]}; run one such dispatch "
                 "before capturing a CUDA graph")
         if any(f.pending for f in self._in_flight.values()):
             raise RuntimeError("dispatch: new sizes while receive hooks are pending; call them first")
@@ -157,7 +159,7 @@ class IpcPath:
         try:
             group = self._native.EpIpcGroup(f"/mooncake-ep-{self._uid & 0xFFFFFFFFFFFF:x}-{self._opens}", self.rank,
                                             self.group_size, tokens, hidden, experts, device.index,
-                                            _attach_timeout_ms(), absent)
+                                            _attach_timeout_ms(), absent, output_slots)
         except RuntimeError as err:
             error = str(err) or "failed"
         # Everyone learns whether everyone opened, so every rank leaves together.

@@ -60,5 +60,20 @@ TEST(EpRegionLayout, PartsDoNotOverlapAndStayAligned) {
   }
 }
 
+TEST(EpRegionLayout, OutputSlotsFollowTheCombineRowsAndHoldEveryRowOfTheWidestCall) {
+  for (int ranks : {1, 2, 8}) {
+    const RegionLayout none = RegionLayout::make(64, 7168, ranks, ranks);
+    for (int slots : {1, 3}) {
+      const RegionLayout l = RegionLayout::make(64, 7168, ranks, ranks, slots);
+      EXPECT_EQ(l.combine_rows, none.combine_rows) << "the slots come after every other part";
+      EXPECT_EQ(l.outputSlot(0), none.total);
+      EXPECT_GE(l.output_slot_bytes, static_cast<size_t>(ranks) * l.T * 2 * l.H);
+      EXPECT_EQ(l.outputSlot(0) % 4096, 0u);
+      EXPECT_EQ(l.outputSlot(1) - l.outputSlot(0), l.output_slot_bytes);
+      EXPECT_EQ(l.total, l.outputSlot(slots - 1) + l.output_slot_bytes);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mooncake::ep::cuda::testing

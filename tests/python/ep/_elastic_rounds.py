@@ -188,3 +188,50 @@ def dies_between_calls(ctx, victim, **buffer_kwargs):
         except RuntimeError as err:
             outcomes.append(("RuntimeError", str(err), time.monotonic() - start))
     return buffer.path, outcomes
+
+
+# What hold_outputs finds held after each step, with two output slots.
+HELD_OUTPUT_SLOTS = [2, 2, 2, 2, 0]
+
+
+def hold_outputs(ctx, buffer_name: str, device: str) -> list[int]:
+    """Dispatches whose outputs are kept, on a buffer of the IPC path with two
+    output slots: a and b take both; c finds none and copies twice; a is
+    dropped and b is dropped but for a view, so d takes a's slot and e none.
+    Every output is checked after all of them ran (a later dispatch never
+    writes into a held one). Returns the slots held after each step."""
+    from _elastic_refs import ElasticCase, received
+    from _ep_refs import Case, inputs_of
+
+    buffer = elastic_buffer_of(ctx, buffer_name)
+    slots = buffer.runtime.transport.slots
+    ec = ElasticCase(Case(hidden=256, experts_per_rank=2, num_topk=2, tokens=5))
+    world, rank = ctx.size, ctx.rank
+    inp = inputs_of(ec.base, rank, world)
+    topk_idx = inp.topk_idx.to(device)
+    positions = [(j, s, t) for j, (s, t, _, _) in enumerate(received(ec, world, rank))]
+
+    def dispatch(second: bool):
+        recv_x, *_ = buffer.dispatch(_inputs(ec, rank, world, second).to(device), topk_idx=topk_idx,
+                                     num_experts=ec.base.experts(world), do_cpu_sync=False)
+        return recv_x
+
+    held = []
+    a = dispatch(False)
+    b = dispatch(True)
+    held.append(slots.held)
+    c = dispatch(False)
+    held.append(slots.held)
+    view = b[:2]
+    del a, b
+    d = dispatch(True)
+    held.append(slots.held)
+    e = dispatch(False)
+    held.append(slots.held)
+    where = f"rank {rank} of {world}"
+    for out, second, name in ((c, False, "c (two copies)"), (d, True, "d (in a's slot)"), (e, False, "e")):
+        _check_rows(ec, world, rank, out.cpu(), positions, second, f"{where}: {name}")
+    _check_rows(ec, world, rank, view.cpu(), positions[:2], True, f"{where}: b's view")
+    del view, c, d, e
+    held.append(slots.held)
+    return held

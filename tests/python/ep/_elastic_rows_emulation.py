@@ -3,7 +3,9 @@ capacity, sources in rank order, each in token order; the token index of
 each; ``(begin << 32) | count`` per source), made from the group's own
 all_gather and all_to_all, so that the IPC path's layout and handles run in
 CI without a GPU. Combine adds each token's returned rows in ascending
-destination order in float32, as the kernels do."""
+destination order in float32, as the kernels do. With output slots (CPU
+memory here), a dispatch given its own slot receives the payloads there, as
+the kernels' direct heads do, and checks what the slot word says."""
 
 from __future__ import annotations
 
@@ -11,13 +13,21 @@ import torch
 import torch.distributed as dist
 
 from mooncake._ep_elastic import rows_layout as rl
+from mooncake._ep_elastic.output_slots import OutputSlots
 
 
 class EmulatedRows:
-    def __init__(self, group, rank: int, num_ranks: int, tokens: int, width: int):
+    def __init__(self, group, rank: int, num_ranks: int, tokens: int, width: int, output_slots: int = 0):
         self.group, self.rank, self.num_ranks = group, rank, num_ranks
         self.tokens, self.width = tokens, width
         self.calls: list[str] = []  # what ran through the seam, for the tests to see
+        self.direct_calls = 0  # dispatches whose payload arrived in this rank's output slot
+        self.slots = None
+        if output_slots:
+            slot_bytes = num_ranks * tokens * 2 * width
+            arena = torch.full((output_slots * slot_bytes,), 0x5A, dtype=torch.uint8)
+            self.slots = OutputSlots(torch.device("cpu"), output_slots, slot_bytes,
+                                     lambda i: arena.data_ptr() + i * slot_bytes, lease=arena)
 
     def _all_to_all(self, send, send_counts, recv_counts):
         recv = send.new_empty((sum(recv_counts), *send.shape[1:]))
@@ -25,7 +35,7 @@ class EmulatedRows:
                                input_split_sizes=send_counts, group=self.group)
         return recv
 
-    def dispatch(self, head, tail, dest, mask, zeroed_rows, slots=None):
+    def dispatch(self, head, tail, dest, mask, zeroed_rows, slots=None, direct=None):
         del mask  # nothing times out here
         self.calls.append("dispatch")
         num_ranks = self.num_ranks
@@ -47,6 +57,13 @@ class EmulatedRows:
             assert torch.equal(slots.cpu(), want), "pick_slots: not each row's index among those sent to its rank"
         table = torch.empty(num_ranks * num_ranks, dtype=torch.int64)
         dist.all_gather_into_tensor(table, send_counts, group=self.group)
+        if direct is not None:  # what the kernels read: each rank's counts, then its slot
+            assert self.slots is not None and slots is not None, "direct heads need output slots and pick_slots"
+            gathered = direct.gathered.table()
+            assert torch.equal(gathered[:, :num_ranks].to(torch.int64).view(-1), table), "the gathered counts"
+            assert int(gathered[self.rank, num_ranks]) == direct.own_slot, "the slot word is this rank's own slot"
+            if direct.own_slot >= 0:
+                assert direct.own_rows.data_ptr() == self.slots.address(direct.own_slot)
         counts = table.view(num_ranks, num_ranks)[:, self.rank]
         got = self._all_to_all(rows[token], send_counts.tolist(), counts.tolist())
         got_token = self._all_to_all(token.to(torch.int32), send_counts.tolist(), counts.tolist())
@@ -60,6 +77,11 @@ class EmulatedRows:
         src_token[0, :got.size(0)] = got_token
         begins = torch.cumsum(counts, 0) - counts
         recv_head = recv[:, :head_bytes].contiguous() if head is not None else None
+        if direct is not None and direct.own_slot >= 0 and head is not None:
+            # Rows past those received and zeroed keep what the slot held, as on the device.
+            direct.own_rows[:max(got.size(0), zeroed_rows)] = recv_head[:max(got.size(0), zeroed_rows)]
+            recv_head = direct.own_rows
+            self.direct_calls += 1
         recv_tail = recv[:, head_bytes:head_bytes + tail.size(1)].contiguous()
         return recv_head, recv_tail, src_token, ((begins << 32) | counts).view(1, num_ranks)
 

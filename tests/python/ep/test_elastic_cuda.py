@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from _elastic_refs import GRID
-from _elastic_rounds import dies_between_calls, elastic_buffer_of, run_elastic_grid
+from _elastic_rounds import HELD_OUTPUT_SLOTS, dies_between_calls, elastic_buffer_of, run_elastic_grid
 from _ep_rounds import RANK_ENV
 from _harness import World
 
@@ -101,13 +101,65 @@ def _captured_round(ctx):
     torch.cuda.synchronize()
     same = all(torch.equal(a, b) for a, b in zip(static, want_second))
     differs_from_first = not torch.equal(static[3], want_first[3])
-    return buffer.path, same, differs_from_first
+    # The captured output's slot stays the graph's after the tensor is dropped: eager outputs
+    # never land there (each replay writes it again).
+    captured_at = static[0].data_ptr()
+    del static
+    held = [step()[0] for _ in range(2)]
+    graph_slot_kept = all(r.data_ptr() != captured_at for r in held)
+    return buffer.path, same, differs_from_first, graph_slot_kept
 
 
 def test_elastic_dispatch_and_combine_replay_from_a_cuda_graph():
     with World(2, gloo=False, env=RANK_ENV, backend="mooncake") as world:
         got = world.run(_captured_round, timeout=240)
-    assert got == [("ipc", True, True)] * 2
+    assert got == [("ipc", True, True, True)] * 2
+
+
+def _outputs_held_on_the_kernels(ctx):
+    from _elastic_rounds import hold_outputs
+
+    buffer = elastic_buffer_of(ctx, "ipc", **IPC_SIZES)
+    return buffer.path, hold_outputs(ctx, "ipc", "cuda")
+
+
+def test_output_slots_on_the_kernels():
+    """Outputs kept across dispatches (test_elastic_ipc_rows.py's case on the kernels): the
+    payloads placed straight into output slots, the two-copy way when none is free, and no
+    held output written by a later dispatch."""
+    with World(2, gloo=False, env=RANK_ENV, backend="mooncake") as world:
+        got = world.run(_outputs_held_on_the_kernels, timeout=240)
+    assert got == [("ipc", HELD_OUTPUT_SLOTS)] * 2
+
+
+def _output_outlives_the_buffer(ctx):
+    from _elastic_refs import ElasticCase, received
+    from _elastic_rounds import _check_rows, _inputs
+    from _ep_refs import Case, inputs_of
+
+    from mooncake.mooncake_elastic_buffer import ElasticBuffer
+
+    buffer = ElasticBuffer(None, num_max_tokens_per_rank=8, hidden=512, num_topk=2, explicitly_destroy=True)
+    ec = ElasticCase(Case(hidden=512, experts_per_rank=2, num_topk=2, tokens=8))
+    world, rank = ctx.size, ctx.rank
+    inp = inputs_of(ec.base, rank, world)
+    recv_x, *_ = buffer.dispatch(_inputs(ec, rank, world).cuda(), topk_idx=inp.topk_idx.cuda(),
+                                 num_experts=ec.base.experts(world), do_cpu_sync=False)
+    in_slot = buffer.runtime.transport.slots.held == 1
+    buffer.destroy()
+    # Memory freed with the group would be handed out again here and overwritten.
+    scratch = [torch.full((64 << 20,), 0x77, dtype=torch.uint8, device="cuda") for _ in range(4)]
+    torch.cuda.synchronize()
+    positions = [(j, s, t) for j, (s, t, _, _) in enumerate(received(ec, world, rank))]
+    _check_rows(ec, world, rank, recv_x.cpu(), positions, False, f"rank {rank}: after destroy()")
+    del scratch
+    return in_slot
+
+
+def test_an_output_in_a_slot_outlives_the_buffer():
+    with World(2, gloo=False, env=RANK_ENV, backend="mooncake") as world:
+        got = world.run(_output_outlives_the_buffer, timeout=240)
+    assert got == [True] * 2
 
 
 def test_a_dead_rank_fails_the_ipc_path_call_on_every_survivor():

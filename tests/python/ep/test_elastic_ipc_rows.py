@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from _elastic_refs import GRID
-from _elastic_rounds import elastic_buffer_of, run_elastic_grid
+from _elastic_rounds import HELD_OUTPUT_SLOTS, elastic_buffer_of, run_elastic_grid
 from _ep_rounds import RANK_ENV
 from _harness import World
 
@@ -22,8 +22,9 @@ pytestmark = pytest.mark.timeout(240)
 SIZES = {"num_max_tokens_per_rank": 7, "hidden": 7168, "num_topk": 9}
 
 
-def _on_emulated_rows(ctx, kernels_library=None):
-    """``kernels_library``: the layout kernels built for the host (_layout_emulation.py), None: the torch form."""
+def _on_emulated_rows(ctx, kernels_library=None, output_slots=0):
+    """``kernels_library``: the layout kernels built for the host (_layout_emulation.py), None: the torch form;
+    ``output_slots``: the emulated transport's (its payloads then arrive in them, as direct heads do)."""
     from _elastic_rows_emulation import EmulatedRows
     from _layout_emulation import load
     from mooncake._ep_elastic.ipc_rows import IpcRowsPath, row_width
@@ -31,13 +32,13 @@ def _on_emulated_rows(ctx, kernels_library=None):
 
     buffer = elastic_buffer_of(ctx, "rows", **SIZES)
     rows = EmulatedRows(buffer.group, ctx.rank, ctx.size, SIZES["num_max_tokens_per_rank"],
-                        row_width(SIZES["hidden"], SIZES["num_topk"]))
+                        row_width(SIZES["hidden"], SIZES["num_topk"]), output_slots)
     layout = KernelLayout(load(kernels_library)) if kernels_library is not None else None
     buffer.runtime = IpcRowsPath(ctx.rank, buffer._topology, buffer._generation, rows,
                                  SIZES["num_max_tokens_per_rank"], layout=layout)
     done = [run_elastic_round_on(ctx, ec, expand, sync) for ec in GRID for expand in (False, True)
             for sync in (True, False)]
-    return done, buffer.path, rows.calls.count("dispatch"), rows.calls.count("combine")
+    return done, buffer.path, rows.calls.count("dispatch"), rows.calls.count("combine"), rows.direct_calls
 
 
 def run_elastic_round_on(ctx, ec, expand, sync):
@@ -46,20 +47,30 @@ def run_elastic_round_on(ctx, ec, expand, sync):
     return run_elastic_round(ctx, ec, expand=expand, cpu_sync=sync, buffer_name="rows")
 
 
-def _check_grid(world, kernels_library=None):
+def _check_grid(world, kernels_library=None, output_slots=0):
     with World(world, gloo=False, env=RANK_ENV) as w:
-        got = w.run(_on_emulated_rows, kernels_library, timeout=200)
+        got = w.run(_on_emulated_rows, kernels_library, output_slots, timeout=200)
     rounds = 2 * 2 * len(GRID)
     # Per round, all through the seam: a fresh dispatch (the counts' gather, then the rows), a
     # cached one, and two combines.
     assert all(path == "ipc" and dispatches == 3 * rounds and combines == 2 * rounds
-               for _, path, dispatches, combines in got)
+               for _, path, dispatches, combines, _ in got)
     assert any(sum(done) for done, *_ in got)
+    # With slots, each round's first dispatch that is not expanded receives its payload in one
+    # (the round drops its outputs before the next); none without.
+    payload_cases = sum(1 for ec in GRID if _payload_is_the_head(ec))
+    assert [direct for *_, direct in got] == [payload_cases * 2 if output_slots else 0] * world
+
+
+def _payload_is_the_head(ec) -> bool:
+    """Whether the case's payload travels as the rows' head (whole 16-byte vectors), which slots hold."""
+    return ec.base.hidden * (1 if ec.fp8 else 2) % 16 == 0
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_ipc_path_matches_the_dense_reference(world):
-    _check_grid(world)
+@pytest.mark.parametrize("output_slots", [0, 2])
+def test_ipc_path_matches_the_dense_reference(world, output_slots):
+    _check_grid(world, output_slots=output_slots)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +138,7 @@ def _beyond_the_ipc_sizes(ctx):
     from _elastic_rounds import run_elastic_round
     from _ep_refs import Case
 
-    _, _, dispatches, _ = _on_emulated_rows(ctx)
+    _on_emulated_rows(ctx)
     buffer = elastic_buffer_of(ctx, "rows")
     rows = buffer.runtime.transport
     before = len(rows.calls)
@@ -171,3 +182,22 @@ def test_a_rank_refusing_its_arguments_fails_the_call_everywhere_and_the_next_pa
     (kind1, msg1), _ = got[1]
     assert kind0 == "ValueError" and "ranks [1] refused" in msg0, got[0]
     assert kind1 == "TypeError" and "topk_idx" in msg1, got[1]
+
+
+
+def _outputs_held_across_dispatches(ctx):
+    from _elastic_rounds import hold_outputs
+
+    _on_emulated_rows(ctx, output_slots=2)
+    rows = elastic_buffer_of(ctx, "rows").runtime.transport
+    before = rows.direct_calls
+    held = hold_outputs(ctx, "rows", "cpu")
+    return held, rows.direct_calls - before
+
+
+def test_output_slots_are_lent_to_one_output_at_a_time():
+    """Two slots, outputs held: a third dispatch copies twice; a dropped output's slot serves the
+    next; a view holds its slot; nothing a later dispatch writes reaches a held output."""
+    with World(2, gloo=False, env=RANK_ENV) as w:
+        got = w.run(_outputs_held_across_dispatches, timeout=200)
+    assert got == [(HELD_OUTPUT_SLOTS, 3)] * 2

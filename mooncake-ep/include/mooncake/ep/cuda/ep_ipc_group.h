@@ -42,10 +42,16 @@ struct EpIpcGroupOptions {
   // departed from the start, so every call leaves it out. Every rank that
   // opens must pass the same bits; its own may not be among them.
   uint32_t absent = 0;
+  // Output slots in the receive region (DirectHeads): buffers of R * T rows
+  // of up to 2 H bytes that the caller hands out as dispatch outputs, and
+  // into which the senders write each row's head in its final place, so a
+  // row crosses once instead of twice. Only with one local expert per rank
+  // (num_experts == number of ranks). Every rank must pass the same count.
+  int output_slots = 0;
 };
 
 // Device bytes of one rank's receive region for these sizes (both parities).
-size_t epReceiveRegionBytes(int max_tokens_per_rank, int hidden, int num_experts, int num_ranks);
+size_t epReceiveRegionBytes(int max_tokens_per_rank, int hidden, int num_experts, int num_ranks, int output_slots = 0);
 
 // Rows as bytes in two parts, instead of bf16 [H] tokens from x: a caller
 // whose rows carry more than a token (ElasticBuffer's: payload, then FP8
@@ -61,6 +67,23 @@ struct ByteRows {
   // Rows [count, zeroed_rows) of each local expert are zeroed in recv_x and
   // recv_tail (the rows of a caller's output past those received; 0: none).
   int zeroed_rows = 0;
+};
+
+// Heads straight into the destination's output slot (one local expert per
+// rank, byte rows): each destination d published the slot its rows go to,
+// and every rank its counts per destination, in the row the caller gathered
+// to every rank before this call (ElasticBuffer's counts row: int32 words,
+// counts[0, R), the slot at `slot_word`). A sender places its n-th row to d at
+// row begin + n of d's slot, begin = the rows of the sources before it
+// (answered ones only, each count clamped to T), which is where d's layout
+// puts it: the copy phase then moves only the tails. A destination that
+// published -1 (no free slot) gets its rows through its region as before.
+struct DirectHeads {
+  const int32_t* gathered = nullptr;         // null: no direct heads this call
+  int gathered_stride = 0;                   // int32 words per gathered row
+  const int64_t* gathered_ranges = nullptr;  // [R]: (row << 32) | count of each source's gathered row
+  int slot_word = 0;                         // word of a gathered row holding that rank's slot (or -1)
+  int own_slot = -1;                         // this rank's published slot: recv_x is that slot (-1: none)
 };
 
 // Inputs and outputs of dispatch, all in device memory of the group's device.
@@ -84,6 +107,7 @@ struct DispatchArgs {
   // order (-1 for a -1 pick). A caller that has them (ElasticBuffer's layout
   // kernels) spares the send blocks counting the tokens before their own.
   const int32_t* pick_slots = nullptr;
+  DirectHeads direct;  // with bytes and pick_slots only
 };
 
 // Inputs and outputs of combine. y, src_info and layout_range are in the row
@@ -147,6 +171,15 @@ class EpIpcGroup {
   // every peer they still wait for as timed out. For a caller that gives up
   // on a call with timeout_us = -1.
   void abortWaits();
+
+  // The output slots (EpIpcGroupOptions::output_slots): slot i's device
+  // address, and its bytes. `lease()` keeps the region's memory allocated
+  // after the group closes, as long as a copy lives: outputs handed out in
+  // slots may outlive the group (the peers' mappings still close with it).
+  int outputSlots() const;
+  size_t outputSlotBytes() const;
+  void* outputSlot(int slot) const;
+  std::shared_ptr<void> lease() const;
 
   struct State;
 
