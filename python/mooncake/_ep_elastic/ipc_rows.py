@@ -16,6 +16,12 @@ payload (and FP8 scales), then its global top-k ids and weights, as bytes:
 the kernels copy rows bit for bit. Combine returns rows with weight 1.0 in
 ascending destination order, which is the collective path's float32 sum.
 
+A fresh dispatch that is not expanded returns its payload in an output slot
+of the kernels' region when one is free (``output_slots.py``): each rank
+puts its slot in the counts row it gathers, and the peers then write each
+payload straight into its final row there (``DirectHeads``), one copy
+instead of two.
+
 The transport is a seam (``dispatch``/``combine`` below): ``KernelRows``
 on a GPU; the tests run the same path on CPU over an emulation built from
 the group's collectives.
