@@ -239,6 +239,9 @@ def _time_graphs(elastic, x, topk, weights, E, T, args):
     with torch.cuda.stream(side):
         recv_x, _, _, handle, _ = dispatch()
         elastic.combine(recv_x, handle)
+        # The warm-up's output goes first: it holds an output slot, which the captured
+        # dispatch then keeps (mooncake/_ep_elastic/output_slots.py).
+        del recv_x, handle
         dispatch_graph, combine_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.graph(dispatch_graph, stream=side):
             recv_x, _, _, handle, _ = dispatch()

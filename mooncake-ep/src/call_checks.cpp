@@ -50,7 +50,9 @@ std::string checkByteRows(const DispatchArgs& args, const RegionLayout& layout) 
 std::string checkDirectHeads(const DispatchArgs& args, const RegionLayout& layout) {
   const DirectHeads& d = args.direct;
   if (layout.O == 0) return "direct heads need a group opened with output slots";
-  if (!args.bytes.enabled || args.pick_slots == nullptr) return "direct heads go with byte rows and pick_slots";
+  if (!args.bytes.enabled || (args.num_tokens > 0 && args.pick_slots == nullptr)) {
+    return "direct heads go with byte rows and pick_slots";
+  }
   if (d.gathered_ranges == nullptr || d.gathered_stride < layout.R + 1 || d.slot_word < layout.R ||
       d.slot_word >= d.gathered_stride) {
     return "direct.gathered_ranges is required, and direct.slot_word must follow the R counts in rows of "

@@ -205,9 +205,10 @@ class ElasticBuffer:
         ipc = IpcPath(store, self.rank_idx, self.num_ranks, uid, self._read_alive)
         close_at_exit(ipc)
         try:
+            width = row_width(self.hidden, self.num_topk)
+            slots = output_slots_setting(self.num_ranks * self.num_max_tokens_per_rank * 2 * width)
             rows = KernelRows(ipc, torch.device("cuda", torch.cuda.current_device()), self.num_max_tokens_per_rank,
-                              row_width(self.hidden, self.num_topk), self.num_ranks,
-                              self.num_gpu_timeout_secs * 1_000_000, output_slots=output_slots_setting())
+                              width, self.num_ranks, self.num_gpu_timeout_secs * 1_000_000, output_slots=slots)
         except FastPathUnavailable as err:  # raised on every rank alike
             ipc.close()
             self._path_reason = f"the IPC kernels could not be set up ({err})"
@@ -290,7 +291,11 @@ class ElasticBuffer:
                                "must be restarted") from err
 
     def destroy(self) -> None:
-        """Releases the buffer; collective on the IPC and NCCL paths (the peers map its kernels' buffers)."""
+        """Releases the buffer; collective on the IPC and NCCL paths (the peers map its kernels' buffers).
+        Calls still on the device end first, as on every rank (closing would release their waits
+        early), unless an earlier call failed."""
+        if isinstance(self.runtime, IpcRowsPath) and self._broken is None:
+            torch.cuda.synchronize(self.runtime.transport.device)
         self._close_rows()
         self.runtime = self._collective = None
 

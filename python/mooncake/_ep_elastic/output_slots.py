@@ -20,20 +20,30 @@ the output is dropped, as for ``Tensor.record_stream``.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from .._env import int_setting
 
 # How many output slots the IPC path opens (0: none, every dispatch copies
-# twice). Each holds R * T rows of the buffer's widest row.
+# twice). Each holds R * T rows of the buffer's widest row. By default as
+# many as fit in DEFAULT_SLOTS_BYTES, at least 2 (an eager loop keeps the
+# last output while the next dispatch runs) and at most 16 (each CUDA graph
+# captured with a dispatch keeps one: small calls are the ones captured, for
+# many batch sizes, and their slots are small).
 OUTPUT_SLOTS_ENV = "MOONCAKE_EP_ELASTIC_OUTPUT_SLOTS"
-DEFAULT_OUTPUT_SLOTS = 2
+DEFAULT_SLOTS_BYTES = 512 << 20
+_log = logging.getLogger("mooncake.ep")
+MIN_DEFAULT_SLOTS, MAX_DEFAULT_SLOTS = 2, 16
 
 
-def output_slots_setting() -> int:
-    """MOONCAKE_EP_ELASTIC_OUTPUT_SLOTS, or the default."""
+def output_slots_setting(slot_bytes: int) -> int:
+    """MOONCAKE_EP_ELASTIC_OUTPUT_SLOTS, or the default for slots of ``slot_bytes``."""
     value = int_setting(OUTPUT_SLOTS_ENV, "slots", 0)
-    return DEFAULT_OUTPUT_SLOTS if value is None else value
+    if value is not None:
+        return value
+    return max(MIN_DEFAULT_SLOTS, min(MAX_DEFAULT_SLOTS, DEFAULT_SLOTS_BYTES // max(1, slot_bytes)))
 
 
 class _SlotOwner:
@@ -68,6 +78,7 @@ class OutputSlots:
         self._addresses = [address_of(i) for i in range(count)]
         self._lease = lease
         self._held = [False] * count
+        self._told_capture = False
 
     def address(self, index: int) -> int:
         return self._addresses[index]
@@ -81,11 +92,17 @@ class OutputSlots:
         ``(-1, None)`` when every slot is held (or the rows do not fit)."""
         if rows * row_bytes > self.bytes or rows <= 0 or row_bytes <= 0:
             return -1, None
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         free = next((i for i, held in enumerate(self._held) if not held), -1)
         if free < 0:
+            if capturing and not self._told_capture:
+                self._told_capture = True
+                _log.warning("ElasticBuffer: a dispatch captured in a CUDA graph found all %d output slots held; its "
+                             "replays copy the rows twice. Each captured dispatch keeps a slot, each output alive "
+                             "holds one: drop outputs before capturing, or set %s to more", self.count,
+                             OUTPUT_SLOTS_ENV)
             return -1, None
         self._held[free] = True
-        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         owner = _SlotOwner(self, free, rows, row_bytes, keep=capturing)
         if self.device.type == "cuda":
             return free, torch.as_tensor(owner, device=self.device)
