@@ -126,8 +126,10 @@ def _outputs_held_on_the_kernels(ctx):
 def test_output_slots_on_the_kernels():
     """Outputs kept across dispatches (test_elastic_ipc_rows.py's case on the kernels): the
     payloads placed straight into output slots, the two-copy way when none is free, and no
-    held output written by a later dispatch."""
-    with World(2, gloo=False, env=RANK_ENV, backend="mooncake") as world:
+    held output written by a later dispatch. Two slots (these sizes would get 16 by default)."""
+    from mooncake._ep_elastic.output_slots import OUTPUT_SLOTS_ENV
+
+    with World(2, gloo=False, env={**RANK_ENV, OUTPUT_SLOTS_ENV: "2"}, backend="mooncake") as world:
         got = world.run(_outputs_held_on_the_kernels, timeout=240)
     assert got == [("ipc", HELD_OUTPUT_SLOTS)] * 2
 
