@@ -147,16 +147,16 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
       const auto* src = static_cast<const __nv_bfloat16*>(args.x) + static_cast<size_t>(t) * lay.H;
       if (lane == 0) *reinterpret_cast<int32_t*>(message) = t;
       char* payload = message + kMessageHeaderBytes;
-      if (direct_heads != nullptr) {  // the head in its final place; the tail as ever (not for itself)
+      // The header says which token: the copy phase, which spreads rows over more
+      // blocks, copies it from x (into recv_x, also when that is the output slot).
+      if (self_by_reference && dest == ctx.rank) continue;
+      if (direct_heads != nullptr) {  // the head in its final place, the tail as ever
         const ByteRows& b = args.bytes;
         warpCopy(direct_heads + static_cast<size_t>(row) * b.head_bytes,
                  static_cast<const char*>(args.x) + t * b.head_bytes, b.head_bytes, lane);
-        if (!(self_by_reference && dest == ctx.rank)) {
-          warpCopy(payload + b.head_bytes, static_cast<const char*>(b.tail) + t * b.tail_bytes, b.tail_bytes, lane);
-        }
+        warpCopy(payload + b.head_bytes, static_cast<const char*>(b.tail) + t * b.tail_bytes, b.tail_bytes, lane);
         continue;
       }
-      if (self_by_reference && dest == ctx.rank) continue;  // the header says which token: copied from x
       if (args.use_fp8) {
         quantizeTokenWarp(src, reinterpret_cast<uint8_t*>(payload), reinterpret_cast<float*>(payload + lay.H), lay.H,
                           lane);
@@ -231,7 +231,7 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
   const int begin = static_cast<int>(range >> 32), count = static_cast<int>(range & 0xffffffff);
   const char* region = ctx.regions[ctx.rank];
   const int parity = static_cast<int>(receivedSequence(&ctx.counters->dispatch) & 1);
-  // Every source wrote its heads into recv_x (this rank's output slot) itself.
+  // Every other source wrote its heads into recv_x (this rank's output slot) itself.
   const bool heads_in_place = args.direct.gathered != nullptr && args.direct.own_slot >= 0;
   // The wait kernel's acquire loads ended before this kernel began (stream
   // order), so the rows are visible here (read through L2, see L2Load).
@@ -244,10 +244,8 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
     if (self_by_reference && src == ctx.rank) {  // only the header came: the bytes are this rank's own inputs
       if (token < 0 || token >= args.num_tokens) continue;  // never an address outside x
       const ByteRows& b = args.bytes;
-      if (!heads_in_place) {
-        warpCopy(static_cast<char*>(args.recv_x) + row * b.head_bytes,
-                 static_cast<const char*>(args.x) + token * b.head_bytes, b.head_bytes, lane);
-      }
+      warpCopy(static_cast<char*>(args.recv_x) + row * b.head_bytes,
+               static_cast<const char*>(args.x) + token * b.head_bytes, b.head_bytes, lane);
       warpCopy(static_cast<char*>(b.recv_tail) + row * b.tail_bytes,
                static_cast<const char*>(b.tail) + token * b.tail_bytes, b.tail_bytes, lane);
     } else if (args.use_fp8) {
