@@ -9,7 +9,8 @@
 //                  256 tokens side by side: each tile counts within itself
 //                  (its picks' destinations staged in shared memory, a warp
 //                  ballot per rank present, a scan of the 8 warps' counts),
-//                  then each adds the earlier tiles' counts.
+//                  then each adds the earlier tiles' counts (one launch for
+//                  a call of one tile).
 //   sendTail       one thread per 16 bytes of the rows' staged tails.
 //   layoutReceive  one thread per received row (local picks, weights,
 //                  metadata, picks per local expert), then one per pick of
@@ -35,15 +36,27 @@ constexpr int kMaxRowBlocks = 1024;      // grid-stride beyond
 constexpr int kMaxSharedExperts = 8192;  // per-block counts in shared memory (32 KB) up to this many local experts
 constexpr unsigned kAllLanes = 0xffffffffu;
 
+// The row the counts are gathered in: the call's count per rank (`total`
+// of each), then its shape, then zeros.
+template <typename Total>
+__device__ __forceinline__ void writeCountsRow(const SendLayoutArgs& a, int first, int stride, Total total) {
+  for (int i = first; i < a.count_words; i += stride) {
+    a.counts[i] = i < a.num_ranks ? total(i) : i - a.num_ranks < a.shape_words ? a.shape[i - a.num_ranks] : 0;
+  }
+}
+
 // One tile of kTileTokens tokens per block, one token per thread: each
 // token's destinations, its index among the tile's tokens sent to each of
 // them (a warp ballot per rank present, then a scan of the warps' counts),
 // and the tile's count per rank in tile_counts. sendOffsetsKernel then adds
-// the earlier tiles' counts. (One block scanning every tile in turn took
-// 130 us at 8192 tokens: its k scattered stores per token queue on one SM.)
+// the earlier tiles' counts; a call of one tile has none, so its tile writes
+// the counts' row itself and layoutSend launches nothing more. (One block
+// scanning every tile in turn took 130 us at 8192 tokens: its k scattered
+// stores per token queue on one SM.)
 __global__ void __launch_bounds__(kTileTokens) sendTileKernel(SendLayoutArgs a) {
   extern __shared__ int8_t tile_dests[];  // [kTileTokens * k]: the destination of each pick of the tile
   __shared__ int32_t warp_count[kTileWarps][kMaxEpRanks];
+  __shared__ int32_t tile_total[kMaxEpRanks];
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int k = a.num_topk;
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * kTileTokens;
@@ -94,8 +107,10 @@ __global__ void __launch_bounds__(kTileTokens) sendTileKernel(SendLayoutArgs a) 
       sum += count;
     }
     a.tile_counts[static_cast<int64_t>(blockIdx.x) * a.num_ranks + tid] = sum;
+    tile_total[tid] = sum;
   }
   __syncthreads();
+  if (gridDim.x == 1) writeCountsRow(a, tid, kTileTokens, [&](int r) { return tile_total[r]; });
   // Every lane takes part in the ballots (those past the tokens with no destination).
   const uint32_t lanes_below = (1u << lane) - 1u;
   for (uint32_t left = any; left != 0; left &= left - 1u) {
@@ -134,11 +149,7 @@ __global__ void __launch_bounds__(kTileTokens) sendOffsetsKernel(SendLayoutArgs 
     if (last) atomicAdd(&total[i % num_ranks], count);
   }
   __syncthreads();
-  if (last) {
-    for (int i = tid; i < a.count_words; i += kTileTokens) {
-      a.counts[i] = i < num_ranks ? total[i] : i - num_ranks < a.shape_words ? a.shape[i - num_ranks] : 0;
-    }
-  }
+  if (last) writeCountsRow(a, tid, kTileTokens, [&](int r) { return total[r]; });
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * kTileTokens;
   const int64_t picks = (a.num_tokens - tile < kTileTokens ? a.num_tokens - tile : kTileTokens) * k;
   for (int64_t p = tid; p < picks; p += kTileTokens) {  // coalesced: the tile's picks in order
@@ -325,6 +336,7 @@ bool layoutSend(const SendLayoutArgs& a, cudaStream_t stream, std::string* error
   const auto tiles = static_cast<int>(layoutSendScratchWords(a.num_tokens, a.num_ranks) / a.num_ranks);
   sendTileKernel<<<tiles, kTileTokens, static_cast<size_t>(kTileTokens) * a.num_topk, stream>>>(a);
   if (!launched("layoutSend", error)) return false;
+  if (tiles == 1) return true;  // the tile wrote the counts' row; its offsets are 0
   sendOffsetsKernel<<<tiles, kTileTokens, 0, stream>>>(a);
   return launched("layoutSend", error);
 }
