@@ -247,7 +247,7 @@ class IpcRowsPath:
         layout = self._layout(device, num_topk)
         own_slot, own_rows = self._take_slot(capacity, row, do_expand)
         # Gathered after the counts: this rank's output slot, the call's shape, not refused.
-        shape = self._facts_of((own_slot, *facts, 0), device)
+        shape = self._shape_row(facts, own_slot, device)
         sent = layout.send(data, sf, row, topk_idx, topk_weights, num_local, num_ranks, shape)
         dest = sent.dest
         # Counts per destination and the call's shape, gathered on the stream
@@ -324,10 +324,18 @@ class IpcRowsPath:
     def _layout(self, device: torch.device, num_topk: int = 0):
         return self.layout if self.layout is not None else layout_for(device, num_topk)
 
-    def _facts_of(self, key: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    def _shape_row(self, facts: list[int], own_slot: int, device: torch.device) -> torch.Tensor:
+        """``(own_slot, *facts, 0)`` as int32 on ``device``: a row of a table
+        made at a shape's first call, with a row for every slot value (-1 ..
+        slots - 1), so that a captured call whose slot differs from the
+        eager ones' still finds its row made (a copy from the host cannot be
+        captured)."""
+        key = tuple(facts)
         if key not in self._facts:
-            self._facts[key] = torch.tensor(key, dtype=torch.int32, device=device)
-        return self._facts[key]
+            count = self.transport.slots.count if self.transport.slots is not None else 0
+            rows = [(slot, *facts, 0) for slot in range(-1, count)]
+            self._facts[key] = torch.tensor(rows, dtype=torch.int32, device=device)
+        return self._facts[key][own_slot + 1]
 
     def _gather(self, row: torch.Tensor, n: int, mask: torch.Tensor) -> Gathered:
         """Every rank's ``n`` int32 (``row``, ``gather_row``'s form), through

@@ -33,6 +33,13 @@ def test_elastic_grid_on_cuda(world_size):
     assert any(sum(done) for done, _, _ in got)
 
 
+def _with_slots(count: str) -> dict:
+    """The ranks' environment with MOONCAKE_EP_ELASTIC_OUTPUT_SLOTS set (off by default)."""
+    from mooncake._ep_elastic.output_slots import OUTPUT_SLOTS_ENV
+
+    return {**RANK_ENV, OUTPUT_SLOTS_ENV: count}
+
+
 # Sized at construction for the grid's largest call: the IPC path.
 IPC_SIZES = {"num_max_tokens_per_rank": 7, "hidden": 7168, "num_topk": 9}
 
@@ -47,9 +54,11 @@ def _grid_on_the_ipc_path(ctx):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_elastic_grid_on_the_ipc_path(world_size):
-    """The same checks over the CUDA IPC kernels, the layout on the GPU."""
-    with World(world_size, gloo=False, env=RANK_ENV, backend="mooncake") as world:
+@pytest.mark.parametrize("output_slots", ["0", "2"])
+def test_elastic_grid_on_the_ipc_path(world_size, output_slots):
+    """The same checks over the CUDA IPC kernels, the layout on the GPU; with output slots, the
+    payloads placed straight into them (direct heads)."""
+    with World(world_size, gloo=False, env=_with_slots(output_slots), backend="mooncake") as world:
         got = world.run(_grid_on_the_ipc_path, timeout=240)
     assert all(path == "ipc" for _, path, _ in got), [reason for *_, reason in got]
     assert any(sum(done) for done, _, _ in got)
@@ -111,7 +120,7 @@ def _captured_round(ctx):
 
 
 def test_elastic_dispatch_and_combine_replay_from_a_cuda_graph():
-    with World(2, gloo=False, env=RANK_ENV, backend="mooncake") as world:
+    with World(2, gloo=False, env=_with_slots("2"), backend="mooncake") as world:
         got = world.run(_captured_round, timeout=240)
     assert got == [("ipc", True, True, True)] * 2
 
@@ -126,10 +135,8 @@ def _outputs_held_on_the_kernels(ctx):
 def test_output_slots_on_the_kernels():
     """Outputs kept across dispatches (test_elastic_ipc_rows.py's case on the kernels): the
     payloads placed straight into output slots, the two-copy way when none is free, and no
-    held output written by a later dispatch. Two slots (these sizes would get 16 by default)."""
-    from mooncake._ep_elastic.output_slots import OUTPUT_SLOTS_ENV
-
-    with World(2, gloo=False, env={**RANK_ENV, OUTPUT_SLOTS_ENV: "2"}, backend="mooncake") as world:
+    held output written by a later dispatch, with two slots."""
+    with World(2, gloo=False, env=_with_slots("2"), backend="mooncake") as world:
         got = world.run(_outputs_held_on_the_kernels, timeout=240)
     assert got == [("ipc", HELD_OUTPUT_SLOTS)] * 2
 
@@ -159,7 +166,7 @@ def _output_outlives_the_buffer(ctx):
 
 
 def test_an_output_in_a_slot_outlives_the_buffer():
-    with World(2, gloo=False, env=RANK_ENV, backend="mooncake") as world:
+    with World(2, gloo=False, env=_with_slots("2"), backend="mooncake") as world:
         got = world.run(_output_outlives_the_buffer, timeout=240)
     assert got == [True] * 2
 

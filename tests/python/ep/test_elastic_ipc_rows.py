@@ -203,17 +203,19 @@ def test_output_slots_are_lent_to_one_output_at_a_time():
     assert got == [(HELD_OUTPUT_SLOTS, 3)] * 2
 
 
-def test_output_slots_by_default_fill_their_memory_between_two_and_sixteen(monkeypatch):
-    from mooncake._ep_elastic.output_slots import DEFAULT_SLOTS_BYTES, OUTPUT_SLOTS_ENV, output_slots_setting
+def test_output_slots_are_off_unless_asked_for_and_auto_fills_their_memory_between_two_and_sixteen(monkeypatch):
+    from mooncake._ep_elastic.output_slots import AUTO_SLOTS_BYTES, OUTPUT_SLOTS_ENV, output_slots_setting
 
-    monkeypatch.delenv(OUTPUT_SLOTS_ENV, raising=False)
     big = 2 * 8192 * 2 * 7296  # R = 2, T = 8192, H = 7168 with top-8: about 240 MB a slot
     small = 8 * 128 * 2 * 7296  # R = 8, T = 128: about 15 MB
+    monkeypatch.delenv(OUTPUT_SLOTS_ENV, raising=False)
+    assert output_slots_setting(small) == 0
+    monkeypatch.setenv(OUTPUT_SLOTS_ENV, "auto")
     assert output_slots_setting(big) == 2
     assert output_slots_setting(small) == 16
-    assert output_slots_setting(DEFAULT_SLOTS_BYTES // 5) == 5
-    monkeypatch.setenv(OUTPUT_SLOTS_ENV, "0")
-    assert output_slots_setting(small) == 0
+    assert output_slots_setting(AUTO_SLOTS_BYTES // 5) == 5
+    monkeypatch.setenv(OUTPUT_SLOTS_ENV, "3")
+    assert output_slots_setting(small) == 3
     monkeypatch.setenv(OUTPUT_SLOTS_ENV, "-1")
     with pytest.raises(ValueError, match=f"{OUTPUT_SLOTS_ENV}: must be an int >= 0"):
         output_slots_setting(small)
