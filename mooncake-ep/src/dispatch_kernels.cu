@@ -51,24 +51,24 @@ __device__ __forceinline__ int64_t pickOf(const int64_t* topk_idx, int token, in
 }
 
 // Where this rank's first head to `dest` goes in dest's output slot
-// (DirectHeads, ep_ipc_group.h), or null: through dest's region.
+// (DirectHeads, ep_ipc_group.h), or null: through dest's region. Only while
+// every rank's counts came here and this rank gives up on none: dest offers
+// its slot only while it hears every rank (layoutSend's offer word), so both
+// then count every source before this one, and dest's layout puts the row
+// where it lands, unless dest gives up on a source within this very call.
 __device__ __forceinline__ char* directHeadsAt(const EpKernelContext& ctx, const DispatchArgs& args, int dest) {
   const DirectHeads& d = args.direct;
   const RegionLayout& lay = ctx.layout;
   if (d.gathered == nullptr || args.bytes.head_bytes == 0) return nullptr;
-  // A source's gathered row, null when it did not answer.
-  auto row_of = [&](int r) -> const int32_t* {
-    const int64_t range = d.gathered_ranges[r];
-    return (range & 0xffffffff) != 0 ? d.gathered + (range >> 32) * d.gathered_stride : nullptr;
-  };
-  const int32_t* dest_row = row_of(dest);
-  const int slot = dest_row != nullptr ? dest_row[d.slot_word] : -1;
+  for (int r = 0; r < lay.R; ++r) {
+    if ((d.gathered_ranges[r] & 0xffffffff) == 0 || loadActive(args.active_ranks + r) == 0) return nullptr;
+  }
+  auto row_of = [&](int r) { return d.gathered + (d.gathered_ranges[r] >> 32) * d.gathered_stride; };
+  const int slot = row_of(dest)[d.slot_word];
   if (slot < 0 || slot >= lay.O) return nullptr;
   // Clamped to T as the wait phase clamps: every row lands inside the slot.
   int64_t begin = 0;
-  for (int src = 0; src < ctx.rank; ++src) {
-    if (const int32_t* row = row_of(src)) begin += min(max(row[dest], 0), lay.T);
-  }
+  for (int src = 0; src < ctx.rank; ++src) begin += min(max(row_of(src)[dest], 0), lay.T);
   return ctx.regions[dest] + lay.outputSlot(slot) + begin * static_cast<int64_t>(args.bytes.head_bytes);
 }
 
@@ -145,12 +145,15 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
       const int row = args.pick_slots != nullptr ? chunk_slots[i] : sent_before + i;
       char* message = region + lay.dispatchMessage(parity, le, ctx.rank, row);
       const auto* src = static_cast<const __nv_bfloat16*>(args.x) + static_cast<size_t>(t) * lay.H;
-      if (lane == 0) *reinterpret_cast<int32_t*>(message) = t;
+      // The header: the token, and whether its head is already in place (DirectHeads).
+      const bool self_row = self_by_reference && dest == ctx.rank;
+      const bool placed = direct_heads != nullptr && !self_row;
+      if (lane == 0) *reinterpret_cast<int2*>(message) = make_int2(t, placed ? 1 : 0);
       char* payload = message + kMessageHeaderBytes;
       // The header says which token: the copy phase, which spreads rows over more
       // blocks, copies it from x (into recv_x, also when that is the output slot).
-      if (self_by_reference && dest == ctx.rank) continue;
-      if (direct_heads != nullptr) {  // the head in its final place, the tail as ever
+      if (self_row) continue;
+      if (placed) {  // the head in its final place, the tail as ever
         const ByteRows& b = args.bytes;
         warpCopy(direct_heads + static_cast<size_t>(row) * b.head_bytes,
                  static_cast<const char*>(args.x) + t * b.head_bytes, b.head_bytes, lane);
@@ -231,14 +234,16 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
   const int begin = static_cast<int>(range >> 32), count = static_cast<int>(range & 0xffffffff);
   const char* region = ctx.regions[ctx.rank];
   const int parity = static_cast<int>(receivedSequence(&ctx.counters->dispatch) & 1);
-  // Every other source wrote its heads into recv_x (this rank's output slot) itself.
-  const bool heads_in_place = args.direct.gathered != nullptr && args.direct.own_slot >= 0;
+  // recv_x is this rank's output slot: a header says whether its sender put the head there.
+  const bool slot_offered = args.direct.gathered != nullptr && args.direct.own_slot >= 0;
   // The wait kernel's acquire loads ended before this kernel began (stream
   // order), so the rows are visible here (read through L2, see L2Load).
   for (int i = first; i < count; i += stride) {
     const char* message = region + lay.dispatchMessage(parity, le, src, i);
     const size_t row = le * rows_per_expert + begin + i;
-    const int32_t token = __ldcg(reinterpret_cast<const int32_t*>(message));
+    const int2 header = __ldcg(reinterpret_cast<const int2*>(message));
+    const int32_t token = header.x;
+    const bool head_in_place = slot_offered && header.y == 1;
     if (lane == 0) args.src_info[row] = token;
     const char* payload = message + kMessageHeaderBytes;
     if (self_by_reference && src == ctx.rank) {  // only the header came: the bytes are this rank's own inputs
@@ -257,7 +262,7 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
       }
     } else if (args.bytes.enabled) {
       const ByteRows& b = args.bytes;
-      if (!heads_in_place) {
+      if (!head_in_place) {
         warpCopy(static_cast<char*>(args.recv_x) + row * b.head_bytes, payload, b.head_bytes, lane, L2Load());
       }
       warpCopy(static_cast<char*>(b.recv_tail) + row * b.tail_bytes, payload + b.head_bytes, b.tail_bytes, lane,

@@ -37,11 +37,16 @@ constexpr int kMaxSharedExperts = 8192;  // per-block counts in shared memory (3
 constexpr unsigned kAllLanes = 0xffffffffu;
 
 // The row the counts are gathered in: the call's count per rank (`total`
-// of each), then its shape, then zeros.
+// of each), then its shape, then zeros; the offer word -1 while a rank is
+// given up on.
 template <typename Total>
 __device__ __forceinline__ void writeCountsRow(const SendLayoutArgs& a, int first, int stride, Total total) {
   for (int i = first; i < a.count_words; i += stride) {
-    a.counts[i] = i < a.num_ranks ? total(i) : i - a.num_ranks < a.shape_words ? a.shape[i - a.num_ranks] : 0;
+    int32_t word = i < a.num_ranks ? total(i) : i - a.num_ranks < a.shape_words ? a.shape[i - a.num_ranks] : 0;
+    if (i == a.offer_word && a.active_ranks != nullptr) {
+      for (int r = 0; r < a.num_ranks; ++r) word = a.active_ranks[r] != 0 ? word : -1;
+    }
+    a.counts[i] = word;
   }
 }
 
@@ -323,6 +328,9 @@ bool layoutSend(const SendLayoutArgs& a, cudaStream_t stream, std::string* error
   }
   if (a.shape_words < 0 || a.count_words < a.num_ranks + a.shape_words) {
     return refuse("layoutSend: the counts' row is shorter than the counts and the shape", error);
+  }
+  if (a.offer_word < -1 || a.offer_word >= a.count_words) {
+    return refuse("layoutSend: offer_word must be -1 or a word of the counts' row", error);
   }
   if (a.num_topk > kMaxLayoutTopk) {
     return refuse("layoutSend: num_topk " + std::to_string(a.num_topk) + " is more than the kernels take (" +

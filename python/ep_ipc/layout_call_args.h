@@ -19,7 +19,8 @@ T* address(uintptr_t value) {
 inline cuda::SendLayoutArgs sendLayoutArgs(uintptr_t topk_idx, int num_tokens, int num_topk, int num_local,
                                            int num_ranks, uintptr_t dest, uintptr_t dest_slots, uintptr_t token_index,
                                            uintptr_t counts, int count_words, uintptr_t shape, int shape_words,
-                                           uintptr_t tile_counts, int64_t tile_count_words) {
+                                           uintptr_t tile_counts, int64_t tile_count_words, int offer_word,
+                                           uintptr_t active_ranks) {
   cuda::SendLayoutArgs a;
   a.topk_idx = address<const int64_t>(topk_idx);
   a.num_tokens = num_tokens;
@@ -35,6 +36,8 @@ inline cuda::SendLayoutArgs sendLayoutArgs(uintptr_t topk_idx, int num_tokens, i
   a.shape_words = shape_words;
   a.tile_counts = address<int32_t>(tile_counts);
   a.tile_count_words = tile_count_words;
+  a.offer_word = offer_word;
+  a.active_ranks = address<const int32_t>(active_ranks);
   return a;
 }
 

@@ -248,12 +248,16 @@ class IpcRowsPath:
         own_slot, own_rows = self._take_slot(capacity, row, do_expand)
         # Gathered after the counts: this rank's output slot, the call's shape, not refused.
         shape = self._shape_row(facts, own_slot, device)
-        sent = layout.send(data, sf, row, topk_idx, topk_weights, num_local, num_ranks, shape)
+        mask = self._mask(device)
+        # The slot is offered only while this rank hears every rank: a receiver
+        # that gave up on a source lays its rows out without it, where senders
+        # that still count it would misplace theirs (DirectHeads).
+        sent = layout.send(data, sf, row, topk_idx, topk_weights, num_local, num_ranks, shape,
+                           offer_word=num_ranks if self.transport.slots is not None else -1, active_ranks=mask)
         dest = sent.dest
         # Counts per destination and the call's shape, gathered on the stream
         # (no wait on the host): the handle's dst_buffer_slot_idx needs where
         # this rank's block starts at each destination.
-        mask = self._mask(device)
         gathered = self._gather(sent.counts_row, num_ranks + shape.numel(), mask)
         # Rows past the received ones are cut (do_cpu_sync), or read through
         # the expansion, which never picks them; else they are the output's zeros.

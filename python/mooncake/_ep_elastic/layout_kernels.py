@@ -133,13 +133,18 @@ class TorchLayout:
         return (payload if row.head else None), tail
 
     def send(self, data, sf, row, topk_idx, topk_weights, num_local: int, num_ranks: int,
-             shape: torch.Tensor) -> SendLayout:
-        """``shape``: [F] int32, the call's shape, gathered after the counts."""
+             shape: torch.Tensor, offer_word: int = -1, active_ranks: torch.Tensor | None = None) -> SendLayout:
+        """``shape``: [F] int32, the call's shape, gathered after the counts;
+        word ``offer_word`` of the gathered row (-1: none) is -1 while any of
+        ``active_ranks`` is 0 (SendLayoutArgs::offer_word)."""
         by_dest = rl.picks_by_destination(topk_idx, num_local)
         dest = rl.unique_destinations(by_dest)
         goes_to = rl.destination_table(dest, num_ranks)
         head, tail = self.send_rows(data, sf, row, topk_idx, topk_weights)
-        counts_row = gather_row(torch.cat([goes_to.sum(dim=0).to(torch.int32), shape]))
+        values = torch.cat([goes_to.sum(dim=0).to(torch.int32), shape])
+        if offer_word >= 0 and active_ranks is not None:
+            values[offer_word] = torch.where((active_ranks != 0).all(), values[offer_word], -1)
+        counts_row = gather_row(values)
         dest_slots = rl.index_among_sent(dest, goes_to).to(torch.int32)
         return SendLayout(dest=dest, dest_slots=dest_slots, counts_row=counts_row, head=head, tail=tail,
                           topk_idx=topk_idx, slot_state=(by_dest, goes_to), num_ranks=num_ranks)
@@ -209,7 +214,7 @@ class KernelLayout:
         return (payload if row.head else None), tail
 
     def send(self, data, sf, row, topk_idx, topk_weights, num_local: int, num_ranks: int,
-             shape: torch.Tensor) -> SendLayout:
+             shape: torch.Tensor, offer_word: int = -1, active_ranks: torch.Tensor | None = None) -> SendLayout:
         device = topk_idx.device
         topk = topk_idx.to(torch.int64).contiguous()
         shape = shape.to(torch.int32).contiguous()
@@ -228,7 +233,8 @@ class KernelLayout:
                                         token_index=_address(token_index), counts=_address(counts_row),
                                         count_words=counts_row.size(1) // 4, shape=_address(shape),
                                         shape_words=shape.numel(), tile_counts=_address(tile_counts),
-                                        tile_count_words=tile_counts.numel(), stream=self._stream(device))
+                                        tile_count_words=tile_counts.numel(), stream=self._stream(device),
+                                        offer_word=offer_word, active_ranks=_address(active_ranks))
         head, tail = self.send_rows(data, sf, row, topk, topk_weights)
         return SendLayout(dest=dest, dest_slots=dest_slots, counts_row=counts_row, head=head, tail=tail, topk_idx=topk,
                           slot_state=token_index, num_ranks=num_ranks)

@@ -109,11 +109,17 @@ def check_case(case, kernels, device):
                                                                   fp8, with_weights, empty_rank, num_local))
         row = RowFormat.of(data, sf, num_topk)
         shape = torch.arange(FACT_COLUMNS, dtype=torch.int32, device=device) + 100 * source
-        mine = kernels.send(data, sf, row, topk, w, num_local, world, shape)
-        ref = TORCH.send(data, sf, row, topk, w, num_local, world, shape)
+        # The shape's first word is offered (an output slot) only while every rank is heard: odd
+        # sources have given up on their last rank, even ones hear everyone.
+        active = torch.ones(world, dtype=torch.int32, device=device)
+        active[-1] = source % 2 == 0
+        mine = kernels.send(data, sf, row, topk, w, num_local, world, shape, offer_word=world, active_ranks=active)
+        ref = TORCH.send(data, sf, row, topk, w, num_local, world, shape, offer_word=world, active_ranks=active)
         assert_same("dest", mine.dest, ref.dest)
         assert_same("dest slots", mine.dest_slots, ref.dest_slots)
         assert_same("counts and shape", mine.counts_row, ref.counts_row)
+        offered = int(mine.counts_row[0, 4 * world:4 * world + 4].view(torch.int32))
+        assert offered == (100 * source if source % 2 == 0 else -1), f"source {source}: the offer word {offered}"
         assert_same("head", mine.head, ref.head)
         assert_same("tail", defined_tail(mine.tail, row, with_weights), defined_tail(ref.tail, row, with_weights))
         calls.append((mine, ref, row))

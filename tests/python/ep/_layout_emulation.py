@@ -28,7 +28,8 @@ _U, _I, _L = ctypes.c_size_t, ctypes.c_int, ctypes.c_int64
 _CALLS = {
     "layout_send": [("topk_idx", _U), ("num_tokens", _I), ("num_topk", _I), ("num_local", _I), ("num_ranks", _I),
                     ("dest", _U), ("dest_slots", _U), ("token_index", _U), ("counts", _U), ("count_words", _I), ("shape", _U),
-                    ("shape_words", _I), ("tile_counts", _U), ("tile_count_words", _L)],
+                    ("shape_words", _I), ("tile_counts", _U), ("tile_count_words", _L), ("offer_word", _I),
+                    ("active_ranks", _U)],
     "send_tail": [("payload", _U), ("payload_bytes", _L), ("scales", _U), ("scale_bytes", _L), ("topk_idx", _U),
                   ("weights", _U), ("num_tokens", _I), ("num_topk", _I), ("head_bytes", _L), ("ids_at", _L),
                   ("tail", _U), ("tail_bytes", _L)],

@@ -48,6 +48,11 @@ struct SendLayoutArgs {
   int shape_words = 0;
   int32_t* tile_counts = nullptr;  // scratch: layoutSendScratchWords(num_tokens, num_ranks) words, any contents
   int64_t tile_count_words = 0;
+  // A word of the counts' row that offers something only while this rank
+  // hears every rank (ElasticBuffer's output slot, DirectHeads): written as
+  // -1 while any of active_ranks [R] is 0. -1, or active_ranks null: none.
+  int offer_word = -1;
+  const int32_t* active_ranks = nullptr;
 };
 
 // The rows' staged tail (bytes [head, head + tail_bytes) of each row, see
