@@ -74,10 +74,14 @@ struct ByteRows {
 // and every rank its counts per destination, in the row the caller gathered
 // to every rank before this call (ElasticBuffer's counts row: int32 words,
 // counts[0, R), the slot at `slot_word`). A sender places its n-th row to d at
-// row begin + n of d's slot, begin = the rows of the sources before it
-// (answered ones only, each count clamped to T), which is where d's layout
-// puts it: the copy phase then moves only the tails. A destination that
-// published -1 (no free slot) gets its rows through its region as before.
+// row begin + n of d's slot, begin = the rows of the sources before it (each
+// count clamped to T), which is where d's layout puts it, and says so in the
+// row's header: the copy phase then moves only the tails of such rows. It
+// does so only while every rank's counts reached it and it gives up on no
+// rank; a destination offers its slot only while it hears every rank (else
+// publishes -1, as when it has no free slot), and then gets its rows through
+// its region as before. docs/ep-kernels.md says what a loss within a call
+// still does.
 struct DirectHeads {
   const int32_t* gathered = nullptr;         // null: no direct heads this call
   int gathered_stride = 0;                   // int32 words per gathered row
