@@ -15,7 +15,10 @@ Reuse is ordered like torch's own memory: a freed slot is given to this
 rank's next dispatch, whose peers learn its index only from the counts that
 dispatch gathers, on this rank's stream, after the work enqueued on it
 before. Work that reads an output on another stream must be ordered before
-the output is dropped, as for ``Tensor.record_stream``.
+the output is dropped, as for ``Tensor.record_stream``; and a dispatch on
+another stream than the work that read the earlier outputs must be ordered
+after it (``Stream.wait_stream``): unlike torch's allocator, the slots are
+not kept per stream.
 """
 
 from __future__ import annotations
