@@ -50,10 +50,14 @@ MAX_CALL_BYTES_ENV = "MOONCAKE_EP_ELASTIC_IPC_MAX_BYTES"
 
 
 # A dispatch's gathered row, int32 words: the tokens to each of the R ranks,
-# at word R this rank's output slot (-1: none; DirectHeads), then the call's
+# then this rank's output slot (-1: none; DirectHeads), then the call's
 # FACTS, then 1 if this rank refused its arguments.
+def _slot_word(num_ranks: int) -> int:
+    return num_ranks
+
+
 def _facts_begin(num_ranks: int) -> int:
-    return num_ranks + 1
+    return _slot_word(num_ranks) + 1
 
 
 @dataclass(frozen=True)
@@ -161,7 +165,7 @@ class KernelRows:
                                   gathered=gathered.rows.data_ptr() if gathered is not None else 0,
                                   gathered_stride=gathered.rows.size(1) // 4 if gathered is not None else 0,
                                   gathered_ranges=gathered.ranges.data_ptr() if gathered is not None else 0,
-                                  slot_word=self.num_ranks, own_slot=direct.own_slot if direct is not None else -1)
+                                  slot_word=_slot_word(self.num_ranks), own_slot=direct.own_slot if direct is not None else -1)
         return recv_head if head is not None else None, recv_tail, src_token, ranges
 
     def combine(self, y: torch.Tensor, src_token: torch.Tensor, ranges: torch.Tensor, dest: torch.Tensor,
@@ -253,7 +257,8 @@ class IpcRowsPath:
         # that gave up on a source lays its rows out without it, where senders
         # that still count it would misplace theirs (DirectHeads).
         sent = layout.send(data, sf, row, topk_idx, topk_weights, num_local, num_ranks, shape,
-                           offer_word=num_ranks if self.transport.slots is not None else -1, active_ranks=mask)
+                           offer_word=_slot_word(num_ranks) if self.transport.slots is not None else -1,
+                           active_ranks=mask)
         dest = sent.dest
         # Counts per destination and the call's shape, gathered on the stream
         # (no wait on the host): the handle's dst_buffer_slot_idx needs where
@@ -368,7 +373,7 @@ class IpcRowsPath:
         others raise at their synchronisation."""
         num_ranks = self.topo.num_ranks
         mine = torch.zeros(_facts_begin(num_ranks) + len(FACTS) + 1, dtype=torch.int32, device=device)
-        mine[num_ranks] = -1  # no output slot: the peers' rows come through the region
+        mine[_slot_word(num_ranks)] = -1  # no output slot: the peers' rows come through the region
         mine[-1] = 1
         mask = self._mask(device)
         table = self._gather(gather_row(mine), mine.numel(), mask).table()
