@@ -50,26 +50,33 @@ __device__ __forceinline__ int64_t pickOf(const int64_t* topk_idx, int token, in
   return -1;
 }
 
-// Where this rank's first head to `dest` goes in dest's output slot
-// (DirectHeads, ep_ipc_group.h), or null: through dest's region. Only while
-// every rank's counts came here and this rank gives up on none: dest offers
-// its slot only while it hears every rank (layoutSend's offer word), so both
-// then count every source before this one, and dest's layout puts the row
-// where it lands, unless dest gives up on a source within this very call.
-__device__ __forceinline__ char* directHeadsAt(const EpKernelContext& ctx, const DispatchArgs& args, int dest) {
+// Where this rank's heads to `dest` go in dest's output slot (DirectHeads,
+// ep_ipc_group.h): the slot's first row, and the row of this rank's first
+// head there; or a null slot: through dest's region. Only while every rank's
+// counts came here and this rank gives up on none: dest offers its slot only
+// while it hears every rank (layoutSend's offer word), so both then count
+// every source before this one. Should dest give up on a source within this
+// very call, its wait phase finds the heads whose place moved by their
+// headers and brings them back through the region (stageMovedHeads).
+struct DirectPlace {  // no initialisers: a __shared__ variable below
+  char* slot;
+  int64_t begin;
+};
+
+__device__ __forceinline__ DirectPlace directHeadsAt(const EpKernelContext& ctx, const DispatchArgs& args, int dest) {
   const DirectHeads& d = args.direct;
   const RegionLayout& lay = ctx.layout;
-  if (d.gathered == nullptr || args.bytes.head_bytes == 0) return nullptr;
+  if (d.gathered == nullptr || args.bytes.head_bytes == 0) return {nullptr, 0};
   for (int r = 0; r < lay.R; ++r) {
-    if ((d.gathered_ranges[r] & 0xffffffff) == 0 || loadActive(args.active_ranks + r) == 0) return nullptr;
+    if ((d.gathered_ranges[r] & 0xffffffff) == 0 || loadActive(args.active_ranks + r) == 0) return {nullptr, 0};
   }
   auto row_of = [&](int r) { return d.gathered + (d.gathered_ranges[r] >> 32) * d.gathered_stride; };
   const int slot = row_of(dest)[d.slot_word];
-  if (slot < 0 || slot >= lay.O) return nullptr;
+  if (slot < 0 || slot >= lay.O) return {nullptr, 0};
   // Clamped to T as the wait phase clamps: every row lands inside the slot.
   int64_t begin = 0;
   for (int src = 0; src < ctx.rank; ++src) begin += min(max(row_of(src)[dest], 0), lay.T);
-  return ctx.regions[dest] + lay.outputSlot(slot) + begin * static_cast<int64_t>(args.bytes.head_bytes);
+  return {ctx.regions[dest] + lay.outputSlot(slot), begin};
 }
 
 // `self_by_reference`: rows for this rank itself travel only as their
@@ -106,10 +113,10 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
   __shared__ int chunk_tokens[kSendThreads];
   __shared__ int chunk_slots[kSendThreads];  // with pick_slots: each row's slot
   __shared__ int sent_before;  // tokens before this chunk of the loop that picked `expert`
-  __shared__ char* direct_heads;  // this rank's first head in dest's output slot, or null
+  __shared__ DirectPlace direct;  // where this rank's heads go in dest's output slot (null slot: through the region)
   if (threadIdx.x == 0) {
     sent_before = picked_before;
-    direct_heads = lay.L == 1 ? directHeadsAt(ctx, args, dest) : nullptr;
+    direct = lay.L == 1 ? directHeadsAt(ctx, args, dest) : DirectPlace{nullptr, 0};
   }
   __syncthreads();
   for (int base = first_token; base < end_token; base += kSendThreads) {
@@ -145,17 +152,18 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
       const int row = args.pick_slots != nullptr ? chunk_slots[i] : sent_before + i;
       char* message = region + lay.dispatchMessage(parity, le, ctx.rank, row);
       const auto* src = static_cast<const __nv_bfloat16*>(args.x) + static_cast<size_t>(t) * lay.H;
-      // The header: the token, and whether its head is already in place (DirectHeads).
+      // The header: the token, and 1 + the slot row its head was placed in (DirectHeads), else 0.
       const bool self_row = self_by_reference && dest == ctx.rank;
-      const bool placed = direct_heads != nullptr && !self_row;
-      if (lane == 0) *reinterpret_cast<int2*>(message) = make_int2(t, placed ? 1 : 0);
+      const bool placed = direct.slot != nullptr && !self_row;
+      const int64_t slot_row = direct.begin + row;
+      if (lane == 0) *reinterpret_cast<int2*>(message) = make_int2(t, placed ? static_cast<int>(slot_row + 1) : 0);
       char* payload = message + kMessageHeaderBytes;
       // The header says which token: the copy phase, which spreads rows over more
       // blocks, copies it from x (into recv_x, also when that is the output slot).
       if (self_row) continue;
       if (placed) {  // the head in its final place, the tail as ever
         const ByteRows& b = args.bytes;
-        warpCopy(direct_heads + static_cast<size_t>(row) * b.head_bytes,
+        warpCopy(direct.slot + static_cast<size_t>(slot_row) * b.head_bytes,
                  static_cast<const char*>(args.x) + t * b.head_bytes, b.head_bytes, lane);
         warpCopy(payload + b.head_bytes, static_cast<const char*>(b.tail) + t * b.tail_bytes, b.tail_bytes, lane);
         continue;
@@ -182,6 +190,52 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
     publishFromChunks(region, lay.dispatchSignal(parity, le, ctx.rank), tally, sequence,
                       static_cast<uint32_t>(sent_before - picked_before), /*skipped=*/false);
     finishSendBlock(counters, sequence);
+  }
+}
+
+// True when this call's heads may arrive in this rank's output slot (recv_x
+// is that slot): each message's header then says where its head was placed.
+__device__ __forceinline__ bool slotOffered(const DispatchArgs& args) {
+  return args.direct.gathered != nullptr && args.direct.own_slot >= 0 && args.bytes.head_bytes > 0;
+}
+
+// After the wait phase's layout (one block): a sender placed its heads in
+// this rank's output slot counting every source before it, while this layout
+// counts only those still heard. The two differ only when a source was given
+// up on during this call; then each head placed elsewhere than its row of the
+// layout is copied from the slot back into its message (whose head bytes the
+// sender left unused) and its header cleared, so that the copy phase moves it
+// from the region like any other. The copy phase writes rows the heads were
+// read from: hence here, a launch before it. Only on a call that lost a rank.
+__device__ __forceinline__ void stageMovedHeads(const EpKernelContext& ctx, const DispatchArgs& args, int parity) {
+  const RegionLayout& lay = ctx.layout;
+  if (!slotOffered(args)) return;
+  bool everyone_heard = true;
+  for (int r = 0; r < lay.R; ++r) everyone_heard &= loadActive(args.active_ranks + r) != 0;
+  if (everyone_heard) return;
+  __syncthreads();  // layout_range's begins are written
+  const ByteRows& b = args.bytes;
+  char* region = ctx.regions[ctx.rank];
+  const char* slot = static_cast<const char*>(args.recv_x);
+  const int64_t slot_rows = static_cast<int64_t>(lay.L) * lay.R * lay.T;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, warps = blockDim.x / kWarp;
+  for (int pair = 0; pair < lay.L * lay.R; ++pair) {
+    const int le = pair / lay.R, src = pair % lay.R;
+    const int64_t range = args.layout_range[pair];
+    const int begin = static_cast<int>(range >> 32), count = static_cast<int>(range & 0xffffffff);
+    for (int i = warp; i < count; i += warps) {
+      char* message = region + lay.dispatchMessage(parity, le, src, i);
+      int2* header = reinterpret_cast<int2*>(message);
+      const int placed_at = __ldcg(&header->y) - 1;
+      const int64_t row = static_cast<int64_t>(le) * lay.R * lay.T + begin + i;
+      if (placed_at < 0 || placed_at == row) continue;
+      if (placed_at < slot_rows) {
+        warpCopy(message + kMessageHeaderBytes, slot + static_cast<size_t>(placed_at) * b.head_bytes, b.head_bytes,
+                 lane, L2Load());
+      }
+      __syncwarp();
+      if (lane == 0) header->y = 0;
+    }
   }
 }
 
@@ -220,6 +274,7 @@ __device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const Disp
     }
     args.recv_count[le] = static_cast<int32_t>(begin);
   }
+  stageMovedHeads(ctx, args, parity);
 }
 
 __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const DispatchArgs& args, bool self_by_reference) {
@@ -234,8 +289,8 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
   const int begin = static_cast<int>(range >> 32), count = static_cast<int>(range & 0xffffffff);
   const char* region = ctx.regions[ctx.rank];
   const int parity = static_cast<int>(receivedSequence(&ctx.counters->dispatch) & 1);
-  // recv_x is this rank's output slot: a header says whether its sender put the head there.
-  const bool slot_offered = args.direct.gathered != nullptr && args.direct.own_slot >= 0;
+  // recv_x is this rank's output slot: a header says where its sender put the head there.
+  const bool slot_offered = slotOffered(args);
   // The wait kernel's acquire loads ended before this kernel began (stream
   // order), so the rows are visible here (read through L2, see L2Load).
   for (int i = first; i < count; i += stride) {
@@ -243,7 +298,7 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
     const size_t row = le * rows_per_expert + begin + i;
     const int2 header = __ldcg(reinterpret_cast<const int2*>(message));
     const int32_t token = header.x;
-    const bool head_in_place = slot_offered && header.y == 1;
+    const bool head_in_place = slot_offered && header.y == static_cast<int64_t>(row) + 1;
     if (lane == 0) args.src_info[row] = token;
     const char* payload = message + kMessageHeaderBytes;
     if (self_by_reference && src == ctx.rank) {  // only the header came: the bytes are this rank's own inputs

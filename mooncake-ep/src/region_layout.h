@@ -13,8 +13,9 @@
 //   send tallies     [2][E] uint64       (this rank's own: dispatch, combine; blocks that share
 //                                         one destination's rows count themselves in, see send_tally.cuh)
 //   dispatch rows    [2][L][R][T] messages of msg_stride bytes:
-//                      int32 token index at the source, int32 1 when the
-//                      head was placed in an output slot (DirectHeads), 8 bytes padding,
+//                      int32 token index at the source, int32 1 + the output
+//                      slot row its head was placed in (DirectHeads; 0: in the
+//                      payload), 8 bytes padding,
 //                      then bf16 [H], or e4m3 [H] followed by float32 [H / 128]
 //   combine rows     [2][E][T] bf16 [H]  (global expert, token index at the owner)
 //   output slots     [O] of R * T rows of at most 2H bytes (O = 0 unless asked for):

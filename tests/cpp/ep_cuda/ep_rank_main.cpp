@@ -2,8 +2,8 @@
 // starts CUDA afresh in its own process (test_ep_ipc_group.cpp starts them).
 //
 //   ep_cuda_rank <scenario> <group name> <rank> <world> [key=value ...]
-//   scenarios: exchange, absent, late, masked, dead; timing (a measurement, not a test)
-//   keys: tokens=T hidden=H local_experts=L topk=K seed=N calls=N
+//   scenarios: exchange, absent, late, masked, dead, direct_loss; timing (a measurement, not a test)
+//   keys: tokens=T hidden=H local_experts=L topk=K seed=N calls=N output_slots=O
 //
 // Exit status 0 when every check passed on this rank; reasons go to stderr.
 #include <cuda_runtime_api.h>
@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   options.max_tokens_per_rank = s.T;
   options.hidden = s.H;
   options.num_experts = s.E();
+  options.output_slots = static_cast<int>(key("output_slots", 0));
   options.attach_timeout = std::chrono::seconds(30);
   std::string error;
   std::unique_ptr<EpIpcGroup> group = EpIpcGroup::open(name, rank, world, options, &error);
@@ -62,6 +63,8 @@ int main(int argc, char** argv) {
     failures = maskedRankScenario(*group, s, seed);
   } else if (scenario == "dead") {
     failures = deadRankScenario(*group, s, seed);
+  } else if (scenario == "direct_loss") {
+    failures = directHeadsLossScenario(*group, s, seed);
   } else {
     std::fprintf(stderr, "unknown scenario '%s'\n", scenario.c_str());
     failures = 1;

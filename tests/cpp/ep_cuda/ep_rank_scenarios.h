@@ -13,5 +13,6 @@ int absentRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed);
 int lateRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed);
 int maskedRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed);
 int deadRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed);
+int directHeadsLossScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed);  // ep_rank_direct_heads.cpp
 
 }  // namespace mooncake::ep::cuda::testing

@@ -74,4 +74,12 @@ TEST(EpIpcGroup, DeadRankEndsWaitsWithoutTimeout) {
   EXPECT_EQ(status[2], 200 + SIGKILL) << "the victim should have been killed";
 }
 
+// Direct heads in the call that loses a source before them: rank 0's counts
+// are given to the others as gathered, but it never sends; ranks 1 and 2 place
+// heads in each other's output slot counting its rows, then give up on it.
+TEST(EpIpcGroup, DirectHeadsLandInPlaceWhenAnEarlierSourceIsLostInTheCall) {
+  REQUIRE_GPU();
+  expectAllPassed(runRanks("direct_loss", 3, {"seed=20", "local_experts=1", "topk=2", "hidden=256", "output_slots=1"}));
+}
+
 }  // namespace
