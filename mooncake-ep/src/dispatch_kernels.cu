@@ -57,7 +57,10 @@ __device__ __forceinline__ int64_t pickOf(const int64_t* topk_idx, int token, in
 // while it hears every rank (layoutSend's offer word), so both then count
 // every source before this one. Should dest give up on a source within this
 // very call, its wait phase finds the heads whose place moved by their
-// headers and brings them back through the region (stageMovedHeads).
+// headers and brings them back through the region (stageMovedHeads). Never
+// once dest gave up on this rank (its mark in this region, noteGivenUp): a
+// rank that comes late finds the counts row dest sent it, slot and all, but
+// dest's call is over and the slot is an output.
 struct DirectPlace {  // no initialisers: a __shared__ variable below
   char* slot;
   int64_t begin;
@@ -67,6 +70,9 @@ __device__ __forceinline__ DirectPlace directHeadsAt(const EpKernelContext& ctx,
   const DirectHeads& d = args.direct;
   const RegionLayout& lay = ctx.layout;
   if (d.gathered == nullptr || args.bytes.head_bytes == 0) return {nullptr, 0};
+  if (ld_relaxed_sys(reinterpret_cast<const uint32_t*>(ctx.regions[ctx.rank] + lay.givenUpBy(dest))) != 0) {
+    return {nullptr, 0};
+  }
   for (int r = 0; r < lay.R; ++r) {
     if ((d.gathered_ranges[r] & 0xffffffff) == 0 || loadActive(args.active_ranks + r) == 0) return {nullptr, 0};
   }
@@ -193,6 +199,19 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
   }
 }
 
+// After the waits (a thread per rank): marks this rank in the region of
+// each source it gave up on and that is still alive as far as it knows (a
+// departed process's memory may be gone), so that the source, should it
+// come late, sends no head to this rank's output slots (directHeadsAt).
+__device__ __forceinline__ void noteGivenUp(const EpKernelContext& ctx, const int32_t* active_ranks) {
+  const WaitEscape& escape = ctx.escape;
+  for (int src = threadIdx.x; src < ctx.layout.R; src += blockDim.x) {
+    const bool departed = (escape.departed_bits >> src & 1u) != 0 || ld_relaxed_sys(escape.departed_seen + src) != 0;
+    if (src == ctx.rank || departed || loadActive(active_ranks + src) != 0) continue;
+    st_relaxed_sys(reinterpret_cast<uint32_t*>(ctx.regions[src] + ctx.layout.givenUpBy(ctx.rank)), 1u);
+  }
+}
+
 // True when this call's heads may arrive in this rank's output slot (recv_x
 // is that slot): each message's header then says where its head was placed.
 __device__ __forceinline__ bool slotOffered(const DispatchArgs& args) {
@@ -263,6 +282,7 @@ __device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const Disp
     args.layout_range[pair] = count < 0 ? 0 : min(count, lay.T);
   }
   __syncthreads();  // every wait is over: the mask is final for this call
+  noteGivenUp(ctx, args.active_ranks);
   // Pass 2: segments one after another by source rank; a source masked by
   // now contributes nothing to any expert, even where its signal came.
   for (int le = threadIdx.x; le < lay.L; le += blockDim.x) {

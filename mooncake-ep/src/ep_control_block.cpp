@@ -8,7 +8,8 @@ namespace mooncake::ep::cuda {
 namespace {
 
 constexpr uint64_t kMagic = 0x4d43455049504331ull;  // "MCEPIPC1"
-constexpr uint32_t kVersion = 5;  // 5: output slots (4: send tallies; 3: departed_seen; 2: device escape words)
+constexpr uint32_t kVersion =
+    6;  // 6: given_up_by (5: output slots; 4: send tallies; 3: departed_seen; 2: device escape words)
 constexpr auto kWatchPeriod = std::chrono::milliseconds(2);
 
 size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }

@@ -10,6 +10,9 @@
 //   combine signals  [2][E]    uint64   (parity, global expert of the sender)
 //   call counters    GroupCounters       (this rank's own, never written by peers)
 //   departed seen    [R] uint32          (this rank's own: peers its kernels found gone)
+//   given up by      [R] uint32          (written by peers: 1 once peer r's dispatch gave up
+//                                         waiting for this rank; then this rank never places
+//                                         heads in r's output slots, DirectHeads)
 //   send tallies     [2][E] uint64       (this rank's own: dispatch, combine; blocks that share
 //                                         one destination's rows count themselves in, see send_tally.cuh)
 //   dispatch rows    [2][L][R][T] messages of msg_stride bytes:
@@ -42,7 +45,7 @@ constexpr size_t kCountersBytes = 64;  // GroupCounters (call_sequence.cuh), wit
 struct RegionLayout {
   int T = 0, H = 0, E = 0, R = 0, L = 0, O = 0;
   size_t msg_stride = 0;
-  size_t dispatch_signals = 0, combine_signals = 0, counters = 0, departed_seen = 0, send_tallies = 0,
+  size_t dispatch_signals = 0, combine_signals = 0, counters = 0, departed_seen = 0, given_up_by = 0, send_tallies = 0,
          dispatch_rows = 0, combine_rows = 0, output_slots = 0, output_slot_bytes = 0, total = 0;
 
   static RegionLayout make(int tokens, int hidden, int experts, int ranks, int output_slots = 0) {
@@ -60,7 +63,8 @@ struct RegionLayout {
     l.combine_signals = l.dispatch_signals + 2 * static_cast<size_t>(l.L) * ranks * sizeof(uint64_t);
     l.counters = l.combine_signals + 2 * static_cast<size_t>(experts) * sizeof(uint64_t);
     l.departed_seen = l.counters + kCountersBytes;
-    l.send_tallies = (l.departed_seen + static_cast<size_t>(ranks) * sizeof(uint32_t) + 7) / 8 * 8;
+    l.given_up_by = l.departed_seen + static_cast<size_t>(ranks) * sizeof(uint32_t);
+    l.send_tallies = (l.given_up_by + static_cast<size_t>(ranks) * sizeof(uint32_t) + 7) / 8 * 8;
     l.dispatch_rows = align(l.send_tallies + 2 * static_cast<size_t>(experts) * sizeof(uint64_t));
     const size_t dispatch_half = static_cast<size_t>(l.L) * ranks * tokens * l.msg_stride;
     l.combine_rows = align(l.dispatch_rows + 2 * dispatch_half);
@@ -83,6 +87,9 @@ struct RegionLayout {
   }
   __host__ __device__ size_t dispatchMessage(int parity, int le, int src, int slot) const {
     return dispatch_rows + (((static_cast<size_t>(parity) * L + le) * R + src) * T + slot) * msg_stride;
+  }
+  __host__ __device__ size_t givenUpBy(int peer) const {
+    return given_up_by + static_cast<size_t>(peer) * sizeof(uint32_t);
   }
   __host__ __device__ size_t outputSlot(int slot) const {
     return output_slots + static_cast<size_t>(slot) * output_slot_bytes;

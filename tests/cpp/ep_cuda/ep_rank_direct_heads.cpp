@@ -1,9 +1,12 @@
 // Direct heads (DirectHeads, ep_ipc_group.h) in the call in which a source is
 // given up on: the senders place their heads counting every source before
 // them, the receiver lays out only those it still hears, and must still
-// return every row of theirs in its place.
+// return every row of theirs in its place; and a source that comes late
+// must not write into the outputs of the ranks that gave up on it.
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "common/cuda_rank_helpers.h"
@@ -33,8 +36,9 @@ std::vector<std::vector<int>> sendCounts(const Sizes& s, const std::vector<RankI
 // slot 0, every rank's counts and slot given as if gathered from all of them
 // (the victim's too: it published them, then died before sending). Checks
 // the outputs against the rows of the ranks `heard` keeps.
+// With `recheck_after_ms`, the output slot is read again that much later.
 int directCall(EpIpcGroup& g, const Sizes& s, uint64_t seed, int call, const std::vector<int>& heard,
-               DeviceBuffer& active, cudaStream_t stream) {
+               DeviceBuffer& active, cudaStream_t stream, int recheck_after_ms = 0) {
   int failures = 0;
   const int me = g.rank();
   std::vector<RankInputs> all;
@@ -132,12 +136,18 @@ int directCall(EpIpcGroup& g, const Sizes& s, uint64_t seed, int call, const std
                static_cast<unsigned long long>(range[src]), static_cast<unsigned long long>(begin << 32 | n));
     begin += n;
   }
+  auto check_heads = [&](const char* when) {
+    for (size_t j = 0; j < rows.size() && failures < 20; ++j) {
+      const Row& row = rows[j];
+      const uint16_t* want = &all[row.src].x[static_cast<size_t>(row.token) * s.H];
+      RANK_CHECK(std::memcmp(&heads[j * head_bytes], want, head_bytes) == 0,
+                 "call %d: head of row %zu (rank %d token %d) differs %s", call, j, row.src, row.token, when);
+    }
+  };
+  check_heads("when the dispatch returned");
   for (size_t j = 0; j < rows.size() && failures < 20; ++j) {
     const Row& row = rows[j];
     RANK_CHECK(info[j] == row.token, "call %d: src_info[%zu] = %d, expected %d", call, j, info[j], row.token);
-    const uint16_t* want = &all[row.src].x[static_cast<size_t>(row.token) * s.H];
-    RANK_CHECK(std::memcmp(&heads[j * head_bytes], want, head_bytes) == 0,
-               "call %d: head of row %zu (rank %d token %d) differs", call, j, row.src, row.token);
     const int32_t want_tail[4] = {row.src, row.token, call, kTailMarker};
     RANK_CHECK(std::memcmp(&tails[j * 4], want_tail, sizeof(want_tail)) == 0,
                "call %d: tail of row %zu (rank %d token %d) is {%d, %d, %d, %#x}", call, j, row.src, row.token,
@@ -169,6 +179,11 @@ int directCall(EpIpcGroup& g, const Sizes& s, uint64_t seed, int call, const std
   // The middle rank's later source placed its heads after the lost source's rows.
   const bool must_see_placed = call == 0 && me == 1 && counts[0][1] > 0 && counts[2][1] > 0;
   RANK_CHECK(!must_see_placed || placed_past_count > 0, "call %d: no head was placed directly", call);
+  if (recheck_after_ms > 0) {  // the output, held, must not change while a late rank sends
+    std::this_thread::sleep_for(std::chrono::milliseconds(recheck_after_ms));
+    cudaMemcpy(heads.data(), slot, heads.size(), cudaMemcpyDeviceToHost);
+    check_heads("after the late rank's call");
+  }
   return failures;
 }
 
@@ -194,6 +209,28 @@ int directHeadsLossScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed) {
   heard[0] = 0;
   for (int call = 0; call < 2 && failures == 0; ++call) failures += directCall(g, s, seed, call, heard, active, stream);
   return failures;
+}
+
+// Rank 0 calls 2.5 s late: the others give up on it after 1 s and return
+// their outputs without its rows. When it comes, it finds every rank's rows
+// and counts row (their slots offered in them) as they sent them while it
+// was active, but must not place its heads in their slots, where their
+// outputs are: each still holds what it returned 3 s later.
+int directHeadsLateScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed) {
+  if (s.L != 1 || g.outputSlots() < 1) {
+    std::fprintf(stderr, "direct_late needs local_experts=1 and output_slots=1\n");
+    return 1;
+  }
+  Stream stream;
+  DeviceBuffer active(static_cast<size_t>(s.R) * 4);
+  active.upload(std::vector<int32_t>(s.R, 1), stream);
+  std::vector<int> heard(s.R, 1);
+  if (g.rank() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    return directCall(g, s, seed, 0, heard, active, stream);
+  }
+  heard[0] = 0;
+  return directCall(g, s, seed, 0, heard, active, stream, /*recheck_after_ms=*/3000);
 }
 
 }  // namespace mooncake::ep::cuda::testing

@@ -2,7 +2,7 @@
 // starts CUDA afresh in its own process (test_ep_ipc_group.cpp starts them).
 //
 //   ep_cuda_rank <scenario> <group name> <rank> <world> [key=value ...]
-//   scenarios: exchange, absent, late, masked, dead, direct_loss; timing (a measurement, not a test)
+//   scenarios: exchange, absent, late, masked, dead, direct_loss, direct_late; timing (a measurement, not a test)
 //   keys: tokens=T hidden=H local_experts=L topk=K seed=N calls=N output_slots=O
 //
 // Exit status 0 when every check passed on this rank; reasons go to stderr.
@@ -65,6 +65,8 @@ int main(int argc, char** argv) {
     failures = deadRankScenario(*group, s, seed);
   } else if (scenario == "direct_loss") {
     failures = directHeadsLossScenario(*group, s, seed);
+  } else if (scenario == "direct_late") {
+    failures = directHeadsLateScenario(*group, s, seed);
   } else {
     std::fprintf(stderr, "unknown scenario '%s'\n", scenario.c_str());
     failures = 1;

@@ -13,6 +13,8 @@ int absentRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed);
 int lateRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed);
 int maskedRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed);
 int deadRankScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed);
-int directHeadsLossScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed);  // ep_rank_direct_heads.cpp
+// ep_rank_direct_heads.cpp
+int directHeadsLossScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed);
+int directHeadsLateScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed);
 
 }  // namespace mooncake::ep::cuda::testing

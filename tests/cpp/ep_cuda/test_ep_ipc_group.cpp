@@ -82,4 +82,11 @@ TEST(EpIpcGroup, DirectHeadsLandInPlaceWhenAnEarlierSourceIsLostInTheCall) {
   expectAllPassed(runRanks("direct_loss", 3, {"seed=20", "local_experts=1", "topk=2", "hidden=256", "output_slots=1"}));
 }
 
+// A rank that comes after the others gave up on it finds their slots
+// offered in the counts rows they sent it, and must not write there.
+TEST(EpIpcGroup, LateRankPlacesNoHeadInTheOutputsOfRanksThatGaveUpOnIt) {
+  REQUIRE_GPU();
+  expectAllPassed(runRanks("direct_late", 3, {"seed=21", "local_experts=1", "topk=2", "hidden=256", "output_slots=1"}));
+}
+
 }  // namespace
