@@ -31,15 +31,12 @@ import torch
 from .._env import int_setting
 
 # How many output slots the IPC path opens: a count (0: none, every
-# dispatch copies twice), or "auto": as many as fit in AUTO_SLOTS_BYTES, at
-# least 2 (an eager loop keeps the last output while the next dispatch runs)
-# and at most 16 (each CUDA graph captured with a dispatch keeps one: small
-# calls are the ones captured, for many batch sizes, and their slots are
-# small). Each holds R * T rows of the buffer's widest row. Unset: none for
-# now. A rank given up on in the middle of a call can make the senders'
-# places and a receiver's layout disagree (docs/ep-elastic.md, "Output
-# slots"), which the two-copy way never does; slots become the default once
-# that case is handled.
+# dispatch copies twice), or "auto", the default: as many as fit in
+# AUTO_SLOTS_BYTES, at least 2 (an eager loop keeps the last output while the
+# next dispatch runs) and at most 16 (each CUDA graph captured with a
+# dispatch keeps one: small calls are the ones captured, for many batch
+# sizes, and their slots are small). Each holds R * T rows of the buffer's
+# widest row.
 OUTPUT_SLOTS_ENV = "MOONCAKE_EP_ELASTIC_OUTPUT_SLOTS"
 AUTO_SLOTS_BYTES = 512 << 20
 MIN_AUTO_SLOTS, MAX_AUTO_SLOTS = 2, 16
@@ -47,11 +44,10 @@ _log = logging.getLogger("mooncake.ep")
 
 
 def output_slots_setting(slot_bytes: int) -> int:
-    """MOONCAKE_EP_ELASTIC_OUTPUT_SLOTS for slots of ``slot_bytes``: its count, "auto"'s, or 0 when unset."""
-    if os.environ.get(OUTPUT_SLOTS_ENV, "").strip().lower() == "auto":
+    """MOONCAKE_EP_ELASTIC_OUTPUT_SLOTS for slots of ``slot_bytes``: its count, or "auto"'s (also when unset)."""
+    if os.environ.get(OUTPUT_SLOTS_ENV, "").strip().lower() in ("", "auto"):
         return max(MIN_AUTO_SLOTS, min(MAX_AUTO_SLOTS, AUTO_SLOTS_BYTES // max(1, slot_bytes)))
-    value = int_setting(OUTPUT_SLOTS_ENV, 'slots, or "auto"', 0)
-    return 0 if value is None else value
+    return int_setting(OUTPUT_SLOTS_ENV, 'slots, or "auto"', 0)
 
 
 class _SlotOwner:

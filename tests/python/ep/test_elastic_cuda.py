@@ -34,7 +34,7 @@ def test_elastic_grid_on_cuda(world_size):
 
 
 def _with_slots(count: str) -> dict:
-    """The ranks' environment with MOONCAKE_EP_ELASTIC_OUTPUT_SLOTS set (off by default)."""
+    """The ranks' environment with MOONCAKE_EP_ELASTIC_OUTPUT_SLOTS set ("0": none; unset: "auto")."""
     from mooncake._ep_elastic.output_slots import OUTPUT_SLOTS_ENV
 
     return {**RANK_ENV, OUTPUT_SLOTS_ENV: count}

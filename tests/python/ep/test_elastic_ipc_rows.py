@@ -203,17 +203,21 @@ def test_output_slots_are_lent_to_one_output_at_a_time():
     assert got == [(HELD_OUTPUT_SLOTS, 3)] * 2
 
 
-def test_output_slots_are_off_unless_asked_for_and_auto_fills_their_memory_between_two_and_sixteen(monkeypatch):
+def test_output_slots_fill_their_memory_between_two_and_sixteen_unless_a_count_is_given(monkeypatch):
     from mooncake._ep_elastic.output_slots import AUTO_SLOTS_BYTES, OUTPUT_SLOTS_ENV, output_slots_setting
 
     big = 2 * 8192 * 2 * 7296  # R = 2, T = 8192, H = 7168 with top-8: about 240 MB a slot
     small = 8 * 128 * 2 * 7296  # R = 8, T = 128: about 15 MB
-    monkeypatch.delenv(OUTPUT_SLOTS_ENV, raising=False)
+    for unset_or_auto in (None, " ", "auto"):
+        if unset_or_auto is None:
+            monkeypatch.delenv(OUTPUT_SLOTS_ENV, raising=False)
+        else:
+            monkeypatch.setenv(OUTPUT_SLOTS_ENV, unset_or_auto)
+        assert output_slots_setting(big) == 2
+        assert output_slots_setting(small) == 16
+        assert output_slots_setting(AUTO_SLOTS_BYTES // 5) == 5
+    monkeypatch.setenv(OUTPUT_SLOTS_ENV, "0")
     assert output_slots_setting(small) == 0
-    monkeypatch.setenv(OUTPUT_SLOTS_ENV, "auto")
-    assert output_slots_setting(big) == 2
-    assert output_slots_setting(small) == 16
-    assert output_slots_setting(AUTO_SLOTS_BYTES // 5) == 5
     monkeypatch.setenv(OUTPUT_SLOTS_ENV, "3")
     assert output_slots_setting(small) == 3
     monkeypatch.setenv(OUTPUT_SLOTS_ENV, "-1")
