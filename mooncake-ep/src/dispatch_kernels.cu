@@ -17,6 +17,8 @@
 //         bytes.recv_tail; with DirectHeads only the tails: the heads are in
 //         place), and fills src_info past the count with -1 (and byte rows
 //         up to bytes.zeroed_rows with zeros).
+// A call of a few rows (DispatchArgs::copy_in_wait: ElasticBuffer's gather
+// of one row per rank) has the wait block copy them too: one launch fewer.
 // The send phase is the call's first half, wait and copy its second
 // (EpStages); each half takes its call number from the device counters.
 #include <cuda_bf16.h>
@@ -35,6 +37,7 @@ namespace {
 constexpr int kSendThreads = 512;
 constexpr int kWaitThreads = 512;
 constexpr int kCopyThreads = 512;
+static_assert(kWaitThreads == kCopyThreads, "the wait block copies a call's rows with the copy phase's code");
 // The one kernel's bounds: three blocks of the send phase per SM, so that
 // DeepEP's 288 experts take one wave on an H200's 132 SMs.
 constexpr int kMaxThreads = 512;
@@ -258,7 +261,12 @@ __device__ __forceinline__ void stageMovedHeads(const EpKernelContext& ctx, cons
   }
 }
 
-__device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const DispatchArgs& args) {
+__device__ __forceinline__ void copySegment(const EpKernelContext& ctx, const DispatchArgs& args,
+                                            bool self_by_reference, int parity, int le, int src, int chunk,
+                                            int chunks);
+
+__device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const DispatchArgs& args,
+                                          bool self_by_reference) {
   const RegionLayout& lay = ctx.layout;
   __shared__ uint32_t sequence;
   if (threadIdx.x == 0) sequence = beginReceive(&ctx.counters->dispatch);
@@ -295,20 +303,29 @@ __device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const Disp
     args.recv_count[le] = static_cast<int32_t>(begin);
   }
   stageMovedHeads(ctx, args, parity);
+  if (args.copy_in_wait) {  // a call of a few rows: no copy launch, this block copies them
+    __syncthreads();        // the layout (and any staging) is written
+    for (int pair = 0; pair < lay.L * lay.R; ++pair) {
+      copySegment(ctx, args, self_by_reference, parity, pair / lay.R, pair % lay.R, 0, 1);
+    }
+  }
 }
 
-__device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const DispatchArgs& args, bool self_by_reference) {
+// One (local expert, source) segment's rows, by the `chunks` blocks that
+// share it (this one is `chunk`): the copy phase's blocks, or the wait
+// phase's one block going through every segment (DispatchArgs::copy_in_wait).
+__device__ __forceinline__ void copySegment(const EpKernelContext& ctx, const DispatchArgs& args,
+                                            bool self_by_reference, int parity, int le, int src, int chunk,
+                                            int chunks) {
   const RegionLayout& lay = ctx.layout;
-  const int le = blockIdx.x, src = blockIdx.y;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   constexpr int kWarps = kCopyThreads / kWarp;
-  // gridDim.z blocks share a segment's rows, a warp's rows kWarps * gridDim.z apart.
-  const int first = static_cast<int>(blockIdx.z) * kWarps + warp, stride = kWarps * static_cast<int>(gridDim.z);
+  // `chunks` blocks share a segment's rows, a warp's rows kWarps * chunks apart.
+  const int first = chunk * kWarps + warp, stride = kWarps * chunks;
   const size_t rows_per_expert = static_cast<size_t>(lay.R) * lay.T;
   const int64_t range = args.layout_range[le * lay.R + src];
   const int begin = static_cast<int>(range >> 32), count = static_cast<int>(range & 0xffffffff);
   const char* region = ctx.regions[ctx.rank];
-  const int parity = static_cast<int>(receivedSequence(&ctx.counters->dispatch) & 1);
   // recv_x is this rank's output slot: a header says where its sender put the head there.
   const bool slot_offered = slotOffered(args);
   // The wait kernel's acquire loads ended before this kernel began (stream
@@ -349,21 +366,26 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
   }
   // Rows past the count have no source: src_info -1 (recv_x stays unwritten).
   const int total = args.recv_count[le];
-  const size_t filler = (static_cast<size_t>(blockIdx.z) * lay.R + src) * blockDim.x + threadIdx.x;
+  const size_t filler = (static_cast<size_t>(chunk) * lay.R + src) * blockDim.x + threadIdx.x;
   for (size_t j = static_cast<size_t>(total) + filler; j < rows_per_expert;
-       j += static_cast<size_t>(lay.R) * gridDim.z * blockDim.x) {
+       j += static_cast<size_t>(lay.R) * chunks * blockDim.x) {
     args.src_info[le * rows_per_expert + j] = -1;
   }
   if (args.bytes.enabled) {  // and zeros up to zeroed_rows, a warp per row
     const ByteRows& b = args.bytes;
-    const size_t warps = static_cast<size_t>(lay.R) * gridDim.z * kWarps;
+    const size_t warps = static_cast<size_t>(lay.R) * chunks * kWarps;
     const size_t zeroed = min(static_cast<size_t>(b.zeroed_rows), rows_per_expert);
-    for (size_t j = total + (static_cast<size_t>(blockIdx.z) * lay.R + src) * kWarps + warp; j < zeroed;
-         j += warps) {
+    for (size_t j = total + (static_cast<size_t>(chunk) * lay.R + src) * kWarps + warp; j < zeroed; j += warps) {
       warpZero(static_cast<char*>(args.recv_x) + (le * rows_per_expert + j) * b.head_bytes, b.head_bytes, lane);
       warpZero(static_cast<char*>(b.recv_tail) + (le * rows_per_expert + j) * b.tail_bytes, b.tail_bytes, lane);
     }
   }
+}
+
+__device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const DispatchArgs& args, bool self_by_reference) {
+  const int parity = static_cast<int>(receivedSequence(&ctx.counters->dispatch) & 1);
+  copySegment(ctx, args, self_by_reference, parity, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+              static_cast<int>(blockIdx.z), static_cast<int>(gridDim.z));
 }
 
 enum class DispatchPhase : int { kSend, kWait, kCopy };
@@ -387,7 +409,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     dispatch(EpKernelContext ctx, DispatchArgs args, DispatchPhase phase, bool self_by_reference) {
   switch (phase) {
     case DispatchPhase::kSend: sendPhase(ctx, args, self_by_reference); break;
-    case DispatchPhase::kWait: waitPhase(ctx, args); break;
+    case DispatchPhase::kWait: waitPhase(ctx, args, self_by_reference); break;
     case DispatchPhase::kCopy: copyPhase(ctx, args, self_by_reference); break;
   }
 }
@@ -409,6 +431,7 @@ cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args,
   if (stages != EpStages::kSendOnly) {
     dispatch<<<1, kWaitThreads, 0, stream>>>(ctx, args, DispatchPhase::kWait, self_by_reference);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+    if (args.copy_in_wait) return cudaSuccess;
     dispatch<<<dim3(ctx.layout.L, ctx.layout.R, copyChunks(ctx.layout)), kCopyThreads, 0, stream>>>(
         ctx, args, DispatchPhase::kCopy, self_by_reference);
   }

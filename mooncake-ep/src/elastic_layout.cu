@@ -11,7 +11,10 @@
 //                  ballot per rank present, a scan of the 8 warps' counts),
 //                  then each adds the earlier tiles' counts (one launch for
 //                  a call of one tile).
-//   sendTail       one thread per 16 bytes of the rows' staged tails.
+//   sendTail       one thread per 16 bytes of the rows' staged tails (a
+//                  fresh dispatch has layoutSend's tiles stage them instead,
+//                  with the copy of topk_idx and the zeroing of what
+//                  layoutReceive adds to: fewer launches for small calls).
 //   layoutReceive  one thread per received row (local picks, weights,
 //                  metadata, picks per local expert), then one per pick of
 //                  this rank's tokens (dst_buffer_slot_idx); the last block
@@ -50,6 +53,20 @@ __device__ __forceinline__ void writeCountsRow(const SendLayoutArgs& a, int firs
   }
 }
 
+// The 16 bytes at `at` of `token`'s staged tail.
+__device__ __forceinline__ void writeTailVector(const layout::TailSources& s, int64_t token, int64_t at,
+                                                uint8_t* tail) {
+  uint32_t words[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) word |= static_cast<uint32_t>(layout::tailByte(s, token, at + 4 * w + b)) << (8 * b);
+    words[w] = word;
+  }
+  *reinterpret_cast<uint4*>(tail + token * s.tail_bytes + at) = make_uint4(words[0], words[1], words[2], words[3]);
+}
+
 // One tile of kTileTokens tokens per block, one token per thread: each
 // token's destinations, its index among the tile's tokens sent to each of
 // them (a warp ballot per rank present, then a scan of the warps' counts),
@@ -58,7 +75,10 @@ __device__ __forceinline__ void writeCountsRow(const SendLayoutArgs& a, int firs
 // the counts' row itself and layoutSend launches nothing more. (One block
 // scanning every tile in turn took 130 us at 8192 tokens: its k scattered
 // stores per token queue on one SM.)
-__global__ void __launch_bounds__(kTileTokens) sendTileKernel(SendLayoutArgs a) {
+// With `tail`, the tile also stages its tokens' tails (SendLayoutArgs::tail);
+// it copies its picks to topk_copy, and the first tile zeroes `zeroed`.
+__global__ void __launch_bounds__(kTileTokens) sendTileKernel(SendLayoutArgs a, layout::TailSources tail_sources,
+                                                              uint8_t* tail) {
   extern __shared__ int8_t tile_dests[];  // [kTileTokens * k]: the destination of each pick of the tile
   __shared__ int32_t warp_count[kTileWarps][kMaxEpRanks];
   __shared__ int32_t tile_total[kMaxEpRanks];
@@ -82,7 +102,19 @@ __global__ void __launch_bounds__(kTileTokens) sendTileKernel(SendLayoutArgs a) 
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const int64_t i = first + static_cast<int64_t>(u) * kTileTokens;
-      if (i < picks) tile_dests[i] = static_cast<int8_t>(layout::destinationOf(ids[u], a.num_local, a.num_ranks));
+      if (i < picks) {
+        tile_dests[i] = static_cast<int8_t>(layout::destinationOf(ids[u], a.num_local, a.num_ranks));
+        if (a.topk_copy != nullptr) a.topk_copy[tile * k + i] = ids[u];
+      }
+    }
+  }
+  if (blockIdx.x == 0) {
+    for (int64_t i = tid; i < a.zeroed_words; i += kTileTokens) a.zeroed[i] = 0;
+  }
+  if (tail != nullptr) {  // a thread per 16 bytes of the tile's tails, in order
+    const int64_t vectors = tail_sources.tail_bytes / 16;
+    for (int64_t v = tid; v < tile_tokens * vectors; v += kTileTokens) {
+      writeTailVector(tail_sources, tile + v / vectors, v % vectors * 16, tail);
     }
   }
   for (int i = tid; i < kTileWarps * kMaxEpRanks; i += kTileTokens) (&warp_count[0][0])[i] = 0;
@@ -171,16 +203,7 @@ __global__ void sendTailKernel(layout::TailSources s, int64_t num_tokens, uint8_
   const int64_t total = num_tokens * vectors;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < total; v += stride) {
-    const int64_t token = v / vectors, at = v % vectors * 16;
-    uint32_t words[4];
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) word |= static_cast<uint32_t>(layout::tailByte(s, token, at + 4 * w + b)) << (8 * b);
-      words[w] = word;
-    }
-    *reinterpret_cast<uint4*>(tail + token * s.tail_bytes + at) = make_uint4(words[0], words[1], words[2], words[3]);
+    writeTailVector(s, v / vectors, v % vectors * 16, tail);
   }
 }
 
@@ -304,6 +327,31 @@ __global__ void __launch_bounds__(kRowThreads) receiveLayoutKernel(ReceiveLayout
   writeExpertPsumInLastBlock(a);
 }
 
+// sendTail's checks of a row format, or "" when it is fine.
+std::string tailFormatError(const SendTailArgs& a) {
+  if (a.tail_bytes % 16 != 0 || a.num_tokens < 0 || a.num_topk < 0 ||
+      a.head_bytes + a.tail_bytes < a.ids_at + 8 * static_cast<int64_t>(a.num_topk) ||
+      (a.head_bytes != 0 && a.head_bytes != a.payload_bytes)) {
+    return "row format out of range";
+  }
+  return {};
+}
+
+layout::TailSources tailSourcesOf(const SendTailArgs& a) {
+  layout::TailSources s;
+  s.payload = static_cast<const uint8_t*>(a.payload);
+  s.scales = static_cast<const uint8_t*>(a.scales);
+  s.topk_idx = a.topk_idx;
+  s.weights = reinterpret_cast<const uint8_t*>(a.weights);
+  s.payload_bytes = a.payload_bytes;
+  s.scale_bytes = a.scales != nullptr ? a.scale_bytes : 0;
+  s.head_bytes = a.head_bytes;
+  s.tail_bytes = a.tail_bytes;
+  s.ids_at = a.ids_at;
+  s.num_topk = a.num_topk;
+  return s;
+}
+
 bool launched(const char* what, std::string* error) {
   const cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess) return true;
@@ -341,8 +389,21 @@ bool layoutSend(const SendLayoutArgs& a, cudaStream_t stream, std::string* error
     return refuse("layoutSend: tile_counts holds fewer than layoutSendScratchWords(num_tokens, num_ranks) words",
                   error);
   }
+  if (a.zeroed_words < 0 || (a.zeroed_words > 0 && a.zeroed == nullptr)) {
+    return refuse("layoutSend: zeroed is required with zeroed_words >= 1", error);
+  }
+  // The tails of this call's tokens, with this call's picks.
+  SendTailArgs tail = a.tail;
+  tail.topk_idx = a.topk_idx;
+  tail.num_tokens = a.num_tokens;
+  tail.num_topk = a.num_topk;
+  if (tail.tail != nullptr) {
+    if (const std::string why = tailFormatError(tail); !why.empty()) return refuse("layoutSend: tail: " + why, error);
+  }
+  auto* tail_out = tail.tail_bytes > 0 ? static_cast<uint8_t*>(tail.tail) : nullptr;
   const auto tiles = static_cast<int>(layoutSendScratchWords(a.num_tokens, a.num_ranks) / a.num_ranks);
-  sendTileKernel<<<tiles, kTileTokens, static_cast<size_t>(kTileTokens) * a.num_topk, stream>>>(a);
+  sendTileKernel<<<tiles, kTileTokens, static_cast<size_t>(kTileTokens) * a.num_topk, stream>>>(
+      a, tailSourcesOf(tail), tail_out);
   if (!launched("layoutSend", error)) return false;
   if (tiles == 1) return true;  // the tile wrote the counts' row; its offsets are 0
   sendOffsetsKernel<<<tiles, kTileTokens, 0, stream>>>(a);
@@ -350,25 +411,10 @@ bool layoutSend(const SendLayoutArgs& a, cudaStream_t stream, std::string* error
 }
 
 bool sendTail(const SendTailArgs& a, cudaStream_t stream, std::string* error) {
-  if (a.tail_bytes % 16 != 0 || a.num_tokens < 0 || a.num_topk < 0 ||
-      a.head_bytes + a.tail_bytes < a.ids_at + 8 * static_cast<int64_t>(a.num_topk) ||
-      (a.head_bytes != 0 && a.head_bytes != a.payload_bytes)) {
-    return refuse("sendTail: row format out of range", error);
-  }
+  if (const std::string why = tailFormatError(a); !why.empty()) return refuse("sendTail: " + why, error);
   if (a.num_tokens == 0 || a.tail_bytes == 0) return true;
-  layout::TailSources s;
-  s.payload = static_cast<const uint8_t*>(a.payload);
-  s.scales = static_cast<const uint8_t*>(a.scales);
-  s.topk_idx = a.topk_idx;
-  s.weights = reinterpret_cast<const uint8_t*>(a.weights);
-  s.payload_bytes = a.payload_bytes;
-  s.scale_bytes = a.scales != nullptr ? a.scale_bytes : 0;
-  s.head_bytes = a.head_bytes;
-  s.tail_bytes = a.tail_bytes;
-  s.ids_at = a.ids_at;
-  s.num_topk = a.num_topk;
   sendTailKernel<<<rowBlocks(a.num_tokens * (a.tail_bytes / 16)), kRowThreads, 0, stream>>>(
-      s, a.num_tokens, static_cast<uint8_t*>(a.tail));
+      tailSourcesOf(a), a.num_tokens, static_cast<uint8_t*>(a.tail));
   return launched("sendTail", error);
 }
 

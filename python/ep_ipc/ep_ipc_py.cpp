@@ -20,6 +20,7 @@
 
 namespace py = pybind11;
 using namespace mooncake::ep::cuda;
+using mooncake::ep::python::addSendExtras;
 using mooncake::ep::python::defineKernelCalls;
 using mooncake::ep::python::KernelCalls;
 using mooncake::ep::python::receiveLayoutArgs;
@@ -95,23 +96,31 @@ void defineLayoutKernels(py::module_& m) {
       [](uintptr_t topk_idx, int num_tokens, int num_topk, int num_local, int num_ranks, uintptr_t dest,
          uintptr_t dest_slots, uintptr_t token_index, uintptr_t counts, int count_words, uintptr_t shape,
          int shape_words, uintptr_t tile_counts, int64_t tile_count_words, uintptr_t stream, int offer_word,
-         uintptr_t active_ranks) {
+         uintptr_t active_ranks, uintptr_t payload, int64_t payload_bytes, uintptr_t scales, int64_t scale_bytes,
+         uintptr_t weights, int64_t head_bytes, int64_t ids_at, uintptr_t tail, int64_t tail_bytes, uintptr_t zeroed,
+         int64_t zeroed_words, uintptr_t topk_copy) {
         std::string error;
-        raiseUnless(layoutSend(sendLayoutArgs(topk_idx, num_tokens, num_topk, num_local, num_ranks, dest, dest_slots,
-                                              token_index, counts, count_words, shape, shape_words, tile_counts,
-                                              tile_count_words, offer_word, active_ranks),
-                               streamOf(stream), &error),
-                    error);
+        SendLayoutArgs a =
+            sendLayoutArgs(topk_idx, num_tokens, num_topk, num_local, num_ranks, dest, dest_slots, token_index, counts,
+                           count_words, shape, shape_words, tile_counts, tile_count_words, offer_word, active_ranks);
+        addSendExtras(a, payload, payload_bytes, scales, scale_bytes, weights, head_bytes, ids_at, tail, tail_bytes,
+                      zeroed, zeroed_words, topk_copy);
+        raiseUnless(layoutSend(a, streamOf(stream), &error), error);
       },
       py::arg("topk_idx"), py::arg("num_tokens"), py::arg("num_topk"), py::arg("num_local"), py::arg("num_ranks"),
       py::arg("dest"), py::arg("dest_slots"), py::arg("token_index"), py::arg("counts"), py::arg("count_words"),
       py::arg("shape"), py::arg("shape_words"), py::arg("tile_counts"), py::arg("tile_count_words"), py::arg("stream"),
-      py::arg("offer_word") = -1, py::arg("active_ranks") = 0,
+      py::arg("offer_word") = -1, py::arg("active_ranks") = 0, py::arg("payload") = 0, py::arg("payload_bytes") = 0,
+      py::arg("scales") = 0, py::arg("scale_bytes") = 0, py::arg("weights") = 0, py::arg("head_bytes") = 0,
+      py::arg("ids_at") = 0, py::arg("tail") = 0, py::arg("tail_bytes") = 0, py::arg("zeroed") = 0,
+      py::arg("zeroed_words") = 0, py::arg("topk_copy") = 0,
       "Destinations per token (int64 [N, k]) and their rows there (int32 [N, k]), each pick's token index among those "
       "sent to its rank (int32 [N, k]), "
       "and the row the counts are gathered in (int32 [count_words]: tokens per rank, then shape, then zeros); "
       "tile_counts: int32 scratch of tile_count_words >= ceil(N / 256) * num_ranks (num_ranks when N = 0); "
-      "offer_word (-1: none) of the counts row is written -1 while any of active_ranks (int32 [num_ranks]) is 0");
+      "offer_word (-1: none) of the counts row is written -1 while any of active_ranks (int32 [num_ranks]) is 0. "
+      "In the same launch (each when given): the rows' tails as send_tail stages them (payload .. tail_bytes, with "
+      "these picks), zeroed_words int64 zeros at zeroed, and a copy of topk_idx at topk_copy");
   m.def(
       "send_tail",
       [](uintptr_t payload, int64_t payload_bytes, uintptr_t scales, int64_t scale_bytes, uintptr_t topk_idx,

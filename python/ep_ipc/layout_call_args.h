@@ -60,6 +60,18 @@ inline cuda::SendTailArgs sendTailArgs(uintptr_t payload, int64_t payload_bytes,
   return a;
 }
 
+// layoutSend's work done in the same launch (SendLayoutArgs::tail, zeroed,
+// topk_copy; each 0 for none): the tail's sources as sendTailArgs takes them.
+inline void addSendExtras(cuda::SendLayoutArgs& a, uintptr_t payload, int64_t payload_bytes, uintptr_t scales,
+                          int64_t scale_bytes, uintptr_t weights, int64_t head_bytes, int64_t ids_at, uintptr_t tail,
+                          int64_t tail_bytes, uintptr_t zeroed, int64_t zeroed_words, uintptr_t topk_copy) {
+  a.tail = sendTailArgs(payload, payload_bytes, scales, scale_bytes, 0, weights, a.num_tokens, a.num_topk, head_bytes,
+                        ids_at, tail, tail_bytes);
+  a.zeroed = address<int64_t>(zeroed);
+  a.zeroed_words = zeroed_words;
+  a.topk_copy = address<int64_t>(topk_copy);
+}
+
 inline cuda::ReceiveLayoutArgs receiveLayoutArgs(
     uintptr_t topk_idx, uintptr_t token_index, uintptr_t gathered, int64_t gathered_stride, uintptr_t gathered_ranges,
     int num_tokens, uintptr_t ranges, uintptr_t src_token, uintptr_t recv_tail, int64_t tail_bytes, int64_t ids_at,

@@ -136,12 +136,15 @@ class KernelRows:
         self.device = device
 
     def dispatch(self, head: torch.Tensor | None, tail: torch.Tensor, dest: torch.Tensor, mask: torch.Tensor,
-                 zeroed_rows: int, slots: torch.Tensor | None = None, direct: DirectHeads | None = None):
+                 zeroed_rows: int, slots: torch.Tensor | None = None, direct: DirectHeads | None = None,
+                 few_rows: bool = False):
         """Rows of ``head`` ([N, h] bytes, or None) then ``tail`` ([N, t]
         bytes) to the ranks of ``dest``; ``slots`` (``SendLayout.dest_slots``,
         or None: the kernels count) says where each row goes among this
         rank's; ``direct`` (with ``slots``): heads go straight into the output
-        slots the destinations published. Returns the rows received at
+        slots the destinations published; ``few_rows``: a call of about a
+        row per rank (a gather), whose rows the kernels' wait launch copies
+        (one launch fewer). Returns the rows received at
         capacity, as head ([C, h], None without; ``direct.own_rows`` when
         given) and tail ([C, t]), each source's in token order (then zeros up
         to row ``zeroed_rows``; past those, what the buffers held), the source
@@ -165,7 +168,8 @@ class KernelRows:
                                   gathered=gathered.rows.data_ptr() if gathered is not None else 0,
                                   gathered_stride=gathered.rows.size(1) // 4 if gathered is not None else 0,
                                   gathered_ranges=gathered.ranges.data_ptr() if gathered is not None else 0,
-                                  slot_word=_slot_word(self.num_ranks), own_slot=direct.own_slot if direct is not None else -1)
+                                  slot_word=_slot_word(self.num_ranks), own_slot=direct.own_slot if direct is not None else -1,
+                                  copy_in_wait=few_rows)
         return recv_head if head is not None else None, recv_tail, src_token, ranges
 
     def combine(self, y: torch.Tensor, src_token: torch.Tensor, ranges: torch.Tensor, dest: torch.Tensor,
@@ -314,7 +318,7 @@ class IpcRowsPath:
                              expanded_rows=expanded_rows, trimmed=do_cpu_sync)
         handle = EPHandle(
             do_expand=do_expand, num_experts=num_experts, expert_alignment=alignment,
-            num_max_tokens_per_rank=tokens_per_rank, num_sms=num_sms, topk_idx=topk_idx.clone(),
+            num_max_tokens_per_rank=tokens_per_rank, num_sms=num_sms, topk_idx=_own_copy(topk_idx, sent.topk_copy),
             num_recv_tokens_per_expert_list=per_expert_list,
             psum_num_recv_tokens_per_scaleup_rank=got.scaleup_psum,
             psum_num_recv_tokens_per_expert=expert_psum.to(torch.int32),
@@ -355,7 +359,8 @@ class IpcRowsPath:
         num_ranks = self.topo.num_ranks
         if self._to_everyone is None:
             self._to_everyone = torch.arange(num_ranks, dtype=torch.int64, device=row.device).view(1, num_ranks)
-        _, recv, _, ranges = self.transport.dispatch(None, row, self._to_everyone, mask, zeroed_rows=0)
+        _, recv, _, ranges = self.transport.dispatch(None, row, self._to_everyone, mask, zeroed_rows=0,
+                                                     few_rows=True)
         return Gathered(rows=recv, ranges=ranges, n=n)
 
     def _check_answered(self, mask: list[int]) -> None:
@@ -455,6 +460,14 @@ class ReceivedRows:
         if sf is None:
             return payload
         return payload, values(row.payload, row.payload + row.scales, sf)
+
+
+def _own_copy(topk_idx: torch.Tensor, made: torch.Tensor | None) -> torch.Tensor:
+    """The handle's own copy of the picks: the one the layout's kernel made
+    (int64, as the picks are when they come as int64), else a clone."""
+    if made is not None and topk_idx.dtype == made.dtype and topk_idx.shape == made.shape:
+        return made
+    return topk_idx.clone()
 
 
 def _first_rows(recv_x, rows: int):

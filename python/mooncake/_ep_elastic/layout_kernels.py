@@ -79,6 +79,9 @@ class SendLayout:
     topk_idx: torch.Tensor  # [N, k] the picks (for the slots, after the counts are gathered)
     slot_state: object  # what the slots need from the send side (per implementation)
     num_ranks: int
+    # Made by the kernels' send for the rest of the call (None: the torch form):
+    topk_copy: torch.Tensor | None = None  # int64 [N, k], a copy of the picks (the handle's)
+    receive_counters: torch.Tensor | None = None  # int64 [L + 1] zeros, what layout_receive adds to
 
     @property
     def counts(self) -> torch.Tensor:
@@ -197,21 +200,28 @@ class KernelLayout:
     def _stream(device: torch.device) -> int:
         return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
+    @staticmethod
+    def _tail_sources(data, sf, row, topk_weights):
+        """The payload (the head), and the tail with the arguments that say
+        how to stage it (send_tail's, or layout_send's in the same launch)."""
+        payload = payload_rows(data, row.payload)
+        tail = torch.empty(data.size(0), row.tail, dtype=torch.uint8, device=data.device)
+        scales = sf.contiguous() if sf is not None else None
+        weights = topk_weights.to(torch.float32).contiguous() if topk_weights is not None else None
+        staging = dict(payload=_address(payload), payload_bytes=row.payload, scales=_address(scales),
+                       scale_bytes=row.scales, weights=_address(weights), head_bytes=row.head, ids_at=row.ids,
+                       tail=_address(tail), tail_bytes=row.tail)
+        return (payload if row.head else None), tail, staging, (scales, weights)
+
     def send_rows(self, data, sf, row, topk_idx=None, topk_weights=None):
         """As ``TorchLayout.send_rows``; the tail's padding is zeros."""
         num_tokens, device = data.size(0), data.device
-        payload = payload_rows(data, row.payload)
-        tail = torch.empty(num_tokens, row.tail, dtype=torch.uint8, device=device)
-        scales = sf.contiguous() if sf is not None else None
+        head, tail, staging, _ = self._tail_sources(data, sf, row, topk_weights)
         ids = topk_idx.to(torch.int64).contiguous() if topk_idx is not None else None
-        weights = topk_weights.to(torch.float32).contiguous() if topk_weights is not None else None
         with self._on(device):
-            self._kernels().send_tail(payload=_address(payload), payload_bytes=row.payload, scales=_address(scales),
-                                      scale_bytes=row.scales, topk_idx=_address(ids), weights=_address(weights),
-                                      num_tokens=num_tokens, num_topk=row.num_topk, head_bytes=row.head,
-                                      ids_at=row.ids, tail=_address(tail), tail_bytes=row.tail,
-                                      stream=self._stream(device))
-        return (payload if row.head else None), tail
+            self._kernels().send_tail(topk_idx=_address(ids), num_tokens=num_tokens, num_topk=row.num_topk,
+                                      stream=self._stream(device), **staging)
+        return head, tail
 
     def send(self, data, sf, row, topk_idx, topk_weights, num_local: int, num_ranks: int,
              shape: torch.Tensor, offer_word: int = -1, active_ranks: torch.Tensor | None = None) -> SendLayout:
@@ -226,6 +236,11 @@ class KernelLayout:
         counts_row = torch.empty(1, -(-4 * words // VECTOR_BYTES) * VECTOR_BYTES, dtype=torch.uint8, device=device)
         tile_counts = torch.empty(max(1, -(-num_tokens // SEND_TILE_TOKENS)) * num_ranks, dtype=torch.int32,
                                   device=device)
+        # The same launch stages the tails, copies the picks and zeroes what
+        # layout_receive adds to: three launches fewer per dispatch.
+        head, tail, staging, _keep = self._tail_sources(data, sf, row, topk_weights)
+        topk_copy = torch.empty_like(topk)
+        receive_counters = torch.empty(num_local + 1, dtype=torch.int64, device=device)
         with self._on(device):
             self._kernels().layout_send(topk_idx=_address(topk), num_tokens=num_tokens, num_topk=num_topk,
                                         num_local=num_local, num_ranks=num_ranks, dest=_address(dest),
@@ -234,10 +249,12 @@ class KernelLayout:
                                         count_words=counts_row.size(1) // 4, shape=_address(shape),
                                         shape_words=shape.numel(), tile_counts=_address(tile_counts),
                                         tile_count_words=tile_counts.numel(), stream=self._stream(device),
-                                        offer_word=offer_word, active_ranks=_address(active_ranks))
-        head, tail = self.send_rows(data, sf, row, topk, topk_weights)
+                                        offer_word=offer_word, active_ranks=_address(active_ranks),
+                                        zeroed=_address(receive_counters), zeroed_words=receive_counters.numel(),
+                                        topk_copy=_address(topk_copy), **staging)
         return SendLayout(dest=dest, dest_slots=dest_slots, counts_row=counts_row, head=head, tail=tail, topk_idx=topk,
-                          slot_state=token_index, num_ranks=num_ranks)
+                          slot_state=token_index, num_ranks=num_ranks, topk_copy=topk_copy,
+                          receive_counters=receive_counters)
 
     def receive(self, sent: SendLayout, gathered: Gathered, ranges, src_token, received, rank: int, num_local: int,
                 tokens_per_rank: int, with_weights: bool) -> ReceiveLayout:
@@ -245,8 +262,11 @@ class KernelLayout:
         capacity, device = tail.size(0), tail.device
         num_tokens, num_topk = sent.topk_idx.shape
         num_ranks = gathered.ranges.numel()
-        # One zeroing for what the kernel adds to: the counts per expert, then its count of finished blocks.
-        added_to = torch.zeros(num_local + 1, dtype=torch.int64, device=device)
+        # What the kernel adds to, zeros: the counts per expert, then its count of finished blocks
+        # (zeroed by the send's kernel when it made them).
+        added_to = sent.receive_counters
+        if added_to is None or added_to.numel() != num_local + 1:
+            added_to = torch.zeros(num_local + 1, dtype=torch.int64, device=device)
         out = ReceiveLayout(
             slots=torch.empty(num_tokens, num_topk, dtype=torch.int32, device=device),
             real=torch.empty(capacity, dtype=torch.bool, device=device),

@@ -122,6 +122,9 @@ def check_case(case, kernels, device):
         assert offered == (100 * source if source % 2 == 0 else -1), f"source {source}: the offer word {offered}"
         assert_same("head", mine.head, ref.head)
         assert_same("tail", defined_tail(mine.tail, row, with_weights), defined_tail(ref.tail, row, with_weights))
+        if mine.topk_copy is not None:  # the kernels' copy of the picks, made in the same launch
+            assert_same("topk copy", mine.topk_copy, topk.to(torch.int64))
+            assert topk.numel() == 0 or mine.topk_copy.data_ptr() != topk.data_ptr()
         calls.append((mine, ref, row))
 
     # Every rank's counts, then the call's shape, as the gather returns them.

@@ -101,14 +101,17 @@ using namespace mooncake::ep;
 extern "C" int emulated_layout_send(uintptr_t topk_idx, int num_tokens, int num_topk, int num_local, int num_ranks,
                                     uintptr_t dest, uintptr_t dest_slots, uintptr_t token_index, uintptr_t counts,
                                     int count_words, uintptr_t shape, int shape_words, uintptr_t tile_counts,
-                                    int64_t tile_count_words, int offer_word, uintptr_t active_ranks) {
+                                    int64_t tile_count_words, int offer_word, uintptr_t active_ranks, uintptr_t payload,
+                                    int64_t payload_bytes, uintptr_t scales, int64_t scale_bytes, uintptr_t weights,
+                                    int64_t head_bytes, int64_t ids_at, uintptr_t tail, int64_t tail_bytes,
+                                    uintptr_t zeroed, int64_t zeroed_words, uintptr_t topk_copy) {
   std::string error;
-  return report(
-      cuda::layoutSend(python::sendLayoutArgs(topk_idx, num_tokens, num_topk, num_local, num_ranks, dest, dest_slots,
-                                              token_index, counts, count_words, shape, shape_words, tile_counts,
-                                              tile_count_words, offer_word, active_ranks),
-                       nullptr, &error),
-      error);
+  cuda::SendLayoutArgs a = python::sendLayoutArgs(topk_idx, num_tokens, num_topk, num_local, num_ranks, dest,
+                                                  dest_slots, token_index, counts, count_words, shape, shape_words,
+                                                  tile_counts, tile_count_words, offer_word, active_ranks);
+  python::addSendExtras(a, payload, payload_bytes, scales, scale_bytes, weights, head_bytes, ids_at, tail, tail_bytes,
+                        zeroed, zeroed_words, topk_copy);
+  return report(cuda::layoutSend(a, nullptr, &error), error);
 }
 
 extern "C" int emulated_send_tail(uintptr_t payload, int64_t payload_bytes, uintptr_t scales, int64_t scale_bytes,

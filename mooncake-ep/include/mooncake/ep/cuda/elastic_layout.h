@@ -1,11 +1,12 @@
 // ElasticBuffer's IPC-path layout on the device (docs/ep-elastic.md): the
 // tensor operations of python/mooncake/_ep_elastic/rows_layout.py as three
 // kernels on the caller's stream, with no host synchronisation (a CUDA graph
-// captures them). A dispatch enqueues layoutSend and sendTail before the EP
-// kernels' calls and layoutReceive after them. Addresses are device memory;
-// every output is written whole by each call (graph replays need no zeroing),
+// captures them). A dispatch enqueues layoutSend (which can also stage the
+// rows' tails and zero what layoutReceive adds to) before the EP kernels'
+// calls and layoutReceive after them. Addresses are device memory; every
+// output is written whole by each call (graph replays need no zeroing),
 // except ReceiveLayoutArgs::per_expert and finished_blocks, which the caller
-// zeroes.
+// zeroes (or has layoutSend zero).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -31,6 +32,18 @@ inline int64_t layoutSendScratchWords(int64_t num_tokens, int num_ranks) {
   return tiles * num_ranks;
 }
 
+// The rows' staged tail (bytes [head, head + tail_bytes) of each row, see
+// ipc_rows.RowFormat); sources as in layout::TailSources.
+struct SendTailArgs {
+  const void* payload = nullptr;      // [N, payload_bytes]
+  const void* scales = nullptr;       // [N, scale_bytes] or null
+  const int64_t* topk_idx = nullptr;  // [N, k] or null (ids not sent: cached dispatch)
+  const float* weights = nullptr;     // [N, k] or null (zeros sent)
+  int64_t payload_bytes = 0, scale_bytes = 0, head_bytes = 0, tail_bytes = 0, ids_at = 0;
+  int num_tokens = 0, num_topk = 0;
+  void* tail = nullptr;  // out [N, tail_bytes], 16-byte aligned, tail_bytes % 16 == 0
+};
+
 // From this rank's top-k picks, before the rows are sent.
 struct SendLayoutArgs {
   const int64_t* topk_idx = nullptr;                               // [N, k] global expert ids (-1: none)
@@ -53,18 +66,17 @@ struct SendLayoutArgs {
   // -1 while any of active_ranks [R] is 0. -1, or active_ranks null: none.
   int offer_word = -1;
   const int32_t* active_ranks = nullptr;
-};
-
-// The rows' staged tail (bytes [head, head + tail_bytes) of each row, see
-// ipc_rows.RowFormat); sources as in layout::TailSources.
-struct SendTailArgs {
-  const void* payload = nullptr;      // [N, payload_bytes]
-  const void* scales = nullptr;       // [N, scale_bytes] or null
-  const int64_t* topk_idx = nullptr;  // [N, k] or null (ids not sent: cached dispatch)
-  const float* weights = nullptr;     // [N, k] or null (zeros sent)
-  int64_t payload_bytes = 0, scale_bytes = 0, head_bytes = 0, tail_bytes = 0, ids_at = 0;
-  int num_tokens = 0, num_topk = 0;
-  void* tail = nullptr;  // out [N, tail_bytes], 16-byte aligned, tail_bytes % 16 == 0
+  // Work a dispatch would otherwise launch apart, done in the same launch
+  // (each only when its output is given; one launch each fewer per call):
+  // - the rows' staged tails, as sendTail makes them (`tail.tail` set; its
+  //   topk_idx, num_tokens and num_topk are this call's);
+  SendTailArgs tail;
+  // - `zeroed_words` int64 zeros at `zeroed` (layoutReceive's per_expert and
+  //   finished_blocks, which it adds to);
+  int64_t* zeroed = nullptr;
+  int64_t zeroed_words = 0;
+  // - a copy of topk_idx ([N, k], the handle's own).
+  int64_t* topk_copy = nullptr;
 };
 
 // From what this rank received (C rows at capacity) and the gathered counts.
