@@ -17,8 +17,6 @@
 //         bytes.recv_tail; with DirectHeads only the tails: the heads are in
 //         place), and fills src_info past the count with -1 (and byte rows
 //         up to bytes.zeroed_rows with zeros).
-// A call of a few rows (DispatchArgs::copy_in_wait: ElasticBuffer's gather
-// of one row per rank) has the wait block copy them too: one launch fewer.
 // The send phase is the call's first half, wait and copy its second
 // (EpStages); each half takes its call number from the device counters.
 #include <cuda_bf16.h>
@@ -37,7 +35,6 @@ namespace {
 constexpr int kSendThreads = 512;
 constexpr int kWaitThreads = 512;
 constexpr int kCopyThreads = 512;
-static_assert(kWaitThreads == kCopyThreads, "the wait block copies a call's rows with the copy phase's code");
 // The one kernel's bounds: three blocks of the send phase per SM, so that
 // DeepEP's 288 experts take one wave on an H200's 132 SMs.
 constexpr int kMaxThreads = 512;
@@ -252,8 +249,11 @@ __device__ __forceinline__ void stageMovedHeads(const EpKernelContext& ctx, cons
       const int64_t row = static_cast<int64_t>(le) * lay.R * lay.T + begin + i;
       if (placed_at < 0 || placed_at == row) continue;
       if (placed_at < slot_rows) {
-        warpCopy(message + kMessageHeaderBytes, slot + static_cast<size_t>(placed_at) * b.head_bytes, b.head_bytes,
-                 lane, L2Load());
+        // A plain loop, not warpCopy: the kernel's phases share one register
+        // allocation, and this rare path's loads in flight added spills.
+        const auto* from = reinterpret_cast<const int4*>(slot + static_cast<size_t>(placed_at) * b.head_bytes);
+        auto* to = reinterpret_cast<int4*>(message + kMessageHeaderBytes);
+        for (size_t v = lane; v < b.head_bytes / 16; v += kWarp) to[v] = __ldcg(from + v);
       }
       __syncwarp();
       if (lane == 0) header->y = 0;
@@ -261,12 +261,7 @@ __device__ __forceinline__ void stageMovedHeads(const EpKernelContext& ctx, cons
   }
 }
 
-__device__ __forceinline__ void copySegment(const EpKernelContext& ctx, const DispatchArgs& args,
-                                            bool self_by_reference, int parity, int le, int src, int chunk,
-                                            int chunks);
-
-__device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const DispatchArgs& args,
-                                          bool self_by_reference) {
+__device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const DispatchArgs& args) {
   const RegionLayout& lay = ctx.layout;
   __shared__ uint32_t sequence;
   if (threadIdx.x == 0) sequence = beginReceive(&ctx.counters->dispatch);
@@ -303,17 +298,10 @@ __device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const Disp
     args.recv_count[le] = static_cast<int32_t>(begin);
   }
   stageMovedHeads(ctx, args, parity);
-  if (args.copy_in_wait) {  // a call of a few rows: no copy launch, this block copies them
-    __syncthreads();        // the layout (and any staging) is written
-    for (int pair = 0; pair < lay.L * lay.R; ++pair) {
-      copySegment(ctx, args, self_by_reference, parity, pair / lay.R, pair % lay.R, 0, 1);
-    }
-  }
 }
 
 // One (local expert, source) segment's rows, by the `chunks` blocks that
-// share it (this one is `chunk`): the copy phase's blocks, or the wait
-// phase's one block going through every segment (DispatchArgs::copy_in_wait).
+// share it (this one is `chunk`).
 __device__ __forceinline__ void copySegment(const EpKernelContext& ctx, const DispatchArgs& args,
                                             bool self_by_reference, int parity, int le, int src, int chunk,
                                             int chunks) {
@@ -409,7 +397,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     dispatch(EpKernelContext ctx, DispatchArgs args, DispatchPhase phase, bool self_by_reference) {
   switch (phase) {
     case DispatchPhase::kSend: sendPhase(ctx, args, self_by_reference); break;
-    case DispatchPhase::kWait: waitPhase(ctx, args, self_by_reference); break;
+    case DispatchPhase::kWait: waitPhase(ctx, args); break;
     case DispatchPhase::kCopy: copyPhase(ctx, args, self_by_reference); break;
   }
 }
@@ -431,7 +419,6 @@ cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args,
   if (stages != EpStages::kSendOnly) {
     dispatch<<<1, kWaitThreads, 0, stream>>>(ctx, args, DispatchPhase::kWait, self_by_reference);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-    if (args.copy_in_wait) return cudaSuccess;
     dispatch<<<dim3(ctx.layout.L, ctx.layout.R, copyChunks(ctx.layout)), kCopyThreads, 0, stream>>>(
         ctx, args, DispatchPhase::kCopy, self_by_reference);
   }

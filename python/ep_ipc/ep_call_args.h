@@ -87,8 +87,7 @@ class KernelCalls {
                      int num_tokens, int num_topk, uintptr_t active_ranks, int64_t timeout_us, uintptr_t recv_x,
                      uintptr_t recv_tail, int zeroed_rows, uintptr_t recv_count, uintptr_t src_info,
                      uintptr_t layout_range, uintptr_t stream, const std::string& stages, uintptr_t pick_slots,
-                     uintptr_t gathered, int gathered_stride, uintptr_t gathered_ranges, int slot_word, int own_slot,
-                     bool copy_in_wait) {
+                     uintptr_t gathered, int gathered_stride, uintptr_t gathered_ranges, int slot_word, int own_slot) {
     DispatchArgs a = dispatchArgs(x, topk_idx, num_tokens, num_topk, active_ranks, timeout_us, false, recv_x, 0,
                                   recv_count, src_info, layout_range);
     a.bytes =
@@ -96,7 +95,6 @@ class KernelCalls {
     a.pick_slots = pointer<const int32_t>(pick_slots);
     a.direct = cuda::DirectHeads{pointer<const int32_t>(gathered), gathered_stride,
                                  pointer<const int64_t>(gathered_ranges), slot_word, own_slot};
-    a.copy_in_wait = copy_in_wait;
     enqueue(a, stream, stages);
   }
 
@@ -137,7 +135,7 @@ void defineKernelCalls(Class& cls) {
           py::arg("zeroed_rows"), py::arg("recv_count"), py::arg("src_info"), py::arg("layout_range"),
           py::arg("stream"), py::arg("stages") = "all", py::arg("pick_slots") = 0, py::arg("gathered") = 0,
           py::arg("gathered_stride") = 0, py::arg("gathered_ranges") = 0, py::arg("slot_word") = 0,
-          py::arg("own_slot") = -1, py::arg("copy_in_wait") = false,
+          py::arg("own_slot") = -1,
           "Rows as bytes in two parts: head_bytes of each row of x, then tail_bytes of each row of tail; received "
           "into recv_x [L, S, head_bytes] and recv_tail [L, S, tail_bytes]; each local expert's rows from its count "
           "up to zeroed_rows are zeros. Sizes are multiples of 16 adding up to at most 2 * hidden. pick_slots: "
@@ -145,8 +143,7 @@ void defineKernelCalls(Class& cls) {
           "tokens that picked it, in token order), so that the send blocks need not count them. gathered (0: none): "
           "every rank's counts row as gathered (rows of gathered_stride int32: counts per rank, that rank's output "
           "slot at slot_word; gathered_ranges per source): heads go straight into each destination's output slot, "
-          "this rank's own (own_slot, -1: none) then holds recv_x, which must be 0. copy_in_wait: for a call of a "
-          "few rows, the wait launch copies them (one launch fewer).");
+          "this rank's own (own_slot, -1: none) then holds recv_x, which must be 0.");
 }
 
 }  // namespace mooncake::ep::python

@@ -136,15 +136,12 @@ class KernelRows:
         self.device = device
 
     def dispatch(self, head: torch.Tensor | None, tail: torch.Tensor, dest: torch.Tensor, mask: torch.Tensor,
-                 zeroed_rows: int, slots: torch.Tensor | None = None, direct: DirectHeads | None = None,
-                 few_rows: bool = False):
+                 zeroed_rows: int, slots: torch.Tensor | None = None, direct: DirectHeads | None = None):
         """Rows of ``head`` ([N, h] bytes, or None) then ``tail`` ([N, t]
         bytes) to the ranks of ``dest``; ``slots`` (``SendLayout.dest_slots``,
         or None: the kernels count) says where each row goes among this
         rank's; ``direct`` (with ``slots``): heads go straight into the output
-        slots the destinations published; ``few_rows``: a call of about a
-        row per rank (a gather), whose rows the kernels' wait launch copies
-        (one launch fewer). Returns the rows received at
+        slots the destinations published. Returns the rows received at
         capacity, as head ([C, h], None without; ``direct.own_rows`` when
         given) and tail ([C, t]), each source's in token order (then zeros up
         to row ``zeroed_rows``; past those, what the buffers held), the source
@@ -168,8 +165,7 @@ class KernelRows:
                                   gathered=gathered.rows.data_ptr() if gathered is not None else 0,
                                   gathered_stride=gathered.rows.size(1) // 4 if gathered is not None else 0,
                                   gathered_ranges=gathered.ranges.data_ptr() if gathered is not None else 0,
-                                  slot_word=_slot_word(self.num_ranks), own_slot=direct.own_slot if direct is not None else -1,
-                                  copy_in_wait=few_rows)
+                                  slot_word=_slot_word(self.num_ranks), own_slot=direct.own_slot if direct is not None else -1)
         return recv_head if head is not None else None, recv_tail, src_token, ranges
 
     def combine(self, y: torch.Tensor, src_token: torch.Tensor, ranges: torch.Tensor, dest: torch.Tensor,
@@ -359,8 +355,7 @@ class IpcRowsPath:
         num_ranks = self.topo.num_ranks
         if self._to_everyone is None:
             self._to_everyone = torch.arange(num_ranks, dtype=torch.int64, device=row.device).view(1, num_ranks)
-        _, recv, _, ranges = self.transport.dispatch(None, row, self._to_everyone, mask, zeroed_rows=0,
-                                                     few_rows=True)
+        _, recv, _, ranges = self.transport.dispatch(None, row, self._to_everyone, mask, zeroed_rows=0)
         return Gathered(rows=recv, ranges=ranges, n=n)
 
     def _check_answered(self, mask: list[int]) -> None:

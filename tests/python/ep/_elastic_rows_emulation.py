@@ -35,9 +35,8 @@ class EmulatedRows:
                                input_split_sizes=send_counts, group=self.group)
         return recv
 
-    def dispatch(self, head, tail, dest, mask, zeroed_rows, slots=None, direct=None, few_rows=False):
+    def dispatch(self, head, tail, dest, mask, zeroed_rows, slots=None, direct=None):
         del mask  # nothing times out here
-        assert not few_rows or tail.size(0) <= 1, "few_rows: the gather's one row per rank"
         self.calls.append("dispatch")
         num_ranks = self.num_ranks
         head_bytes = head.size(1) if head is not None else 0

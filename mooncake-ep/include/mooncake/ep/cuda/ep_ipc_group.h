@@ -112,10 +112,6 @@ struct DispatchArgs {
   // kernels) spares the send blocks counting the tokens before their own.
   const int32_t* pick_slots = nullptr;
   DirectHeads direct;  // with bytes and pick_slots only
-  // The wait launch copies the rows too, and no copy launch follows: one
-  // launch fewer for a call of a few rows (a gather of one row per rank);
-  // one block's copy is slow for many. A hint: every transport gives the same outputs.
-  bool copy_in_wait = false;
 };
 
 // Inputs and outputs of combine. y, src_info and layout_range are in the row
