@@ -206,9 +206,12 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
 __device__ __forceinline__ void noteGivenUp(const EpKernelContext& ctx, const int32_t* active_ranks) {
   const WaitEscape& escape = ctx.escape;
   for (int src = threadIdx.x; src < ctx.layout.R; src += blockDim.x) {
-    const bool departed = (escape.departed_bits >> src & 1u) != 0 || ld_relaxed_sys(escape.departed_seen + src) != 0;
-    if (src == ctx.rank || departed || loadActive(active_ranks + src) != 0) continue;
-    st_relaxed_sys(reinterpret_cast<uint32_t*>(ctx.regions[src] + ctx.layout.givenUpBy(ctx.rank)), 1u);
+    if (src == ctx.rank || loadActive(active_ranks + src) != 0) continue;
+    // The host-mapped word too (one PCIe read, only for a rank given up on):
+    // a death the watchdog saw since this wait began.
+    const bool departed = (escape.departed_bits >> src & 1u) != 0 || ld_relaxed_sys(escape.departed_seen + src) != 0 ||
+                          (escape.departed != nullptr && ld_relaxed_sys(escape.departed + src) != 0);
+    if (!departed) st_relaxed_sys(reinterpret_cast<uint32_t*>(ctx.regions[src] + ctx.layout.givenUpBy(ctx.rank)), 1u);
   }
 }
 
