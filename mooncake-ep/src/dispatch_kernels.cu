@@ -11,12 +11,15 @@
 //         in d's output slot instead (only its header and tail to the region).
 //   wait  one block: waits for every (local expert, source) signal, bounded;
 //         then lays the segments out by source rank (layout_range,
-//         recv_count) from the final mask.
+//         recv_count) from the final mask. On a call that gave up on a rank
+//         while its output slot was offered, also marks the sources given up
+//         on (noteGivenUp) and brings back the heads whose row moved
+//         (stageMovedHeads).
 //   copy  one block per (local expert, source): moves the segment's rows
 //         from the receive region into recv_x / recv_scales / src_info (or
-//         bytes.recv_tail; with DirectHeads only the tails: the heads are in
-//         place), and fills src_info past the count with -1 (and byte rows
-//         up to bytes.zeroed_rows with zeros).
+//         bytes.recv_tail; with DirectHeads the heads already in their row
+//         stay, the others move), and fills src_info past the count with -1
+//         (and byte rows up to bytes.zeroed_rows with zeros).
 // The send phase is the call's first half, wait and copy its second
 // (EpStages); each half takes its call number from the device counters.
 #include <cuda_bf16.h>
@@ -199,26 +202,41 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
   }
 }
 
-// After the waits (a thread per rank): marks this rank in the region of
-// each source it gave up on and that is still alive as far as it knows (a
-// departed process's memory may be gone), so that the source, should it
-// come late, sends no head to this rank's output slots (directHeadsAt).
-__device__ __forceinline__ void noteGivenUp(const EpKernelContext& ctx, const int32_t* active_ranks) {
+// True when recv_x is this rank's output slot (the call's heads may arrive
+// there): each message's header then says where its head was placed.
+__device__ __forceinline__ bool slotOffered(const DispatchArgs& args) {
+  return args.direct.gathered != nullptr && args.direct.own_slot >= 0 && args.bytes.head_bytes > 0;
+}
+
+// True when senders were told they may place heads in this rank's output
+// slot this call: its own counts row, as every rank gathered it, names the
+// slot. layoutSend withdraws the offer (-1) while this rank does not hear
+// every rank, so after a loss this is false until the group is rebuilt: the
+// wait phase's extra work below runs on one call per loss.
+__device__ __forceinline__ bool slotOfferStands(const EpKernelContext& ctx, const DispatchArgs& args) {
+  if (!slotOffered(args)) return false;
+  const DirectHeads& d = args.direct;
+  const int64_t own = d.gathered_ranges[ctx.rank];
+  if ((own & 0xffffffff) == 0) return false;
+  return d.gathered[(own >> 32) * d.gathered_stride + d.slot_word] == d.own_slot;
+}
+
+// After the waits of a call whose slot offer stood (a thread per rank):
+// marks this rank in the region of each source it gave up on and that is
+// still alive as far as it knows (a departed process's memory may be gone),
+// so that the source, should it come late, sends no head to this rank's
+// output slots (directHeadsAt). The mark is never cleared: a rebuilt group
+// (update_ep_member) opens new regions.
+__device__ __forceinline__ void noteGivenUp(const EpKernelContext& ctx, const DispatchArgs& args) {
   const WaitEscape& escape = ctx.escape;
   for (int src = threadIdx.x; src < ctx.layout.R; src += blockDim.x) {
-    if (src == ctx.rank || loadActive(active_ranks + src) != 0) continue;
+    if (src == ctx.rank || loadActive(args.active_ranks + src) != 0) continue;
     // The host-mapped word too (one PCIe read, only for a rank given up on):
     // a death the watchdog saw since this wait began.
     const bool departed = (escape.departed_bits >> src & 1u) != 0 || ld_relaxed_sys(escape.departed_seen + src) != 0 ||
                           (escape.departed != nullptr && ld_relaxed_sys(escape.departed + src) != 0);
     if (!departed) st_relaxed_sys(reinterpret_cast<uint32_t*>(ctx.regions[src] + ctx.layout.givenUpBy(ctx.rank)), 1u);
   }
-}
-
-// True when this call's heads may arrive in this rank's output slot (recv_x
-// is that slot): each message's header then says where its head was placed.
-__device__ __forceinline__ bool slotOffered(const DispatchArgs& args) {
-  return args.direct.gathered != nullptr && args.direct.own_slot >= 0 && args.bytes.head_bytes > 0;
 }
 
 // After the wait phase's layout (one block): a sender placed its heads in
@@ -228,14 +246,12 @@ __device__ __forceinline__ bool slotOffered(const DispatchArgs& args) {
 // layout is copied from the slot back into its message (whose head bytes the
 // sender left unused) and its header cleared, so that the copy phase moves it
 // from the region like any other. The copy phase writes rows the heads were
-// read from: hence here, a launch before it. Only on a call that lost a rank.
-__device__ __forceinline__ void stageMovedHeads(const EpKernelContext& ctx, const DispatchArgs& args, int parity) {
+// read from: hence here, a launch before it. Only on a call that lost a rank
+// (`lost`, the same answer in every thread).
+__device__ __forceinline__ void stageMovedHeads(const EpKernelContext& ctx, const DispatchArgs& args, int parity,
+                                                bool lost) {
   const RegionLayout& lay = ctx.layout;
-  if (!slotOffered(args)) return;
-  bool everyone_heard = true;
-  for (int r = 0; r < lay.R; ++r) everyone_heard &= loadActive(args.active_ranks + r) != 0;
-  if (everyone_heard) return;
-  __syncthreads();  // layout_range's begins are written
+  if (!lost) return;
   const ByteRows& b = args.bytes;
   char* region = ctx.regions[ctx.rank];
   const char* slot = static_cast<const char*>(args.recv_x);
@@ -288,7 +304,9 @@ __device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const Disp
     args.layout_range[pair] = count < 0 ? 0 : min(count, lay.T);
   }
   __syncthreads();  // every wait is over: the mask is final for this call
-  noteGivenUp(ctx, args.active_ranks);
+  // The same in every thread: no one writes the gathered rows now.
+  const bool offer_stood = slotOfferStands(ctx, args);
+  if (offer_stood) noteGivenUp(ctx, args);
   // Pass 2: segments one after another by source rank; a source masked by
   // now contributes nothing to any expert, even where its signal came.
   for (int le = threadIdx.x; le < lay.L; le += blockDim.x) {
@@ -300,7 +318,13 @@ __device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const Disp
     }
     args.recv_count[le] = static_cast<int32_t>(begin);
   }
-  stageMovedHeads(ctx, args, parity);
+  if (!offer_stood) return;
+  // A barrier every thread reaches (layout_range's begins are then written)
+  // and one answer for all, though the mask is host-mapped and two threads'
+  // reads may differ.
+  bool masked_here = false;
+  for (int r = threadIdx.x; r < lay.R; r += blockDim.x) masked_here |= loadActive(args.active_ranks + r) == 0;
+  stageMovedHeads(ctx, args, parity, __syncthreads_or(masked_here) != 0);
 }
 
 // One (local expert, source) segment's rows, by the `chunks` blocks that

@@ -6,11 +6,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
 #include "common/cuda_rank_helpers.h"
 #include "ep_rank_scenarios.h"
+#include "region_layout.h"
 
 namespace mooncake::ep::cuda::testing {
 namespace {
@@ -36,9 +38,9 @@ std::vector<std::vector<int>> sendCounts(const Sizes& s, const std::vector<RankI
 // slot 0, every rank's counts and slot given as if gathered from all of them
 // (the victim's too: it published them, then died before sending). Checks
 // the outputs against the rows of the ranks `heard` keeps.
-// With `recheck_after_ms`, the output slot is read again that much later.
+// With `recheck`, the output slot is read again once it returns true.
 int directCall(EpIpcGroup& g, const Sizes& s, uint64_t seed, int call, const std::vector<int>& heard,
-               DeviceBuffer& active, cudaStream_t stream, int recheck_after_ms = 0) {
+               DeviceBuffer& active, cudaStream_t stream, const std::function<bool()>& recheck = nullptr) {
   int failures = 0;
   const int me = g.rank();
   std::vector<RankInputs> all;
@@ -179,8 +181,8 @@ int directCall(EpIpcGroup& g, const Sizes& s, uint64_t seed, int call, const std
   // The middle rank's later source placed its heads after the lost source's rows.
   const bool must_see_placed = call == 0 && me == 1 && counts[0][1] > 0 && counts[2][1] > 0;
   RANK_CHECK(!must_see_placed || placed_past_count > 0, "call %d: no head was placed directly", call);
-  if (recheck_after_ms > 0) {  // the output, held, must not change while a late rank sends
-    std::this_thread::sleep_for(std::chrono::milliseconds(recheck_after_ms));
+  if (recheck) {  // the output, held, must not change while a late rank sends
+    RANK_CHECK(recheck(), "call %d: the late rank's signal never came", call);
     cudaMemcpy(heads.data(), slot, heads.size(), cudaMemcpyDeviceToHost);
     check_heads("after the late rank's call");
   }
@@ -215,7 +217,8 @@ int directHeadsLossScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed) {
 // their outputs without its rows. When it comes, it finds every rank's rows
 // and counts row (their slots offered in them) as they sent them while it
 // was active, but must not place its heads in their slots, where their
-// outputs are: each still holds what it returned 3 s later.
+// outputs are: each still holds what it returned once rank 0's call raised
+// its signal in their region (its rows, all sent, are before it).
 int directHeadsLateScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed) {
   if (s.L != 1 || g.outputSlots() < 1) {
     std::fprintf(stderr, "direct_late needs local_experts=1 and output_slots=1\n");
@@ -230,7 +233,22 @@ int directHeadsLateScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed) {
     return directCall(g, s, seed, 0, heard, active, stream);
   }
   heard[0] = 0;
-  return directCall(g, s, seed, 0, heard, active, stream, /*recheck_after_ms=*/3000);
+  // Rank 0's signal of call 0 in this rank's region (parity 1: the first sequence is 1).
+  const RegionLayout lay = RegionLayout::make(s.T, s.H, s.E, s.R, g.outputSlots());
+  const char* region = static_cast<const char*>(g.outputSlot(0)) - lay.outputSlot(0);
+  auto late_rank_sent = [&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    uint64_t signal = 0;
+    while (signal == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      cudaMemcpy(&signal, region + lay.dispatchSignal(1, 0, 0), sizeof(signal), cudaMemcpyDeviceToHost);
+    }
+    // Its copies into the slot, if any, were ordered before that signal; a
+    // little longer for a write that would race it anyway.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    return signal != 0;
+  };
+  return directCall(g, s, seed, 0, heard, active, stream, late_rank_sent);
 }
 
 }  // namespace mooncake::ep::cuda::testing
