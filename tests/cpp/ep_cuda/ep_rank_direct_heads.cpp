@@ -234,7 +234,7 @@ int directHeadsLateScenario(EpIpcGroup& g, const Sizes& s, uint64_t seed) {
   }
   heard[0] = 0;
   // Rank 0's signal of call 0 in this rank's region (parity 1: the first sequence is 1).
-  const RegionLayout lay = RegionLayout::make(s.T, s.H, s.E, s.R, g.outputSlots());
+  const RegionLayout lay = RegionLayout::make(s.T, s.H, s.E(), s.R, g.outputSlots());
   const char* region = static_cast<const char*>(g.outputSlot(0)) - lay.outputSlot(0);
   auto late_rank_sent = [&] {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
