@@ -22,6 +22,9 @@
 //         (and byte rows up to bytes.zeroed_rows with zeros).
 // The send phase is the call's first half, wait and copy its second
 // (EpStages); each half takes its call number from the device counters.
+// A small call enqueued whole runs the three phases in one launch
+// (wholeCall): the send's blocks, one of which then waits, all of which then
+// copy; two launches fewer, which is most of such a call's time.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -403,7 +406,45 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
               static_cast<int>(blockIdx.z), static_cast<int>(gridDim.z));
 }
 
-enum class DispatchPhase : int { kSend, kWait, kCopy };
+// The three phases in one launch of the send's grid, for a small call
+// enqueued whole (launchDispatch says which): every block sends its share;
+// block 0 then waits and lays out as the wait phase does, and raises
+// `laid_out` with the call's send sequence; the others wait for that, then
+// every block copies its share of the segments as the copy phase's blocks
+// do. The grid is small (kOneLaunchMaxBlocks), so its blocks are resident
+// together and the waiting ones hold no SM that block 0 needs.
+__device__ __forceinline__ void wholeCall(const EpKernelContext& ctx, const DispatchArgs& args,
+                                          bool self_by_reference) {
+  const RegionLayout& lay = ctx.layout;
+  CallCounters* counters = &ctx.counters->dispatch;
+  __shared__ uint32_t call;
+  // Read before this block counts itself sent: no block of this call can see `sent` advanced (finishSendBlock).
+  if (threadIdx.x == 0) call = sendSequence(counters);
+  __syncthreads();
+  sendPhase(ctx, args, self_by_reference);
+  const int block = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
+  if (block == 0) {
+    waitPhase(ctx, args);
+    __syncthreads();  // every thread's layout_range, recv_count and staging before the release
+    if (threadIdx.x == 0) st_release_gpu(&counters->laid_out, call);
+  } else {
+    if (threadIdx.x == 0) {
+      while (ld_acquire_gpu(&counters->laid_out) != call) {
+      }
+    }
+    __syncthreads();
+  }
+  // This call's receive number: block 0 took it (beginReceive) before the release.
+  const int parity = static_cast<int>(ld_relaxed_gpu(&counters->received) & 1);
+  const int segments = lay.L * lay.R, blocks = static_cast<int>(gridDim.x * gridDim.y);
+  const int chunks = max(1, blocks / segments);
+  for (int b = block; b < segments * chunks; b += blocks) {
+    const int pair = b % segments;
+    copySegment(ctx, args, self_by_reference, parity, pair / lay.R, pair % lay.R, b / segments, chunks);
+  }
+}
+
+enum class DispatchPhase : int { kSend, kWait, kCopy, kWhole };
 
 // Blocks per (local expert, source) segment in the copy phase: enough for
 // about two waves on an H200's 132 SMs when there are few segments (one
@@ -416,6 +457,18 @@ int copyChunks(const RegionLayout& lay) {
   return std::max(1, std::min(by_rows, kTargetBlocks / segments));
 }
 
+// Whether a call enqueued whole runs in one launch (wholeCall): a grid of
+// few blocks, and little to copy for them (the rows this rank sends, and
+// those it zeroes, stand for what it receives: calls are alike across ranks).
+// Larger calls keep the copy phase's wider grid (copyChunks).
+constexpr int kOneLaunchMaxBlocks = 64;
+constexpr int64_t kOneLaunchMaxRows = 4096;
+bool oneLaunch(const RegionLayout& lay, const DispatchArgs& args, int send_blocks) {
+  const int64_t sent = static_cast<int64_t>(lay.R) * args.num_tokens;
+  const int64_t zeroed = args.bytes.enabled ? std::min<int64_t>(args.bytes.zeroed_rows, int64_t{lay.R} * lay.T) : 0;
+  return send_blocks <= kOneLaunchMaxBlocks && static_cast<int64_t>(lay.L) * std::max(sent, zeroed) <= kOneLaunchMaxRows;
+}
+
 // The three phases are one kernel, launched once per phase (the phase is the
 // same for every thread of a launch): a profiler then shows all of a
 // dispatch's GPU time in one row named "dispatch", as the benchmark helpers of
@@ -426,6 +479,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     case DispatchPhase::kSend: sendPhase(ctx, args, self_by_reference); break;
     case DispatchPhase::kWait: waitPhase(ctx, args); break;
     case DispatchPhase::kCopy: copyPhase(ctx, args, self_by_reference); break;
+    case DispatchPhase::kWhole: wholeCall(ctx, args, self_by_reference); break;
   }
 }
 
@@ -435,11 +489,15 @@ cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args,
                            cudaStream_t stream) {
   // Each launch checked at once: a kernel whose predecessor failed to launch is not enqueued.
   const bool self_by_reference = stages == EpStages::kAll && args.bytes.enabled;
+  // Given slots, a block need not count the tokens before its own: smaller blocks pay.
+  const dim3 grid(ctx.layout.E, args.pick_slots != nullptr
+                                    ? sendChunks(ctx.layout.E, args.num_tokens, kRowsPerChunkNotCounting)
+                                    : sendChunks(ctx.layout.E, args.num_tokens));
+  if (stages == EpStages::kAll && oneLaunch(ctx.layout, args, static_cast<int>(grid.x * grid.y))) {
+    dispatch<<<grid, kSendThreads, 0, stream>>>(ctx, args, DispatchPhase::kWhole, self_by_reference);
+    return cudaGetLastError();
+  }
   if (stages != EpStages::kReceiveOnly) {
-    // Given slots, a block need not count the tokens before its own: smaller blocks pay.
-    const dim3 grid(ctx.layout.E, args.pick_slots != nullptr
-                                      ? sendChunks(ctx.layout.E, args.num_tokens, kRowsPerChunkNotCounting)
-                                      : sendChunks(ctx.layout.E, args.num_tokens));
     dispatch<<<grid, kSendThreads, 0, stream>>>(ctx, args, DispatchPhase::kSend, self_by_reference);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   }

@@ -59,12 +59,7 @@ __device__ __forceinline__ void writeTailVector(const layout::TailSources& s, in
                                                 uint8_t* tail) {
   uint32_t words[4];
 #pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    uint32_t word = 0;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) word |= static_cast<uint32_t>(layout::tailByte(s, token, at + 4 * w + b)) << (8 * b);
-    words[w] = word;
-  }
+  for (int w = 0; w < 4; ++w) words[w] = layout::tailWord(s, token, at + 4 * w);
   *reinterpret_cast<uint4*>(tail + token * s.tail_bytes + at) = make_uint4(words[0], words[1], words[2], words[3]);
 }
 

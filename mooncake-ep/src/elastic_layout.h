@@ -99,6 +99,31 @@ __host__ __device__ inline uint8_t tailByte(const TailSources& s, int64_t token,
   return 0;
 }
 
+// The 4 bytes at `at` of `token`'s tail, as tailByte's little-endian: a
+// whole id, weight or word of the zeros past them at once (the send tail's
+// usual words, when the payload goes as the head), byte by byte elsewhere
+// (the payload and scales, whose bounds need not fall on words). `weights`
+// are float32, so their words are aligned.
+__host__ __device__ inline uint32_t tailWord(const TailSources& s, int64_t token, int64_t at) {
+  const int64_t b = s.head_bytes + at;  // offset in the row
+  const int64_t ids_end = s.ids_at + 4 * static_cast<int64_t>(s.num_topk);
+  const int64_t weights_end = ids_end + 4 * static_cast<int64_t>(s.num_topk);
+  if (b >= s.ids_at && (b - s.ids_at) % 4 == 0 && b >= s.payload_bytes + s.scale_bytes) {
+    if (b + 4 <= ids_end) {
+      if (s.topk_idx == nullptr) return 0;
+      return static_cast<uint32_t>(static_cast<uint64_t>(s.topk_idx[token * s.num_topk + (b - s.ids_at) / 4]));
+    }
+    if (b >= ids_end && b + 4 <= weights_end) {
+      if (s.weights == nullptr) return 0;
+      return *reinterpret_cast<const uint32_t*>(s.weights + token * 4 * s.num_topk + (b - ids_end));
+    }
+    if (b >= weights_end) return 0;
+  }
+  uint32_t word = 0;
+  for (int i = 0; i < 4; ++i) word |= static_cast<uint32_t>(tailByte(s, token, at + i)) << (8 * i);
+  return word;
+}
+
 // The local expert of a received pick on rank `rank` (rows_layout.local_picks):
 // the global id less rank * L when the id is on this rank and the row is real, else -1.
 __host__ __device__ inline int64_t localPick(int32_t global_id, bool real, int rank, int num_local) {

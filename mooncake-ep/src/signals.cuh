@@ -16,9 +16,12 @@
 namespace mooncake::ep::cuda {
 
 using mooncake::pg::cuda::globaltimer_ns;
+using mooncake::pg::cuda::ld_acquire_gpu;
 using mooncake::pg::cuda::ld_acquire_sys;
+using mooncake::pg::cuda::ld_relaxed_gpu;
 using mooncake::pg::cuda::ld_relaxed_sys;
 using mooncake::pg::cuda::st_relaxed_sys;
+using mooncake::pg::cuda::st_release_gpu;
 using mooncake::pg::cuda::st_release_sys;
 
 // active_ranks entries: relaxed at system scope, so that a mask the caller

@@ -95,6 +95,17 @@ TEST(EpElasticLayout, TailBytesFollowTheRowFormat) {
     for (int b = 0; b < 32; ++b) out[b] = tailByte(s, token, b);
     return out;
   };
+  // tailWord: the same bytes a word at a time, in every configuration below.
+  auto words_match = [&](int tail_bytes) {
+    for (int64_t token = 0; token < 2; ++token) {
+      for (int at = 0; at < tail_bytes; at += 4) {
+        uint32_t bytes = 0;
+        for (int b = 0; b < 4; ++b) bytes |= static_cast<uint32_t>(tailByte(s, token, at + b)) << (8 * b);
+        EXPECT_EQ(tailWord(s, token, at), bytes) << "token " << token << ", byte " << at;
+      }
+    }
+  };
+  words_match(32);
   auto bytesOf = [](auto value) {
     std::vector<uint8_t> out(sizeof(value));
     std::memcpy(out.data(), &value, sizeof(value));
@@ -122,8 +133,15 @@ TEST(EpElasticLayout, TailBytesFollowTheRowFormat) {
   for (int b = 0; b < 4; ++b) EXPECT_EQ(tailByte(s, 1, b), scales[4 + b]);
   EXPECT_EQ(tailByte(s, 1, 4), 7);                                    // id 7, little-endian
   for (int b = 8; b < 16; ++b) EXPECT_EQ(tailByte(s, 1, b), 0) << b;  // id 0, then no weights
-  s.topk_idx = nullptr;                                               // ids not sent (cached dispatch): zeros
+  words_match(16);
+  s.topk_idx = nullptr;  // ids not sent (cached dispatch): zeros
   EXPECT_EQ(tailByte(s, 1, 4), 0);
+  words_match(16);
+  // Ids off a word of the row (never so in RowFormat, which aligns them): byte by byte.
+  s.topk_idx = ids.data();
+  s.weights = reinterpret_cast<const uint8_t*>(weights.data());
+  s.ids_at = 22;
+  words_match(16);
 }
 
 TEST(EpElasticLayout, LocalPicksAreThisRanksExpertsOfRealRows) {
