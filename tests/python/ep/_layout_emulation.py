@@ -63,6 +63,19 @@ def compiler_missing() -> str | None:
     return None
 
 
+def _send_outputs(a: dict) -> list[tuple[int, int]]:
+    picks = a["num_tokens"] * a["num_topk"]
+    return [(a["zeroed"], 8 * a["zeroed_words"]), (a["topk_copy"], 8 * picks), (a["dest"], 8 * picks),
+            (a["dest_slots"], 4 * picks), (a["token_index"], 4 * picks)]
+
+
+# Outputs a launch must write whole, as (address, bytes) of its arguments:
+# poisoned before it runs, since a GPU's fresh memory holds old bytes where a
+# CPU allocator's often holds zeros (layout_send zeroes what layout_receive
+# adds to: unpoisoned, a missing zeroing would pass).
+_OUTPUTS = {"layout_send": _send_outputs}
+
+
 class EmulatedKernels:
     """layout_send, send_tail and layout_receive, as mooncake._ep_ipc has them, on host memory."""
 
@@ -80,6 +93,9 @@ class EmulatedKernels:
         def call(*, stream: int, **kwargs):
             assert stream == 0, "the emulation has no streams"
             assert set(kwargs) == set(names), f"{name}: arguments {sorted(set(kwargs) ^ set(names))}"
+            for address, size in _OUTPUTS.get(name, lambda _: [])(kwargs):
+                if address and size > 0:
+                    ctypes.memset(address, 0x5A, size)
             if not function(*(kwargs[n] for n in names)):
                 raise RuntimeError(f"{name}: refused (the reason is on stderr)")
 
