@@ -458,15 +458,21 @@ int copyChunks(const RegionLayout& lay) {
 }
 
 // Whether a call enqueued whole runs in one launch (wholeCall): a grid of
-// few blocks, and little to copy for them (the rows this rank sends, and
-// those it zeroes, stand for what it receives: calls are alike across ranks).
-// Larger calls keep the copy phase's wider grid (copyChunks).
+// few blocks, and few bytes for them to copy (the rows this rank sends, and
+// those it zeroes, stand for what it receives: calls are alike across
+// ranks). A larger copy keeps the copy phase's wider grid (copyChunks): a
+// Buffer call of 512 tokens to 8 experts (58 MB at H = 7168) would have 32
+// blocks to copy with instead of 256.
 constexpr int kOneLaunchMaxBlocks = 64;
-constexpr int64_t kOneLaunchMaxRows = 4096;
+constexpr int64_t kOneLaunchMaxBytes = int64_t{4} << 20;
 bool oneLaunch(const RegionLayout& lay, const DispatchArgs& args, int send_blocks) {
+  const ByteRows& b = args.bytes;
+  const int64_t row_bytes = b.enabled      ? static_cast<int64_t>(b.head_bytes + b.tail_bytes)
+                            : args.use_fp8 ? lay.H + int64_t{4} * (lay.H / kChannelsPerScale)
+                                           : int64_t{2} * lay.H;
   const int64_t sent = static_cast<int64_t>(lay.R) * args.num_tokens;
-  const int64_t zeroed = args.bytes.enabled ? std::min<int64_t>(args.bytes.zeroed_rows, int64_t{lay.R} * lay.T) : 0;
-  return send_blocks <= kOneLaunchMaxBlocks && static_cast<int64_t>(lay.L) * std::max(sent, zeroed) <= kOneLaunchMaxRows;
+  const int64_t zeroed = b.enabled ? std::min<int64_t>(b.zeroed_rows, int64_t{lay.R} * lay.T) : 0;
+  return send_blocks <= kOneLaunchMaxBlocks && lay.L * std::max(sent, zeroed) * row_bytes <= kOneLaunchMaxBytes;
 }
 
 // The three phases are one kernel, launched once per phase (the phase is the
