@@ -24,8 +24,9 @@ struct CallCounters {
   uint32_t sent;         // sequence of the last call whose send kernel completed
   uint32_t received;     // sequence of the last call whose wait kernel started
   uint32_t send_blocks;  // blocks of the running send kernel that are done (0 between calls)
-  // A call of one launch (dispatch_kernels.cu, wholeCall): its send sequence,
-  // raised by the block that waited once the layout is written.
+  // A dispatch of one launch (dispatch_kernels.cu, wholeCall): its send
+  // sequence, raised by the block that waited once the layout is written.
+  // Unused in the combine's counters.
   uint32_t laid_out;
 };
 

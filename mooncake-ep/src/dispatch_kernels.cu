@@ -1,5 +1,5 @@
 // Dispatch in three launches on the caller's stream, one per phase of one
-// kernel (`dispatch`, see there):
+// kernel (`dispatch`, see there), or in one for a small call (below):
 //   send  one block per global expert e (destination rank d = e / L): scans
 //         this rank's tokens in order, and writes each token that picked e
 //         into d's region, slot (parity, local expert, this rank, n-th token
@@ -28,6 +28,8 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 
 #include "fp8_quant.cuh"
 #include "kernel_args.h"
@@ -249,7 +251,8 @@ __device__ __forceinline__ void noteGivenUp(const EpKernelContext& ctx, const Di
 // layout is copied from the slot back into its message (whose head bytes the
 // sender left unused) and its header cleared, so that the copy phase moves it
 // from the region like any other. The copy phase writes rows the heads were
-// read from: hence here, a launch before it. Only on a call that lost a rank
+// read from: hence here, before it (a launch before it, or before wholeCall
+// hands the layout on). Only on a call that lost a rank
 // (`lost`, the same answer in every thread).
 __device__ __forceinline__ void stageMovedHeads(const EpKernelContext& ctx, const DispatchArgs& args, int parity,
                                                 bool lost) {
@@ -346,8 +349,9 @@ __device__ __forceinline__ void copySegment(const EpKernelContext& ctx, const Di
   const char* region = ctx.regions[ctx.rank];
   // recv_x is this rank's output slot: a header says where its sender put the head there.
   const bool slot_offered = slotOffered(args);
-  // The wait kernel's acquire loads ended before this kernel began (stream
-  // order), so the rows are visible here (read through L2, see L2Load).
+  // The wait phase's acquire loads ended before this kernel began (stream
+  // order), or before wholeCall's hand-over (release and acquire), so the
+  // rows are visible here (read through L2, see L2Load).
   for (int i = first; i < count; i += stride) {
     const char* message = region + lay.dispatchMessage(parity, le, src, i);
     const size_t row = le * rows_per_expert + begin + i;
@@ -411,8 +415,11 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
 // block 0 then waits and lays out as the wait phase does, and raises
 // `laid_out` with the call's send sequence; the others wait for that, then
 // every block copies its share of the segments as the copy phase's blocks
-// do. The grid is small (kOneLaunchMaxBlocks), so its blocks are resident
-// together and the waiting ones hold no SM that block 0 needs.
+// do. Block 0 needs the blocks that send to this rank itself to run, and
+// peers need theirs: launchDispatch takes this path only when the grids of
+// all ranks fit on the device at once (oneLaunch), so no block that spins
+// keeps another from its SM. The spin ends when block 0's wait does, which
+// is bounded as the wait phase's.
 __device__ __forceinline__ void wholeCall(const EpKernelContext& ctx, const DispatchArgs& args,
                                           bool self_by_reference) {
   const RegionLayout& lay = ctx.layout;
@@ -457,24 +464,6 @@ int copyChunks(const RegionLayout& lay) {
   return std::max(1, std::min(by_rows, kTargetBlocks / segments));
 }
 
-// Whether a call enqueued whole runs in one launch (wholeCall): a grid of
-// few blocks, and few bytes for them to copy (the rows this rank sends, and
-// those it zeroes, stand for what it receives: calls are alike across
-// ranks). A larger copy keeps the copy phase's wider grid (copyChunks): a
-// Buffer call of 512 tokens to 8 experts (58 MB at H = 7168) would have 32
-// blocks to copy with instead of 256.
-constexpr int kOneLaunchMaxBlocks = 64;
-constexpr int64_t kOneLaunchMaxBytes = int64_t{4} << 20;
-bool oneLaunch(const RegionLayout& lay, const DispatchArgs& args, int send_blocks) {
-  const ByteRows& b = args.bytes;
-  const int64_t row_bytes = b.enabled      ? static_cast<int64_t>(b.head_bytes + b.tail_bytes)
-                            : args.use_fp8 ? lay.H + int64_t{4} * (lay.H / kChannelsPerScale)
-                                           : int64_t{2} * lay.H;
-  const int64_t sent = static_cast<int64_t>(lay.R) * args.num_tokens;
-  const int64_t zeroed = b.enabled ? std::min<int64_t>(b.zeroed_rows, int64_t{lay.R} * lay.T) : 0;
-  return send_blocks <= kOneLaunchMaxBlocks && lay.L * std::max(sent, zeroed) * row_bytes <= kOneLaunchMaxBytes;
-}
-
 // The three phases are one kernel, launched once per phase (the phase is the
 // same for every thread of a launch): a profiler then shows all of a
 // dispatch's GPU time in one row named "dispatch", as the benchmark helpers of
@@ -487,6 +476,47 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     case DispatchPhase::kCopy: copyPhase(ctx, args, self_by_reference); break;
     case DispatchPhase::kWhole: wholeCall(ctx, args, self_by_reference); break;
   }
+}
+
+static_assert(kCopyThreads == kSendThreads, "wholeCall copies with the send's blocks");
+
+// Blocks of the dispatch kernel the current device holds at once (its SMs,
+// or a MIG instance's, times the blocks one SM holds), cached per device;
+// 0 when unknown. An MPS limit on a client's SMs is not visible here.
+int residentDispatchBlocks() {
+  constexpr int kDevices = 64;
+  static std::array<std::atomic<int>, kDevices> known{};
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return 0;
+  if (const int blocks = known[device].load(std::memory_order_relaxed); blocks > 0) return blocks;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dispatch, kSendThreads, 0) != cudaSuccess) {
+    cudaGetLastError();  // not this call's error
+    return 0;
+  }
+  known[device].store(sms * per_sm, std::memory_order_relaxed);
+  return sms * per_sm;
+}
+
+// Whether a call enqueued whole runs in one launch (wholeCall):
+// - its grid is small, and the grids of all ranks fit on the device at once
+//   (the ranks may all share this GPU): every block that spins in one rank
+//   leaves room for the blocks the others still have to send with;
+// - few bytes to copy (the rows this rank sends, and those it zeroes, stand
+//   for what it receives: calls are alike across ranks). A larger copy keeps
+//   the copy phase's wider grid (copyChunks): a Buffer call of 512 tokens to
+//   8 experts (58 MB at H = 7168) would have 32 blocks instead of 256.
+constexpr int kOneLaunchMaxBlocks = 64;
+constexpr int64_t kOneLaunchMaxBytes = int64_t{4} << 20;
+bool oneLaunch(const RegionLayout& lay, const DispatchArgs& args, int send_blocks) {
+  if (send_blocks > kOneLaunchMaxBlocks || int64_t{send_blocks} * lay.R > residentDispatchBlocks()) return false;
+  const ByteRows& b = args.bytes;
+  const int64_t row_bytes = b.enabled      ? static_cast<int64_t>(b.head_bytes + b.tail_bytes)
+                            : args.use_fp8 ? lay.H + int64_t{4} * (lay.H / kChannelsPerScale)
+                                           : int64_t{2} * lay.H;
+  const int64_t sent = static_cast<int64_t>(lay.R) * args.num_tokens;
+  const int64_t zeroed = b.enabled ? std::min<int64_t>(b.zeroed_rows, int64_t{lay.R} * lay.T) : 0;
+  return lay.L * std::max(sent, zeroed) * row_bytes <= kOneLaunchMaxBytes;
 }
 
 }  // namespace
