@@ -33,6 +33,7 @@
 
 #include "fp8_quant.cuh"
 #include "kernel_args.h"
+#include "one_launch.h"
 #include "send_tally.cuh"
 #include "signals.cuh"
 #include "warp_copy.cuh"
@@ -498,27 +499,6 @@ int residentDispatchBlocks() {
   return sms * per_sm;
 }
 
-// Whether a call enqueued whole runs in one launch (wholeCall):
-// - its grid is small, and the grids of all ranks fit on the device at once
-//   (the ranks may all share this GPU): every block that spins in one rank
-//   leaves room for the blocks the others still have to send with;
-// - few bytes to copy (the rows this rank sends, and those it zeroes, stand
-//   for what it receives: calls are alike across ranks). A larger copy keeps
-//   the copy phase's wider grid (copyChunks): a Buffer call of 512 tokens to
-//   8 experts (58 MB at H = 7168) would have 32 blocks instead of 256.
-constexpr int kOneLaunchMaxBlocks = 64;
-constexpr int64_t kOneLaunchMaxBytes = int64_t{4} << 20;
-bool oneLaunch(const RegionLayout& lay, const DispatchArgs& args, int send_blocks) {
-  if (send_blocks > kOneLaunchMaxBlocks || int64_t{send_blocks} * lay.R > residentDispatchBlocks()) return false;
-  const ByteRows& b = args.bytes;
-  const int64_t row_bytes = b.enabled      ? static_cast<int64_t>(b.head_bytes + b.tail_bytes)
-                            : args.use_fp8 ? lay.H + int64_t{4} * (lay.H / kChannelsPerScale)
-                                           : int64_t{2} * lay.H;
-  const int64_t sent = static_cast<int64_t>(lay.R) * args.num_tokens;
-  const int64_t zeroed = b.enabled ? std::min<int64_t>(b.zeroed_rows, int64_t{lay.R} * lay.T) : 0;
-  return lay.L * std::max(sent, zeroed) * row_bytes <= kOneLaunchMaxBytes;
-}
-
 }  // namespace
 
 cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args, EpStages stages,
@@ -529,7 +509,7 @@ cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args,
   const dim3 grid(ctx.layout.E, args.pick_slots != nullptr
                                     ? sendChunks(ctx.layout.E, args.num_tokens, kRowsPerChunkNotCounting)
                                     : sendChunks(ctx.layout.E, args.num_tokens));
-  if (stages == EpStages::kAll && oneLaunch(ctx.layout, args, static_cast<int>(grid.x * grid.y))) {
+  if (stages == EpStages::kAll && oneLaunch(ctx.layout, args, static_cast<int>(grid.x * grid.y), residentDispatchBlocks())) {
     dispatch<<<grid, kSendThreads, 0, stream>>>(ctx, args, DispatchPhase::kWhole, self_by_reference);
     return cudaGetLastError();
   }

@@ -1,0 +1,43 @@
+// When a dispatch enqueued whole runs its three phases in one launch
+// (dispatch_kernels.cu, wholeCall), as a rule of the call's sizes and the
+// device's capacity, so that the host tests check it without a GPU.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "mooncake/ep/cuda/ep_ipc_group.h"
+#include "region_layout.h"
+
+namespace mooncake::ep::cuda {
+
+constexpr int kOneLaunchMaxBlocks = 64;
+constexpr int64_t kOneLaunchMaxBytes = int64_t{4} << 20;
+
+// Bytes the copy phase may move for a call, counting whole rows: the rows
+// this rank sends to every rank (calls are alike across ranks, so they stand
+// for what it receives), or those it zeroes, if more.
+inline int64_t dispatchCopyBytes(const RegionLayout& lay, const DispatchArgs& args) {
+  const ByteRows& b = args.bytes;
+  const int64_t row_bytes = b.enabled      ? static_cast<int64_t>(b.head_bytes + b.tail_bytes)
+                            : args.use_fp8 ? lay.H + int64_t{4} * (lay.H / kChannelsPerScale)
+                                           : int64_t{2} * lay.H;
+  const int64_t sent = static_cast<int64_t>(lay.R) * args.num_tokens;
+  const int64_t zeroed = b.enabled ? std::min<int64_t>(b.zeroed_rows, int64_t{lay.R} * lay.T) : 0;
+  return lay.L * std::max(sent, zeroed) * row_bytes;
+}
+
+// One launch when:
+// - the grid is small, and the grids of all ranks fit on the device at once
+//   (`resident_blocks`: the dispatch kernel's blocks the device holds, 0 when
+//   unknown; the ranks may all share this GPU): a rank's blocks that spin
+//   then keep neither its own blocks nor a peer's from an SM;
+// - there is little to copy: a larger copy keeps the copy phase's wider grid
+//   (a Buffer call of 512 tokens to 8 experts, 58 MB at H = 7168, would have
+//   32 blocks to copy with instead of 256).
+inline bool oneLaunch(const RegionLayout& lay, const DispatchArgs& args, int send_blocks, int resident_blocks) {
+  if (send_blocks > kOneLaunchMaxBlocks || int64_t{send_blocks} * lay.R > resident_blocks) return false;
+  return dispatchCopyBytes(lay, args) <= kOneLaunchMaxBytes;
+}
+
+}  // namespace mooncake::ep::cuda

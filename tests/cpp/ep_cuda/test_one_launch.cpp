@@ -1,0 +1,87 @@
+// When a dispatch runs in one launch (one_launch.h), on the host: the sizes
+// of the calls the benchmarks measure, and each limit crossed on its own,
+// against the bytes counted here by hand.
+#include <gtest/gtest.h>
+
+#include "one_launch.h"
+
+namespace mooncake::ep::cuda {
+namespace {
+
+constexpr int kH100Blocks = 132 * 3;  // SMs times the dispatch kernel's blocks per SM
+
+// ElasticBuffer's rows at world R, one expert per rank: the payload as the
+// head (2 H bytes), ids and weights as a 64-byte tail, rows past those
+// received zeroed up to the call's capacity (R x tokens).
+DispatchArgs elasticRows(int R, int tokens, int hidden) {
+  DispatchArgs args;
+  args.num_tokens = tokens;
+  args.bytes.enabled = true;
+  args.bytes.head_bytes = 2 * static_cast<size_t>(hidden);
+  args.bytes.tail_bytes = 64;
+  args.bytes.zeroed_rows = R * tokens;
+  return args;
+}
+
+TEST(EpOneLaunch, ElasticBufferCallsOfTheBenchmarkRunInOneLaunch) {
+  // World 2, 128 tokens, H = 4096: 256 rows of 8256 bytes, 2.1 MB; grid 2 x 4.
+  const RegionLayout w2 = RegionLayout::make(128, 4096, 2, 2);
+  EXPECT_EQ(dispatchCopyBytes(w2, elasticRows(2, 128, 4096)), 256 * 8256);
+  EXPECT_TRUE(oneLaunch(w2, elasticRows(2, 128, 4096), 8, kH100Blocks));
+  // World 1: 128 rows, 1.1 MB.
+  const RegionLayout w1 = RegionLayout::make(128, 4096, 1, 1);
+  EXPECT_TRUE(oneLaunch(w1, elasticRows(1, 128, 4096), 4, kH100Blocks));
+  // 8192 tokens: 16384 rows of 14400 bytes at H = 7168, far past 4 MiB.
+  const RegionLayout big = RegionLayout::make(8192, 7168, 2, 2);
+  EXPECT_FALSE(oneLaunch(big, elasticRows(2, 8192, 7168), 64, kH100Blocks));
+}
+
+TEST(EpOneLaunch, TheCountsGatherRunsInOneLaunchAtEverySize) {
+  // One 16-byte row per rank, nothing zeroed, in a group sized for 8192 tokens.
+  const RegionLayout lay = RegionLayout::make(8192, 7168, 8, 8);
+  DispatchArgs gather;
+  gather.num_tokens = 1;
+  gather.bytes.enabled = true;
+  gather.bytes.tail_bytes = 16;
+  EXPECT_EQ(dispatchCopyBytes(lay, gather), 8 * 16);
+  EXPECT_TRUE(oneLaunch(lay, gather, 8, kH100Blocks));
+}
+
+TEST(EpOneLaunch, EachLimitAloneKeepsThreeLaunches) {
+  const RegionLayout lay = RegionLayout::make(128, 4096, 2, 2);
+  const DispatchArgs args = elasticRows(2, 128, 4096);
+  EXPECT_TRUE(oneLaunch(lay, args, kOneLaunchMaxBlocks, kH100Blocks));
+  EXPECT_FALSE(oneLaunch(lay, args, kOneLaunchMaxBlocks + 1, kH100Blocks));  // too many blocks
+  // All ranks' grids must fit at once: 2 x 8 blocks on a device that holds 15.
+  EXPECT_TRUE(oneLaunch(lay, args, 8, 16));
+  EXPECT_FALSE(oneLaunch(lay, args, 8, 15));
+  EXPECT_FALSE(oneLaunch(lay, args, 8, 0));  // capacity unknown
+  // The rows zeroed count when they are more than those sent: 128 tokens in
+  // a call whose capacity is 1024 rows of 8256 bytes, 8.5 MB.
+  DispatchArgs zeroing = args;
+  zeroing.bytes.zeroed_rows = 1024;
+  const RegionLayout wide = RegionLayout::make(512, 4096, 2, 2);
+  EXPECT_EQ(dispatchCopyBytes(wide, zeroing), 1024 * 8256);
+  EXPECT_FALSE(oneLaunch(wide, zeroing, 8, kH100Blocks));
+  // ...but never past the region's R x T rows.
+  zeroing.bytes.zeroed_rows = 1 << 20;
+  EXPECT_EQ(dispatchCopyBytes(lay, zeroing), 256 * 8256);
+}
+
+TEST(EpOneLaunch, TheBuffersRowsCountEveryLocalExpert) {
+  // The Buffer: 8 experts at world 2 (L = 4), bf16 rows of 2 H bytes, 512
+  // tokens at H = 7168: 4 x 1024 rows of 14336 bytes, 58.7 MB.
+  const RegionLayout lay = RegionLayout::make(512, 7168, 8, 2);
+  DispatchArgs args;
+  args.num_tokens = 512;
+  EXPECT_EQ(dispatchCopyBytes(lay, args), int64_t{4} * 1024 * 14336);
+  EXPECT_FALSE(oneLaunch(lay, args, 32, kH100Blocks));
+  // FP8 rows: H bytes and a float32 scale per 128 channels, 7392 bytes at H = 7168.
+  args.num_tokens = 16;
+  args.use_fp8 = true;
+  EXPECT_EQ(dispatchCopyBytes(lay, args), int64_t{4} * 32 * 7392);
+  EXPECT_TRUE(oneLaunch(lay, args, 8, kH100Blocks));
+}
+
+}  // namespace
+}  // namespace mooncake::ep::cuda
