@@ -482,8 +482,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 static_assert(kCopyThreads == kSendThreads, "wholeCall copies with the send's blocks");
 
 // Blocks of the dispatch kernel the current device holds at once (its SMs,
-// or a MIG instance's, times the blocks one SM holds), cached per device;
-// 0 when unknown. An MPS limit on a client's SMs is not visible here.
+// or a MIG instance's, times the blocks one SM holds, within this process's
+// MPS share), cached per device; 0 when unknown.
 int residentDispatchBlocks() {
   constexpr int kDevices = 64;
   static std::array<std::atomic<int>, kDevices> known{};
@@ -495,8 +495,9 @@ int residentDispatchBlocks() {
     cudaGetLastError();  // not this call's error
     return 0;
   }
-  known[device].store(sms * per_sm, std::memory_order_relaxed);
-  return sms * per_sm;
+  const int blocks = mpsShareOfBlocks(sms * per_sm, std::getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+  known[device].store(blocks, std::memory_order_relaxed);
+  return blocks;
 }
 
 }  // namespace

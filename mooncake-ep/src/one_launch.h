@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "mooncake/ep/cuda/ep_ipc_group.h"
 #include "region_layout.h"
@@ -25,6 +26,18 @@ inline int64_t dispatchCopyBytes(const RegionLayout& lay, const DispatchArgs& ar
   const int64_t sent = static_cast<int64_t>(lay.R) * args.num_tokens;
   const int64_t zeroed = b.enabled ? std::min<int64_t>(b.zeroed_rows, int64_t{lay.R} * lay.T) : 0;
   return lay.L * std::max(sent, zeroed) * row_bytes;
+}
+
+// The blocks a client may hold under MPS: `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`
+// (`percentage`, null when unset) caps its share of the SMs, which the
+// device's attributes do not show. Rounded down; the whole device when the
+// value is not a percentage below 100.
+inline int mpsShareOfBlocks(int device_blocks, const char* percentage) {
+  if (percentage == nullptr || *percentage == '\0') return device_blocks;
+  char* end = nullptr;
+  const double share = std::strtod(percentage, &end);
+  if (end == percentage || *end != '\0' || !(share > 0) || share >= 100) return device_blocks;
+  return static_cast<int>(device_blocks * share / 100);
 }
 
 // One launch when:

@@ -68,6 +68,25 @@ TEST(EpOneLaunch, EachLimitAloneKeepsThreeLaunches) {
   EXPECT_EQ(dispatchCopyBytes(lay, zeroing), 256 * 8256);
 }
 
+TEST(EpOneLaunch, AnMpsShareOfTheSmsBoundsTheBlocks) {
+  EXPECT_EQ(mpsShareOfBlocks(396, nullptr), 396);
+  EXPECT_EQ(mpsShareOfBlocks(396, ""), 396);
+  EXPECT_EQ(mpsShareOfBlocks(396, "25"), 99);
+  EXPECT_EQ(mpsShareOfBlocks(396, "12.5"), 49);  // 49.5, rounded down
+  EXPECT_EQ(mpsShareOfBlocks(396, "100"), 396);
+  EXPECT_EQ(mpsShareOfBlocks(396, "0"), 396);  // not a share: the whole device
+  EXPECT_EQ(mpsShareOfBlocks(396, "half"), 396);
+  EXPECT_EQ(mpsShareOfBlocks(396, "25%"), 396);
+  // Four ranks of 16 blocks under a 12.5 % share: 64 > 49, three launches.
+  const RegionLayout lay = RegionLayout::make(128, 4096, 4, 4);
+  DispatchArgs args;
+  args.num_tokens = 16;
+  args.bytes.enabled = true;
+  args.bytes.tail_bytes = 16;
+  EXPECT_TRUE(oneLaunch(lay, args, 16, mpsShareOfBlocks(396, "25")));
+  EXPECT_FALSE(oneLaunch(lay, args, 16, mpsShareOfBlocks(396, "12.5")));
+}
+
 TEST(EpOneLaunch, TheBuffersRowsCountEveryLocalExpert) {
   // The Buffer: 8 experts at world 2 (L = 4), bf16 rows of 2 H bytes, 512
   // tokens at H = 7168: 4 x 1024 rows of 14336 bytes, 58.7 MB.
