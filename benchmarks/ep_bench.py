@@ -226,10 +226,10 @@ def _time_elastic(elastic, x, topk, weights, E, T, device, args, label="elastic"
     return [(impl, phase, samples) for (impl, phase), samples in times.items()]
 
 
-def _time_graphs(elastic, x, topk, weights, E, T, args):
+def capture_graphs(elastic, x, topk, weights, E, T):
     """The IPC path's dispatch (do_cpu_sync=False, outputs at capacity) and
-    combine, each captured in a CUDA graph and replayed: the kernels' time
-    without Python or launches."""
+    combine, each captured in a CUDA graph (after one eager call of each):
+    (dispatch graph, combine graph)."""
     def dispatch():
         return elastic.dispatch(x, topk_idx=topk, topk_weights=weights, num_experts=E, num_max_tokens_per_rank=T,
                                 do_cpu_sync=False)
@@ -248,6 +248,13 @@ def _time_graphs(elastic, x, topk, weights, E, T, args):
         with torch.cuda.graph(combine_graph, stream=side):
             elastic.combine(recv_x, handle)
     torch.cuda.current_stream().wait_stream(side)
+    return dispatch_graph, combine_graph
+
+
+def _time_graphs(elastic, x, topk, weights, E, T, args):
+    """The IPC path's dispatch and combine replayed from CUDA graphs
+    (capture_graphs): the kernels' time without Python or launches."""
+    dispatch_graph, combine_graph = capture_graphs(elastic, x, topk, weights, E, T)
     times = {"dispatch": [], "combine": []}
     for it in range(args.warmup + args.iters):
         for phase, graph in (("dispatch", dispatch_graph), ("combine", combine_graph)):

@@ -34,6 +34,8 @@ def main():
     from mooncake import pg  # noqa: F401, PLC0415 (registers the backend)
     from mooncake.mooncake_elastic_buffer import ElasticBuffer  # noqa: PLC0415
 
+    from ep_bench import capture_graphs  # noqa: PLC0415 (benchmarks/, the script's folder)
+
     torch.cuda.set_device(0)
     dist.init_process_group("mooncake", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
     buffer = ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=T, hidden=H, num_topk=K)
@@ -43,22 +45,7 @@ def main():
     topk = torch.randn(T, E, generator=g).topk(K, dim=1).indices.cuda()
     weights = torch.rand(T, K, generator=g).cuda()
 
-    def dispatch():
-        return buffer.dispatch(x, topk_idx=topk, topk_weights=weights, num_experts=E, num_max_tokens_per_rank=T,
-                               do_cpu_sync=False)
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        recv_x, _, _, handle, _ = dispatch()
-        buffer.combine(recv_x, handle)
-        del recv_x, handle  # its output slot goes back before the capture takes one
-        dispatch_graph, combine_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(dispatch_graph, stream=side):
-            recv_x, _, _, handle, _ = dispatch()
-        with torch.cuda.graph(combine_graph, stream=side):
-            buffer.combine(recv_x, handle)
-    torch.cuda.current_stream().wait_stream(side)
+    dispatch_graph, combine_graph = capture_graphs(buffer, x, topk, weights, E, T)
     for _ in range(3):
         dispatch_graph.replay()
         combine_graph.replay()
