@@ -472,10 +472,18 @@ int copyChunks(const RegionLayout& lay) {
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     dispatch(EpKernelContext ctx, DispatchArgs args, DispatchPhase phase, bool self_by_reference) {
   switch (phase) {
-    case DispatchPhase::kSend: sendPhase(ctx, args, self_by_reference); break;
-    case DispatchPhase::kWait: waitPhase(ctx, args); break;
-    case DispatchPhase::kCopy: copyPhase(ctx, args, self_by_reference); break;
-    case DispatchPhase::kWhole: wholeCall(ctx, args, self_by_reference); break;
+    case DispatchPhase::kSend:
+      sendPhase(ctx, args, self_by_reference);
+      break;
+    case DispatchPhase::kWait:
+      waitPhase(ctx, args);
+      break;
+    case DispatchPhase::kCopy:
+      copyPhase(ctx, args, self_by_reference);
+      break;
+    case DispatchPhase::kWhole:
+      wholeCall(ctx, args, self_by_reference);
+      break;
   }
 }
 
@@ -510,7 +518,8 @@ cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args,
   const dim3 grid(ctx.layout.E, args.pick_slots != nullptr
                                     ? sendChunks(ctx.layout.E, args.num_tokens, kRowsPerChunkNotCounting)
                                     : sendChunks(ctx.layout.E, args.num_tokens));
-  if (stages == EpStages::kAll && oneLaunch(ctx.layout, args, static_cast<int>(grid.x * grid.y), residentDispatchBlocks())) {
+  if (stages == EpStages::kAll &&
+      oneLaunch(ctx.layout, args, static_cast<int>(grid.x * grid.y), residentDispatchBlocks())) {
     dispatch<<<grid, kSendThreads, 0, stream>>>(ctx, args, DispatchPhase::kWhole, self_by_reference);
     return cudaGetLastError();
   }
