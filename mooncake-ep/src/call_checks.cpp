@@ -65,6 +65,30 @@ std::string checkDirectHeads(const DispatchArgs& args, const RegionLayout& layou
   return {};
 }
 
+// The rules of DispatchArgs::receive_layout (ep_ipc_group.h).
+std::string checkReceiveLayout(const DispatchArgs& args, const RegionLayout& layout) {
+  const ReceiveLayoutArgs& r = args.receive_layout;
+  if (!args.bytes.enabled || layout.L != 1) return "receive_layout goes with byte rows and one local expert per rank";
+  if (r.num_ranks != layout.R || r.capacity > static_cast<int64_t>(layout.R) * layout.T ||
+      r.tail_bytes != static_cast<int64_t>(args.bytes.tail_bytes) || r.num_tokens != args.num_tokens ||
+      r.num_topk != args.num_topk) {
+    return "receive_layout: num_ranks, tail_bytes, num_tokens and num_topk must be the call's, and capacity at most "
+           "R * T";
+  }
+  if (r.num_tokens > 0 && r.num_topk > 0 && (r.topk_idx == nullptr || r.token_index == nullptr)) {
+    return "receive_layout: topk_idx and token_index are required";
+  }
+  // Outputs of no elements may be null (an empty tensor's address): slots without picks, the rows' without rows.
+  const bool picks = r.num_tokens > 0 && r.num_topk > 0, rows = r.capacity > 0;
+  if (r.gathered == nullptr || r.gathered_ranges == nullptr || r.scaleup_psum == nullptr ||
+      (picks && r.slots == nullptr) || (rows && (r.real == nullptr || r.metadata == nullptr)) ||
+      (rows && r.num_topk > 0 && r.local == nullptr)) {
+    return "receive_layout: gathered, gathered_ranges and every output with elements are required";
+  }
+  if (std::string why = receiveLayoutError(r); !why.empty()) return "receive_layout: " + why;
+  return {};
+}
+
 }  // namespace
 
 std::string checkDispatchCall(const DispatchArgs& args, const RegionLayout& layout) {
@@ -79,6 +103,9 @@ std::string checkDispatchCall(const DispatchArgs& args, const RegionLayout& layo
   }
   if (args.direct.gathered != nullptr) {
     if (std::string why = checkDirectHeads(args, layout); !why.empty()) return why;
+  }
+  if (args.with_receive_layout) {
+    if (std::string why = checkReceiveLayout(args, layout); !why.empty()) return why;
   }
   const bool heads_in_slot = args.direct.gathered != nullptr && args.direct.own_slot >= 0;
   if (args.active_ranks == nullptr || (needs_x && !heads_in_slot && args.recv_x == nullptr) ||

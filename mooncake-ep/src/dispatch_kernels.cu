@@ -34,6 +34,7 @@
 #include "fp8_quant.cuh"
 #include "kernel_args.h"
 #include "one_launch.h"
+#include "receive_layout.cuh"
 #include "send_tally.cuh"
 #include "signals.cuh"
 #include "warp_copy.cuh"
@@ -336,9 +337,12 @@ __device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const Disp
 
 // One (local expert, source) segment's rows, by the `chunks` blocks that
 // share it (this one is `chunk`).
+// With DispatchArgs::receive_layout, the warp that copies a row lays it out
+// too (receive_layout.cuh), and the rows past those received are laid out
+// as none; `block_counts`: the block's picks per expert (null: not shared).
 __device__ __forceinline__ void copySegment(const EpKernelContext& ctx, const DispatchArgs& args,
                                             bool self_by_reference, int parity, int le, int src, int chunk,
-                                            int chunks) {
+                                            int chunks, uint32_t* block_counts) {
   const RegionLayout& lay = ctx.layout;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   constexpr int kWarps = kCopyThreads / kWarp;
@@ -362,12 +366,13 @@ __device__ __forceinline__ void copySegment(const EpKernelContext& ctx, const Di
     if (lane == 0) args.src_info[row] = token;
     const char* payload = message + kMessageHeaderBytes;
     if (self_by_reference && src == ctx.rank) {  // only the header came: the bytes are this rank's own inputs
-      if (token < 0 || token >= args.num_tokens) continue;  // never an address outside x
       const ByteRows& b = args.bytes;
-      warpCopy(static_cast<char*>(args.recv_x) + row * b.head_bytes,
-               static_cast<const char*>(args.x) + token * b.head_bytes, b.head_bytes, lane);
-      warpCopy(static_cast<char*>(b.recv_tail) + row * b.tail_bytes,
-               static_cast<const char*>(b.tail) + token * b.tail_bytes, b.tail_bytes, lane);
+      if (token >= 0 && token < args.num_tokens) {  // never an address outside x
+        warpCopy(static_cast<char*>(args.recv_x) + row * b.head_bytes,
+                 static_cast<const char*>(args.x) + token * b.head_bytes, b.head_bytes, lane);
+        warpCopy(static_cast<char*>(b.recv_tail) + row * b.tail_bytes,
+                 static_cast<const char*>(b.tail) + token * b.tail_bytes, b.tail_bytes, lane);
+      }
     } else if (args.use_fp8) {
       warpCopy(static_cast<uint8_t*>(args.recv_x) + row * lay.H, payload, lay.H, lane, L2Load());
       const float* scales = reinterpret_cast<const float*>(payload + lay.H);
@@ -386,6 +391,12 @@ __device__ __forceinline__ void copySegment(const EpKernelContext& ctx, const Di
       warpCopy(static_cast<__nv_bfloat16*>(args.recv_x) + row * lay.H, payload, 2 * static_cast<size_t>(lay.H), lane,
                L2Load());
     }
+    if (args.with_receive_layout && static_cast<int64_t>(row) < args.receive_layout.capacity) {
+      __syncwarp();  // the row's tail, which the warp's lanes wrote, read back by them
+      receive_layout::layOutRow(args.receive_layout, static_cast<int64_t>(row),
+                                static_cast<const uint8_t*>(args.bytes.recv_tail) + row * args.bytes.tail_bytes, src,
+                                token, lane, block_counts);
+    }
   }
   // Rows past the count have no source: src_info -1 (recv_x stays unwritten).
   const int total = args.recv_count[le];
@@ -403,12 +414,55 @@ __device__ __forceinline__ void copySegment(const EpKernelContext& ctx, const Di
       warpZero(static_cast<char*>(b.recv_tail) + (le * rows_per_expert + j) * b.tail_bytes, b.tail_bytes, lane);
     }
   }
+  if (args.with_receive_layout) {  // rows past the count: no picks (one local expert: le is 0)
+    const size_t warps = static_cast<size_t>(lay.R) * chunks * kWarps;
+    const size_t rows = min(rows_per_expert, static_cast<size_t>(args.receive_layout.capacity));
+    for (size_t j = total + (static_cast<size_t>(chunk) * lay.R + src) * kWarps + warp; j < rows; j += warps) {
+      receive_layout::layOutRow(args.receive_layout, static_cast<int64_t>(j), nullptr, 0, -1, lane, block_counts);
+    }
+  }
 }
 
-__device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const DispatchArgs& args, bool self_by_reference) {
+// The block's counts for receive_layout in dynamic shared memory (null:
+// none, or too many experts to hold), zeroed; a barrier follows before the
+// first row is laid out.
+__device__ __forceinline__ uint32_t* receiveCounts(const DispatchArgs& args, uint32_t* shared) {
+  if (!args.with_receive_layout || receive_layout::sharedCountBytes(args.receive_layout) == 0) return nullptr;
+  receive_layout::zeroBlockCounts(args.receive_layout, shared);
+  return shared;
+}
+
+// After a block's copies, the rest of receive_layout (every block once):
+// where this rank's rows start at each rank and so its picks' slots, the
+// received counts' prefix sums (the segments lie one after another by
+// source: each ends at begin + count), and the counts per expert with their
+// prefix sums (finishBlock's last block).
+__device__ __forceinline__ void finishReceiveLayout(const DispatchArgs& args, int block, int blocks,
+                                                    const uint32_t* block_counts) {
+  if (!args.with_receive_layout) return;
+  const ReceiveLayoutArgs& a = args.receive_layout;
+  __shared__ int32_t my_begin[kMaxEpRanks];
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < a.num_ranks) {
+    my_begin[tid] = receive_layout::rowsBeforeMineAt(a, tid);
+    const int64_t range = args.layout_range[tid];
+    if (block == 0) a.scaleup_psum[tid] = static_cast<int32_t>((range >> 32) + (range & 0xffffffff));
+  }
+  __syncthreads();
+  receive_layout::laySlots(a, my_begin, static_cast<int64_t>(block) * blockDim.x + tid,
+                           static_cast<int64_t>(blocks) * blockDim.x);
+  receive_layout::finishBlock(a, block_counts);
+}
+
+__device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const DispatchArgs& args, bool self_by_reference,
+                                          uint32_t* shared_counts) {
   const int parity = static_cast<int>(receivedSequence(&ctx.counters->dispatch) & 1);
+  uint32_t* block_counts = receiveCounts(args, shared_counts);
+  if (args.with_receive_layout) __syncthreads();  // the counts zeroed
   copySegment(ctx, args, self_by_reference, parity, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
-              static_cast<int>(blockIdx.z), static_cast<int>(gridDim.z));
+              static_cast<int>(blockIdx.z), static_cast<int>(gridDim.z), block_counts);
+  const int block = static_cast<int>((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x);
+  finishReceiveLayout(args, block, static_cast<int>(gridDim.x * gridDim.y * gridDim.z), block_counts);
 }
 
 // The three phases in one launch of the send's grid, for a small call
@@ -421,10 +475,11 @@ __device__ __forceinline__ void copyPhase(const EpKernelContext& ctx, const Disp
 // all ranks fit on the device at once (oneLaunch), so no block that spins
 // keeps another from its SM. The spin ends when block 0's wait does, which
 // is bounded as the wait phase's.
-__device__ __forceinline__ void wholeCall(const EpKernelContext& ctx, const DispatchArgs& args,
-                                          bool self_by_reference) {
+__device__ __forceinline__ void wholeCall(const EpKernelContext& ctx, const DispatchArgs& args, bool self_by_reference,
+                                          uint32_t* shared_counts) {
   const RegionLayout& lay = ctx.layout;
   CallCounters* counters = &ctx.counters->dispatch;
+  uint32_t* block_counts = receiveCounts(args, shared_counts);  // zeroed before the barriers below
   __shared__ uint32_t call;
   // Read before this block counts itself sent: no block of this call can see `sent` advanced (finishSendBlock).
   if (threadIdx.x == 0) call = sendSequence(counters);
@@ -448,8 +503,9 @@ __device__ __forceinline__ void wholeCall(const EpKernelContext& ctx, const Disp
   const int chunks = max(1, blocks / segments);
   for (int b = block; b < segments * chunks; b += blocks) {
     const int pair = b % segments;
-    copySegment(ctx, args, self_by_reference, parity, pair / lay.R, pair % lay.R, b / segments, chunks);
+    copySegment(ctx, args, self_by_reference, parity, pair / lay.R, pair % lay.R, b / segments, chunks, block_counts);
   }
+  finishReceiveLayout(args, block, blocks, block_counts);
 }
 
 enum class DispatchPhase : int { kSend, kWait, kCopy, kWhole };
@@ -471,6 +527,7 @@ int copyChunks(const RegionLayout& lay) {
 // DeepEP and the reference expect (exactly one row per operation name).
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     dispatch(EpKernelContext ctx, DispatchArgs args, DispatchPhase phase, bool self_by_reference) {
+  extern __shared__ uint32_t receive_counts[];  // receive_layout's per block, when the launch gives them room
   switch (phase) {
     case DispatchPhase::kSend:
       sendPhase(ctx, args, self_by_reference);
@@ -479,15 +536,20 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
       waitPhase(ctx, args);
       break;
     case DispatchPhase::kCopy:
-      copyPhase(ctx, args, self_by_reference);
+      copyPhase(ctx, args, self_by_reference, receive_counts);
       break;
     case DispatchPhase::kWhole:
-      wholeCall(ctx, args, self_by_reference);
+      wholeCall(ctx, args, self_by_reference, receive_counts);
       break;
   }
 }
 
 static_assert(kCopyThreads == kSendThreads, "wholeCall copies with the send's blocks");
+
+// The most dynamic shared memory a dispatch launch takes (receive_layout's
+// counts): the blocks an SM holds are counted with it, whatever a call
+// takes (on an H100 as many as with none).
+constexpr size_t kMostReceiveCountBytes = sizeof(uint32_t) * receive_layout::kMaxSharedExperts;
 
 // Blocks of the dispatch kernel the current device holds at once (its SMs,
 // or a MIG instance's, times the blocks one SM holds, within this process's
@@ -499,7 +561,8 @@ int residentDispatchBlocks() {
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return 0;
   if (const int blocks = known[device].load(std::memory_order_relaxed); blocks > 0) return blocks;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dispatch, kSendThreads, 0) != cudaSuccess) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dispatch, kSendThreads,
+                                                    kMostReceiveCountBytes) != cudaSuccess) {
     cudaGetLastError();  // not this call's error
     return 0;
   }
@@ -510,17 +573,28 @@ int residentDispatchBlocks() {
 
 }  // namespace
 
-cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args, EpStages stages,
+cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& given, EpStages stages,
                            cudaStream_t stream) {
+  DispatchArgs args = given;
+  size_t counts_bytes = 0;  // receive_layout's counts per block, in dynamic shared memory
+  if (args.with_receive_layout) {  // the rows it lays out are this call's own
+    ReceiveLayoutArgs& r = args.receive_layout;
+    r.ranges = args.layout_range;
+    r.src_token = args.src_info;
+    r.recv_tail = args.bytes.recv_tail;
+    r.rank = ctx.rank;
+    counts_bytes = static_cast<size_t>(receive_layout::sharedCountBytes(r));
+  }
   // Each launch checked at once: a kernel whose predecessor failed to launch is not enqueued.
   const bool self_by_reference = stages == EpStages::kAll && args.bytes.enabled;
   // Given slots, a block need not count the tokens before its own: smaller blocks pay.
   const dim3 grid(ctx.layout.E, args.pick_slots != nullptr
                                     ? sendChunks(ctx.layout.E, args.num_tokens, kRowsPerChunkNotCounting)
                                     : sendChunks(ctx.layout.E, args.num_tokens));
-  if (stages == EpStages::kAll &&
+  static const bool one_launch_allowed = oneLaunchAllowed(std::getenv(kOneLaunchEnv));
+  if (stages == EpStages::kAll && one_launch_allowed &&
       oneLaunch(ctx.layout, args, static_cast<int>(grid.x * grid.y), residentDispatchBlocks())) {
-    dispatch<<<grid, kSendThreads, 0, stream>>>(ctx, args, DispatchPhase::kWhole, self_by_reference);
+    dispatch<<<grid, kSendThreads, counts_bytes, stream>>>(ctx, args, DispatchPhase::kWhole, self_by_reference);
     return cudaGetLastError();
   }
   if (stages != EpStages::kReceiveOnly) {
@@ -530,7 +604,7 @@ cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& args,
   if (stages != EpStages::kSendOnly) {
     dispatch<<<1, kWaitThreads, 0, stream>>>(ctx, args, DispatchPhase::kWait, self_by_reference);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-    dispatch<<<dim3(ctx.layout.L, ctx.layout.R, copyChunks(ctx.layout)), kCopyThreads, 0, stream>>>(
+    dispatch<<<dim3(ctx.layout.L, ctx.layout.R, copyChunks(ctx.layout)), kCopyThreads, counts_bytes, stream>>>(
         ctx, args, DispatchPhase::kCopy, self_by_reference);
   }
   return cudaGetLastError();

@@ -16,10 +16,13 @@
 //                  them itself in a call of one tile (256 tokens), as it
 //                  copies topk_idx and zeroes what layoutReceive adds to:
 //                  fewer launches for small calls.
-//   layoutReceive  one thread per received row (local picks, weights,
-//                  metadata, picks per local expert), then one per pick of
-//                  this rank's tokens (dst_buffer_slot_idx); the last block
-//                  to finish writes the picks' prefix sums per expert.
+//   layoutReceive  one warp per received row (local picks, weights,
+//                  metadata, picks per local expert), then a thread per pick
+//                  of this rank's tokens (dst_buffer_slot_idx); the last
+//                  block to finish writes the picks' prefix sums per expert.
+//                  Its pieces are receive_layout.cuh's, which the EP
+//                  dispatch's copy blocks run instead when the call asks
+//                  (DispatchArgs::receive_layout): then it is not launched.
 // Why kernels: the same layout as ~60 small tensor operations took longer
 // than the EP kernels themselves (docs/benchmarks/ep_cuda.md).
 #include <algorithm>
@@ -28,6 +31,7 @@
 #include "elastic_layout.h"
 #include "mooncake/ep/cuda/elastic_layout.h"
 #include "mooncake/ep/cuda/ep_ipc_group.h"
+#include "receive_layout.cuh"
 
 namespace mooncake::ep::cuda {
 namespace {
@@ -37,7 +41,6 @@ constexpr int kTileWarps = kTileTokens / 32;
 constexpr int kLoadsInFlight = 8;  // per thread, staging a tile's picks
 constexpr int kRowThreads = 256;
 constexpr int kMaxRowBlocks = 1024;      // grid-stride beyond
-constexpr int kMaxSharedExperts = 8192;  // per-block counts in shared memory (32 KB) up to this many local experts
 constexpr unsigned kAllLanes = 0xffffffffu;
 
 // The row the counts are gathered in: the call's count per rank (`total`
@@ -203,51 +206,16 @@ __global__ void sendTailKernel(layout::TailSources s, int64_t num_tokens, uint8_
   }
 }
 
-// The block that finishes last (a ticket taken after each block's additions
-// to per_expert, fenced: the threadFenceReduction pattern) turns the counts
-// into their inclusive prefix sums, as int32: the handle's
-// psum_num_recv_tokens_per_expert without a scan and a cast of torch's after
-// the kernel. Each thread sums a run of experts, thread 0 scans the runs.
-__device__ __forceinline__ void writeExpertPsumInLastBlock(const ReceiveLayoutArgs& a) {
-  __shared__ bool last;
-  __shared__ int64_t run_begin[kRowThreads];
-  const int tid = static_cast<int>(threadIdx.x);
-  __threadfence();  // this thread's additions to per_expert before the ticket
-  __syncthreads();
-  if (tid == 0) last = atomicAdd(a.finished_blocks, 1ull) + 1 == gridDim.x;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();  // the other blocks' additions, seen after their tickets
-  const int run = (a.num_local + kRowThreads - 1) / kRowThreads;
-  const int first = tid * run, end = first + run < a.num_local ? first + run : a.num_local;
-  // Read where the atomics landed (L2), never a stale L1 line.
-  const volatile int64_t* counts = a.per_expert;
-  int64_t sum = 0;
-  for (int e = first; e < end; ++e) sum += counts[e];
-  run_begin[tid] = sum;
-  __syncthreads();
-  if (tid == 0) {
-    int64_t before = 0;
-    for (int t = 0; t < kRowThreads; ++t) {
-      const int64_t runs_sum = run_begin[t];
-      run_begin[t] = before;
-      before += runs_sum;
-    }
-  }
-  __syncthreads();
-  int64_t psum = run_begin[tid];
-  for (int e = first; e < end; ++e) {
-    psum += counts[e];
-    a.expert_psum[e] = static_cast<int32_t>(psum);
-  }
-}
-
+// A warp per received row (layOutRow), then a thread per pick of this
+// rank's tokens (laySlots); the last block to finish writes the picks'
+// prefix sums per expert (finishBlock).
 __global__ void __launch_bounds__(kRowThreads) receiveLayoutKernel(ReceiveLayoutArgs a, bool shared_counts) {
   extern __shared__ uint32_t expert_counts[];  // [L] this block's picks per local expert, when shared_counts
   __shared__ int64_t ends[kMaxEpRanks];
   __shared__ int32_t my_begin[kMaxEpRanks];
-  const int tid = static_cast<int>(threadIdx.x);
-  const int k = a.num_topk, num_ranks = a.num_ranks;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32;
+  const int num_ranks = a.num_ranks;
+  uint32_t* block_counts = shared_counts ? expert_counts : nullptr;
   if (tid == 0) {
     int64_t sum = 0;
     for (int s = 0; s < num_ranks; ++s) {
@@ -255,72 +223,24 @@ __global__ void __launch_bounds__(kRowThreads) receiveLayoutKernel(ReceiveLayout
       ends[s] = sum;
     }
   }
-  if (tid < num_ranks) {  // where this rank's rows start at rank tid: what the lower ranks sent it
-    int32_t begin = 0;
-    for (int s = 0; s < a.rank; ++s) {
-      const int64_t range = a.gathered_ranges[s];
-      if ((range & 0xffffffffLL) != 0) begin += a.gathered[(range >> 32) * a.gathered_stride + tid];
-    }
-    my_begin[tid] = begin;
-  }
-  if (shared_counts) {
-    for (int e = tid; e < a.num_local; e += kRowThreads) expert_counts[e] = 0;
-  }
+  if (tid < num_ranks) my_begin[tid] = receive_layout::rowsBeforeMineAt(a, tid);
+  receive_layout::zeroBlockCounts(a, block_counts);
   __syncthreads();
   const int64_t total = ends[num_ranks - 1];
   if (blockIdx.x == 0 && tid < num_ranks) a.scaleup_psum[tid] = static_cast<int32_t>(ends[tid]);
 
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowThreads;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRowThreads + tid;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kRowThreads / 32);
   const auto* tails = static_cast<const uint8_t*>(a.recv_tail);
-  for (int64_t row = first; row < a.capacity; row += stride) {
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * (kRowThreads / 32) + tid / 32; row < a.capacity;
+       row += warps) {
     const bool real = row < total;
-    const uint8_t* tail = tails + row * a.tail_bytes;
-    int32_t here = 0;
-    // Rows are 16-byte multiples and the ids and weights 4-byte aligned in them (RowFormat): plain 32-bit loads.
-    const auto* ids = reinterpret_cast<const int32_t*>(tail + a.ids_at);
-    const auto* weights = a.weights != nullptr ? reinterpret_cast<const uint32_t*>(tail + a.weights_at) : nullptr;
-    for (int j = 0; j < k; ++j) {
-      const int64_t local = layout::localPick(ids[j], real, a.rank, a.num_local);
-      a.local[row * k + j] = local;
-      if (a.weights != nullptr) {
-        // The weight's bits as sent (a NaN keeps its payload), +0.0 where no pick is here.
-        reinterpret_cast<uint32_t*>(a.weights)[row * k + j] = local >= 0 ? weights[j] : 0u;
-      }
-      if (local >= 0) {
-        ++here;
-        if (shared_counts) {
-          atomicAdd(&expert_counts[local], 1u);
-        } else {
-          atomicAdd(reinterpret_cast<unsigned long long*>(a.per_expert) + local, 1ull);
-        }
-      }
-    }
-    a.real[row] = real;
-    int32_t* meta = a.metadata + row * (k + 2);
-    const int source = layout::sourceOfRow(row, ends, num_ranks);
-    meta[0] = real ? static_cast<int32_t>(static_cast<int64_t>(source) * a.tokens_per_rank + a.src_token[row]) : -1;
-    meta[1] = real ? here : -1;
-    for (int j = 0; j < k; ++j) meta[2 + j] = -1;
+    receive_layout::layOutRow(a, row, real ? tails + row * a.tail_bytes : nullptr,
+                              layout::sourceOfRow(row, ends, num_ranks), real ? a.src_token[row] : -1, lane,
+                              block_counts);
   }
-
-  const int64_t picks = static_cast<int64_t>(a.num_tokens) * k;
-  for (int64_t p = first; p < picks; p += stride) {
-    const int d = layout::destinationOf(a.topk_idx[p], a.num_local, num_ranks);
-    const int32_t index = a.token_index[p];
-    a.slots[p] = d >= 0 && index >= 0 ? my_begin[d] + index : -1;
-  }
-
-  if (shared_counts) {
-    __syncthreads();
-    for (int e = tid; e < a.num_local; e += kRowThreads) {
-      if (expert_counts[e] != 0) {
-        atomicAdd(reinterpret_cast<unsigned long long*>(a.per_expert) + e,
-                  static_cast<unsigned long long>(expert_counts[e]));
-      }
-    }
-  }
-  writeExpertPsumInLastBlock(a);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowThreads;
+  receive_layout::laySlots(a, my_begin, static_cast<int64_t>(blockIdx.x) * kRowThreads + tid, stride);
+  receive_layout::finishBlock(a, block_counts);
 }
 
 // sendTail's checks of a row format, or "" when it is fine.
@@ -419,24 +339,31 @@ bool sendTail(const SendTailArgs& a, cudaStream_t stream, std::string* error) {
   return launched("sendTail", error);
 }
 
-bool layoutReceive(const ReceiveLayoutArgs& a, cudaStream_t stream, std::string* error) {
+std::string receiveLayoutError(const ReceiveLayoutArgs& a) {
   const int64_t fields = 4 * static_cast<int64_t>(a.num_topk);
-  if (a.num_ranks < 1 || a.num_ranks > kMaxEpRanks || a.num_local < 1 || a.num_topk < 0 || a.num_tokens < 0 ||
-      a.capacity < 0 || a.rank < 0 || a.rank >= a.num_ranks || a.gathered_stride < a.num_ranks) {
-    return refuse("layoutReceive: sizes out of range", error);
+  if (a.num_ranks < 1 || a.num_ranks > kMaxEpRanks || a.num_local < 1 || a.num_topk < 0 ||
+      a.num_topk > kMaxLayoutTopk || a.num_tokens < 0 || a.capacity < 0 || a.rank < 0 || a.rank >= a.num_ranks ||
+      a.gathered_stride < a.num_ranks) {
+    return "sizes out of range";
   }
-  // The kernel reads ids and weights as 32-bit words of the rows.
+  // The kernels read ids and weights as 32-bit words of the rows.
   if (a.tail_bytes % 16 != 0 || a.ids_at < 0 || a.ids_at % 4 != 0 || a.ids_at + fields > a.tail_bytes ||
       (a.weights != nullptr && (a.weights_at < 0 || a.weights_at % 4 != 0 || a.weights_at + fields > a.tail_bytes))) {
-    return refuse("layoutReceive: the ids and weights are not 4-byte aligned fields of the rows", error);
+    return "the ids and weights are not 4-byte aligned fields of the rows";
   }
   if (a.per_expert == nullptr || a.expert_psum == nullptr || a.finished_blocks == nullptr) {
-    return refuse("layoutReceive: per_expert, expert_psum and finished_blocks are required", error);
+    return "per_expert, expert_psum and finished_blocks are required";
   }
-  const bool shared_counts = a.num_local <= kMaxSharedExperts;
-  const size_t shared_bytes = shared_counts ? sizeof(uint32_t) * a.num_local : 0;
-  const int64_t threads = std::max(a.capacity, static_cast<int64_t>(a.num_tokens) * a.num_topk);
-  receiveLayoutKernel<<<rowBlocks(threads), kRowThreads, shared_bytes, stream>>>(a, shared_counts);
+  return {};
+}
+
+bool layoutReceive(const ReceiveLayoutArgs& a, cudaStream_t stream, std::string* error) {
+  if (const std::string why = receiveLayoutError(a); !why.empty()) return refuse("layoutReceive: " + why, error);
+  const int64_t shared_bytes = receive_layout::sharedCountBytes(a);
+  // A warp per row, a thread per pick.
+  const int64_t threads = std::max(a.capacity * 32, static_cast<int64_t>(a.num_tokens) * a.num_topk);
+  receiveLayoutKernel<<<rowBlocks(threads), kRowThreads, static_cast<size_t>(shared_bytes), stream>>>(
+      a, shared_bytes > 0);
   return launched("layoutReceive", error);
 }
 

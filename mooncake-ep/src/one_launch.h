@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <string_view>
 
 #include "mooncake/ep/cuda/ep_ipc_group.h"
 #include "region_layout.h"
@@ -39,6 +40,13 @@ inline int mpsShareOfBlocks(int device_blocks, const char* percentage) {
   if (end == percentage || *end != '\0' || !(share > 0) || share >= 100) return device_blocks;
   return static_cast<int>(device_blocks * share / 100);
 }
+
+// The environment variable that turns the one-launch path off ("0"), for
+// A/B runs and for tests of the three launches at small sizes.
+constexpr const char* kOneLaunchEnv = "MOONCAKE_EP_ONE_LAUNCH";
+
+// Whether the value of kOneLaunchEnv (null when unset) lets oneLaunch apply.
+inline bool oneLaunchAllowed(const char* value) { return value == nullptr || std::string_view(value) != "0"; }
 
 // One launch when:
 // - the grid is small, and the grids of all ranks fit on the device at once

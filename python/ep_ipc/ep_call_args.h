@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "layout_call_args.h"
 #include "mooncake/ep/cuda/ep_ipc_group.h"
 
 namespace mooncake::ep::python {
@@ -69,6 +70,24 @@ inline CombineArgs combineArgs(uintptr_t y, uintptr_t src_info, uintptr_t layout
   return a;
 }
 
+// DispatchArgs::receive_layout from layout_receive's keyword arguments (a
+// dict, ReceivePlan.args of python/mooncake/_ep_elastic/layout_kernels.py)
+// less ranges, src_token and recv_tail, which are the call's own.
+inline cuda::ReceiveLayoutArgs receiveLayoutOf(const pybind11::dict& d) {
+  auto at = [&](const char* key) -> pybind11::handle {
+    if (!d.contains(key)) throw pybind11::value_error(std::string("receive_layout: '") + key + "' is missing");
+    return d[key];
+  };
+  auto u = [&](const char* key) { return at(key).cast<uintptr_t>(); };
+  auto i64 = [&](const char* key) { return at(key).cast<int64_t>(); };
+  auto i = [&](const char* key) { return at(key).cast<int>(); };
+  return receiveLayoutArgs(u("topk_idx"), u("token_index"), u("gathered"), i64("gathered_stride"),
+                           u("gathered_ranges"), i("num_tokens"), 0, 0, 0, i64("tail_bytes"), i64("ids_at"),
+                           i64("weights_at"), i64("capacity"), i("num_topk"), i("num_local"), i("num_ranks"), i("rank"),
+                           i("tokens_per_rank"), u("slots"), u("real"), u("local"), u("weights"), u("metadata"),
+                           u("per_expert"), u("expert_psum"), u("scaleup_psum"), u("finished_blocks"));
+}
+
 // dispatch() and combine() of a binding `Binding` whose group() returns the
 // native group; a refused call raises RuntimeError with the group's words.
 template <typename Binding>
@@ -87,7 +106,8 @@ class KernelCalls {
                      int num_tokens, int num_topk, uintptr_t active_ranks, int64_t timeout_us, uintptr_t recv_x,
                      uintptr_t recv_tail, int zeroed_rows, uintptr_t recv_count, uintptr_t src_info,
                      uintptr_t layout_range, uintptr_t stream, const std::string& stages, uintptr_t pick_slots,
-                     uintptr_t gathered, int gathered_stride, uintptr_t gathered_ranges, int slot_word, int own_slot) {
+                     uintptr_t gathered, int gathered_stride, uintptr_t gathered_ranges, int slot_word, int own_slot,
+                     const pybind11::object& receive_layout) {
     DispatchArgs a = dispatchArgs(x, topk_idx, num_tokens, num_topk, active_ranks, timeout_us, false, recv_x, 0,
                                   recv_count, src_info, layout_range);
     a.bytes =
@@ -95,6 +115,10 @@ class KernelCalls {
     a.pick_slots = pointer<const int32_t>(pick_slots);
     a.direct = cuda::DirectHeads{pointer<const int32_t>(gathered), gathered_stride,
                                  pointer<const int64_t>(gathered_ranges), slot_word, own_slot};
+    if (!receive_layout.is_none()) {
+      a.with_receive_layout = true;
+      a.receive_layout = receiveLayoutOf(receive_layout.cast<pybind11::dict>());
+    }
     enqueue(a, stream, stages);
   }
 
@@ -135,7 +159,7 @@ void defineKernelCalls(Class& cls) {
           py::arg("zeroed_rows"), py::arg("recv_count"), py::arg("src_info"), py::arg("layout_range"),
           py::arg("stream"), py::arg("stages") = "all", py::arg("pick_slots") = 0, py::arg("gathered") = 0,
           py::arg("gathered_stride") = 0, py::arg("gathered_ranges") = 0, py::arg("slot_word") = 0,
-          py::arg("own_slot") = -1,
+          py::arg("own_slot") = -1, py::arg("receive_layout") = py::none(),
           "Rows as bytes in two parts: head_bytes of each row of x, then tail_bytes of each row of tail; received "
           "into recv_x [L, S, head_bytes] and recv_tail [L, S, tail_bytes]; each local expert's rows from its count "
           "up to zeroed_rows are zeros. Sizes are multiples of 16 adding up to at most 2 * hidden. pick_slots: "
@@ -143,7 +167,9 @@ void defineKernelCalls(Class& cls) {
           "tokens that picked it, in token order), so that the send blocks need not count them. gathered (0: none): "
           "every rank's counts row as gathered (rows of gathered_stride int32: counts per rank, that rank's output "
           "slot at slot_word; gathered_ranges per source): heads go straight into each destination's output slot, "
-          "this rank's own (own_slot, -1: none) then holds recv_x, which must be 0.");
+          "this rank's own (own_slot, -1: none) then holds recv_x, which must be 0. receive_layout (None: none): "
+          "layout_receive's keyword arguments but ranges, src_token, recv_tail and stream, for the call's copy blocks "
+          "to lay out the received rows as they copy them (one local expert per rank; capacity R * T).");
 }
 
 }  // namespace mooncake::ep::python

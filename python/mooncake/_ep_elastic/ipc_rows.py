@@ -136,7 +136,8 @@ class KernelRows:
         self.device = device
 
     def dispatch(self, head: torch.Tensor | None, tail: torch.Tensor, dest: torch.Tensor, mask: torch.Tensor,
-                 zeroed_rows: int, slots: torch.Tensor | None = None, direct: DirectHeads | None = None):
+                 zeroed_rows: int, slots: torch.Tensor | None = None, direct: DirectHeads | None = None,
+                 receive: ReceivePlan | None = None):
         """Rows of ``head`` ([N, h] bytes, or None) then ``tail`` ([N, t]
         bytes) to the ranks of ``dest``; ``slots`` (``SendLayout.dest_slots``,
         or None: the kernels count) says where each row goes among this
@@ -145,7 +146,9 @@ class KernelRows:
         capacity, as head ([C, h], None without; ``direct.own_rows`` when
         given) and tail ([C, t]), each source's in token order (then zeros up
         to row ``zeroed_rows``; past those, what the buffers held), the source
-        token of each row and ``(begin << 32) | count`` per source."""
+        token of each row and ``(begin << 32) | count`` per source. ``receive``
+        (a ``ReceivePlan`` at this capacity, or None): the copy blocks lay the
+        rows out as they copy them, and the plan is marked made."""
         capacity = self.num_ranks * self.tokens
         head_bytes = head.size(1) if head is not None else 0
         in_slot = direct is not None and direct.own_slot >= 0
@@ -165,7 +168,10 @@ class KernelRows:
                                   gathered=gathered.rows.data_ptr() if gathered is not None else 0,
                                   gathered_stride=gathered.rows.size(1) // 4 if gathered is not None else 0,
                                   gathered_ranges=gathered.ranges.data_ptr() if gathered is not None else 0,
-                                  slot_word=_slot_word(self.num_ranks), own_slot=direct.own_slot if direct is not None else -1)
+                                  slot_word=_slot_word(self.num_ranks), own_slot=direct.own_slot if direct is not None else -1,
+                                  receive_layout=receive.args if receive is not None else None)
+        if receive is not None:
+            receive.made = True
         return recv_head if head is not None else None, recv_tail, src_token, ranges
 
     def combine(self, y: torch.Tensor, src_token: torch.Tensor, ranges: torch.Tensor, dest: torch.Tensor,
@@ -267,12 +273,15 @@ class IpcRowsPath:
         # Rows past the received ones are cut (do_cpu_sync), or read through
         # the expansion, which never picks them; else they are the output's zeros.
         direct = DirectHeads(gathered, own_slot, own_rows) if self.transport.slots is not None else None
+        # The kernels' layout of the rows received, made by the rows' own call where the transport can.
+        plan = layout.plan_receive(sent, gathered, row, capacity, me, num_local, tokens_per_rank,
+                                   topk_weights is not None)
         recv_head, recv_tail, src_token, ranges = self.transport.dispatch(
             sent.head, sent.tail, dest, mask, zeroed_rows=0 if do_cpu_sync or do_expand else capacity,
-            slots=sent.dest_slots, direct=direct)
+            slots=sent.dest_slots, direct=direct, receive=plan)
         received = ReceivedRows(row, recv_head, recv_tail, capacity)
         got = layout.receive(sent, gathered, ranges, src_token, received, me, num_local, tokens_per_rank,
-                             topk_weights is not None)
+                             topk_weights is not None, plan=plan)
         local, weights, meta = got.local, got.weights, got.metadata
 
         expansion = rl.expand(local, num_local, alignment) if do_expand else None

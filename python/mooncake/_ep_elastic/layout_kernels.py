@@ -102,6 +102,19 @@ class ReceiveLayout:
     scaleup_psum: torch.Tensor  # [R] int32: inclusive prefix sums of the rows per source
 
 
+@dataclass
+class ReceivePlan:
+    """A receive layout made ready before the rows' call: its outputs, and
+    ``layout_receive``'s arguments but for the rows themselves (``ranges``,
+    ``src_token``, ``recv_tail``). A transport that runs the EP kernels hands
+    the arguments to the rows' call, whose copy blocks then lay out each row
+    as they copy it (DispatchArgs::receive_layout), and sets ``made``; else
+    the layout's ``receive`` launches layout_receive after the call."""
+    out: ReceiveLayout
+    args: dict
+    made: bool = False
+
+
 def payload_rows(data: torch.Tensor, payload_bytes: int) -> torch.Tensor:
     """[N, payload_bytes] bytes of ``data``, contiguous and 16-byte aligned
     (the kernels read the head from there in 16-byte vectors)."""
@@ -152,8 +165,14 @@ class TorchLayout:
         return SendLayout(dest=dest, dest_slots=dest_slots, counts_row=counts_row, head=head, tail=tail,
                           topk_idx=topk_idx, slot_state=(by_dest, goes_to), num_ranks=num_ranks)
 
+    @staticmethod
+    def plan_receive(sent: SendLayout, gathered: Gathered, row, capacity: int, rank: int, num_local: int,
+                     tokens_per_rank: int, with_weights: bool) -> None:
+        """None: the torch form lays out after the call (``receive``)."""
+        return None
+
     def receive(self, sent: SendLayout, gathered: Gathered, ranges, src_token, received, rank: int, num_local: int,
-                tokens_per_rank: int, with_weights: bool) -> ReceiveLayout:
+                tokens_per_rank: int, with_weights: bool, plan: None = None) -> ReceiveLayout:
         row, capacity = received.row, received.tail.size(0)
         by_dest, goes_to = sent.slot_state
         counts = gathered.table()[:, :goes_to.size(1)]
@@ -256,10 +275,10 @@ class KernelLayout:
                           slot_state=token_index, num_ranks=num_ranks, topk_copy=topk_copy,
                           receive_counters=receive_counters)
 
-    def receive(self, sent: SendLayout, gathered: Gathered, ranges, src_token, received, rank: int, num_local: int,
-                tokens_per_rank: int, with_weights: bool) -> ReceiveLayout:
-        row, tail = received.row, received.tail
-        capacity, device = tail.size(0), tail.device
+    def plan_receive(self, sent: SendLayout, gathered: Gathered, row, capacity: int, rank: int, num_local: int,
+                     tokens_per_rank: int, with_weights: bool) -> ReceivePlan:
+        """The receive layout's outputs and arguments, before the rows' call (``ReceivePlan``)."""
+        device = sent.topk_idx.device
         num_tokens, num_topk = sent.topk_idx.shape
         num_ranks = gathered.ranges.numel()
         # What the kernel adds to, zeros: the counts per expert, then its count of finished blocks
@@ -276,23 +295,38 @@ class KernelLayout:
             per_expert=added_to[:num_local],
             expert_psum=torch.empty(num_local, dtype=torch.int32, device=device),
             scaleup_psum=torch.empty(num_ranks, dtype=torch.int32, device=device))
+        # The kernel reads rows by their stride: the gathered rows are a whole, contiguous buffer.
+        assert gathered.rows.is_contiguous() and gathered.ranges.is_contiguous() and gathered.rows.size(1) % 4 == 0
+        args = dict(
+            topk_idx=_address(sent.topk_idx), token_index=_address(sent.slot_state), gathered=_address(gathered.rows),
+            gathered_stride=gathered.rows.size(1) // 4, gathered_ranges=_address(gathered.ranges),
+            num_tokens=num_tokens, tail_bytes=row.tail, ids_at=row.ids - row.head,
+            weights_at=row.weights - row.head if with_weights else -1, capacity=capacity, num_topk=num_topk,
+            num_local=num_local, num_ranks=num_ranks, rank=rank, tokens_per_rank=tokens_per_rank,
+            slots=_address(out.slots), real=_address(out.real), local=_address(out.local),
+            weights=_address(out.weights), metadata=_address(out.metadata), per_expert=_address(out.per_expert),
+            expert_psum=_address(out.expert_psum), scaleup_psum=_address(out.scaleup_psum),
+            finished_blocks=_address(added_to[num_local:]))
+        return ReceivePlan(out=out, args=args)
+
+    def receive(self, sent: SendLayout, gathered: Gathered, ranges, src_token, received, rank: int, num_local: int,
+                tokens_per_rank: int, with_weights: bool, plan: ReceivePlan | None = None) -> ReceiveLayout:
+        """The layout of the rows received: ``plan``'s, made by the rows' call
+        when it says so, else by a launch of layout_receive now."""
+        tail = received.tail
+        if plan is None:
+            plan = self.plan_receive(sent, gathered, received.row, tail.size(0), rank, num_local, tokens_per_rank,
+                                     with_weights)
+        if plan.made:
+            return plan.out
         # The kernel reads rows by their stride: the received tensors are whole, contiguous buffers.
         assert tail.is_contiguous() and ranges.is_contiguous() and src_token.is_contiguous()
-        assert gathered.rows.is_contiguous() and gathered.ranges.is_contiguous() and gathered.rows.size(1) % 4 == 0
+        assert tail.size(1) == plan.args["tail_bytes"]
+        device = tail.device
         with self._on(device):
-            self._kernels().layout_receive(
-                topk_idx=_address(sent.topk_idx), token_index=_address(sent.slot_state),
-                gathered=_address(gathered.rows), gathered_stride=gathered.rows.size(1) // 4,
-                gathered_ranges=_address(gathered.ranges), num_tokens=num_tokens, ranges=_address(ranges),
-                src_token=_address(src_token), recv_tail=_address(tail), tail_bytes=tail.size(1),
-                ids_at=row.ids - row.head, weights_at=row.weights - row.head if with_weights else -1,
-                capacity=capacity, num_topk=num_topk, num_local=num_local, num_ranks=num_ranks, rank=rank,
-                tokens_per_rank=tokens_per_rank, slots=_address(out.slots), real=_address(out.real),
-                local=_address(out.local), weights=_address(out.weights), metadata=_address(out.metadata),
-                per_expert=_address(out.per_expert), expert_psum=_address(out.expert_psum),
-                scaleup_psum=_address(out.scaleup_psum), finished_blocks=_address(added_to[num_local:]),
-                stream=self._stream(device))
-        return out
+            self._kernels().layout_receive(ranges=_address(ranges), src_token=_address(src_token),
+                                           recv_tail=_address(tail), stream=self._stream(device), **plan.args)
+        return plan.out
 
 
 TORCH = TorchLayout()

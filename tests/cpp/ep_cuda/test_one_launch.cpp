@@ -102,5 +102,12 @@ TEST(EpOneLaunch, TheBuffersRowsCountEveryLocalExpert) {
   EXPECT_TRUE(oneLaunch(lay, args, 8, kH100Blocks));
 }
 
+TEST(EpOneLaunch, OnlyZeroInTheEnvironmentTurnsItOff) {
+  EXPECT_TRUE(oneLaunchAllowed(nullptr));
+  EXPECT_TRUE(oneLaunchAllowed("1"));
+  EXPECT_TRUE(oneLaunchAllowed(""));
+  EXPECT_FALSE(oneLaunchAllowed("0"));
+}
+
 }  // namespace
 }  // namespace mooncake::ep::cuda

@@ -69,11 +69,18 @@ def _send_outputs(a: dict) -> list[tuple[int, int]]:
             (a["dest_slots"], 4 * picks), (a["token_index"], 4 * picks)]
 
 
+def _receive_outputs(a: dict) -> list[tuple[int, int]]:
+    picks, rows, k = a["num_tokens"] * a["num_topk"], a["capacity"], a["num_topk"]
+    return [(a["slots"], 4 * picks), (a["real"], rows), (a["local"], 8 * rows * k), (a["weights"], 4 * rows * k),
+            (a["metadata"], 4 * rows * (k + 2)), (a["expert_psum"], 4 * a["num_local"]),
+            (a["scaleup_psum"], 4 * a["num_ranks"])]
+
+
 # Outputs a launch must write whole, as (address, bytes) of its arguments:
 # poisoned before it runs, since a GPU's fresh memory holds old bytes where a
 # CPU allocator's often holds zeros (layout_send zeroes what layout_receive
 # adds to: unpoisoned, a missing zeroing would pass).
-_OUTPUTS = {"layout_send": _send_outputs}
+_OUTPUTS = {"layout_send": _send_outputs, "layout_receive": _receive_outputs}
 
 
 class EmulatedKernels:

@@ -53,12 +53,18 @@ def _grid_on_the_ipc_path(ctx):
     return done, buffer.path, buffer.path_reason
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
-@pytest.mark.parametrize("output_slots", ["0", "2"])
-def test_elastic_grid_on_the_ipc_path(world_size, output_slots):
-    """The same checks over the CUDA IPC kernels, the layout on the GPU; with output slots, the
-    payloads placed straight into them (direct heads)."""
-    with World(world_size, gloo=False, env=_with_slots(output_slots), backend="mooncake") as world:
+@pytest.mark.parametrize("world_size,output_slots,launches", [
+    (1, "0", "one"), (2, "0", "one"), (3, "0", "one"), (1, "2", "one"), (2, "2", "one"), (3, "2", "one"),
+    (2, "2", "three"), (3, "0", "three")])
+def test_elastic_grid_on_the_ipc_path(world_size, output_slots, launches):
+    """The same checks over the CUDA IPC kernels, the layout on the GPU (the rows' call lays out
+    what it copies); with output slots, the payloads placed straight into them (direct heads).
+    The grid's calls are small enough for one launch each; "three" turns that off
+    (MOONCAKE_EP_ONE_LAUNCH=0), as for larger calls."""
+    env = _with_slots(output_slots)
+    if launches == "three":
+        env["MOONCAKE_EP_ONE_LAUNCH"] = "0"
+    with World(world_size, gloo=False, env=env, backend="mooncake") as world:
         got = world.run(_grid_on_the_ipc_path, timeout=240)
     assert all(path == "ipc" for _, path, _ in got), [reason for *_, reason in got]
     assert any(sum(done) for done, _, _ in got)

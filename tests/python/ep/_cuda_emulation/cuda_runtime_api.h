@@ -1,7 +1,7 @@
 // Stands in for CUDA's headers when tests build a kernel source for the host
 // (_layout_emulation.py): one OS thread per CUDA thread, the blocks of a
 // launch one after another, so the kernels' own code runs where CI has no
-// GPU. Only what mooncake-ep/src/elastic_layout.cu uses; a kernel that needs
+// GPU. Only what mooncake-ep/src/elastic_layout.cu (and receive_layout.cuh) uses; a kernel that needs
 // more fails to build here, which says so.
 #pragma once
 
@@ -36,6 +36,14 @@ extern dim3 blockDim, gridDim;
 void __syncthreads();
 unsigned __ballot_sync(unsigned lanes, int predicate);
 unsigned __shfl_xor_sync(unsigned lanes, unsigned value, int lane_mask);
+unsigned __shfl_up_sync(unsigned lanes, unsigned value, unsigned delta);
+inline long long __shfl_up_sync(unsigned lanes, long long value, unsigned delta) {  // as two 32-bit halves
+  const auto bits = static_cast<unsigned long long>(value);
+  const unsigned low = __shfl_up_sync(lanes, static_cast<unsigned>(bits), delta);
+  const unsigned high = __shfl_up_sync(lanes, static_cast<unsigned>(bits >> 32), delta);
+  return static_cast<long long>(static_cast<unsigned long long>(high) << 32 | low);
+}
+void __syncwarp(unsigned lanes = 0xffffffffu);
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int __ffs(int v) { return __builtin_ffs(v); }
 int atomicAdd(int* at, int value);

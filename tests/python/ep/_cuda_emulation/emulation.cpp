@@ -54,6 +54,14 @@ unsigned __shfl_xor_sync(unsigned /*lanes*/, unsigned value, int lane_mask) {
   return exchange(value, [from](const unsigned* v) { return v[from]; });
 }
 
+unsigned __shfl_up_sync(unsigned /*lanes*/, unsigned value, unsigned delta) {
+  const unsigned lane = threadIdx.x % 32;
+  const unsigned from = lane >= delta ? lane - delta : lane;  // lanes below delta keep their own value
+  return exchange(value, [from](const unsigned* v) { return v[from]; });
+}
+
+void __syncwarp(unsigned /*lanes*/) { warps[threadIdx.x / 32].barrier->arrive_and_wait(); }
+
 int atomicAdd(int* at, int value) { return __atomic_fetch_add(at, value, __ATOMIC_SEQ_CST); }
 
 unsigned atomicAdd(unsigned* at, unsigned value) { return __atomic_fetch_add(at, value, __ATOMIC_SEQ_CST); }

@@ -3,7 +3,8 @@
 // kernels on the caller's stream, with no host synchronisation (a CUDA graph
 // captures them). A dispatch enqueues layoutSend (which can also stage the
 // rows' tails and zero what layoutReceive adds to) before the EP kernels'
-// calls and layoutReceive after them. Addresses are device memory; every
+// calls and layoutReceive after them (or has the rows' dispatch make that
+// layout as it copies: DispatchArgs::receive_layout). Addresses are device memory; every
 // output is written whole by each call (graph replays need no zeroing),
 // except ReceiveLayoutArgs::per_expert and finished_blocks, which the caller
 // zeroes (or has layoutSend zero).
@@ -117,5 +118,9 @@ struct ReceiveLayoutArgs {
 bool layoutSend(const SendLayoutArgs& args, cudaStream_t stream, std::string* error);
 bool sendTail(const SendTailArgs& args, cudaStream_t stream, std::string* error);
 bool layoutReceive(const ReceiveLayoutArgs& args, cudaStream_t stream, std::string* error);
+
+// What layoutReceive (and a dispatch that makes the layout itself,
+// DispatchArgs::receive_layout) refuses in `args`, or "" when they are fine.
+std::string receiveLayoutError(const ReceiveLayoutArgs& args);
 
 }  // namespace mooncake::ep::cuda

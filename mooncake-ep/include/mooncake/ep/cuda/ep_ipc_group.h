@@ -26,6 +26,8 @@
 #include <memory>
 #include <string>
 
+#include "mooncake/ep/cuda/elastic_layout.h"
+
 namespace mooncake::ep::cuda {
 
 constexpr int kMaxEpRanks = 32;  // ranks of one group on one host (kernel arguments hold a pointer per rank)
@@ -112,6 +114,15 @@ struct DispatchArgs {
   // kernels) spares the send blocks counting the tokens before their own.
   const int32_t* pick_slots = nullptr;
   DirectHeads direct;  // with bytes and pick_slots only
+  // ElasticBuffer's layout of the rows received (elastic_layout.h), made by
+  // the call's copy blocks as they copy each row instead of by a
+  // layoutReceive launch after the call. Byte rows with one local expert
+  // per rank only; its capacity at most R * T (the rows past it are not
+  // laid out), its tail_bytes bytes.tail_bytes. Its ranges, src_token, recv_tail and rank
+  // are this call's (layout_range, src_info, bytes.recv_tail, the group's
+  // rank): the group sets them.
+  bool with_receive_layout = false;
+  ReceiveLayoutArgs receive_layout;
 };
 
 // Inputs and outputs of combine. y, src_info and layout_range are in the row

@@ -1,0 +1,114 @@
+// The host-side rules of a dispatch that lays out the rows it receives
+// (DispatchArgs::receive_layout, call_checks.cpp), on the host: a call as
+// ElasticBuffer makes it passes, an empty one too, and each rule broken on
+// its own is refused, naming receive_layout.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "call_checks.h"
+
+namespace mooncake::ep::cuda {
+namespace {
+
+// Addresses are never dereferenced by the checks: distinct aligned stand-ins.
+template <typename T>
+T* fake(uintptr_t n) {
+  return reinterpret_cast<T*>(n * 256);
+}
+
+// ElasticBuffer's rows call at world 2, 128 tokens (T) of 8 picks at H = 4096, 128 local experts, 64-byte tails.
+struct ElasticCall {
+  RegionLayout layout = RegionLayout::make(128, 4224, 2, 2, 2);  // rows of up to 2 H bytes: 8192 + 64
+  DispatchArgs args;
+
+  ElasticCall() {
+    args.num_tokens = 128;
+    args.num_topk = 8;
+    args.x = fake<const void>(1);
+    args.topk_idx = fake<const int64_t>(2);
+    args.active_ranks = fake<int32_t>(3);
+    args.recv_x = fake<void>(4);
+    args.recv_count = fake<int32_t>(5);
+    args.src_info = fake<int32_t>(6);
+    args.layout_range = fake<int64_t>(7);
+    args.bytes = ByteRows{true, 8192, fake<const void>(8), 64, fake<void>(9), 256};
+    args.pick_slots = fake<const int32_t>(10);
+    args.with_receive_layout = true;
+    ReceiveLayoutArgs& r = args.receive_layout;
+    r.topk_idx = fake<const int64_t>(11);
+    r.token_index = fake<const int32_t>(12);
+    r.gathered = fake<const int32_t>(13);
+    r.gathered_stride = 12;
+    r.gathered_ranges = fake<const int64_t>(14);
+    r.num_tokens = 128;
+    r.tail_bytes = 64;
+    r.ids_at = 0;
+    r.weights_at = 32;
+    r.capacity = 256;
+    r.num_topk = 8;
+    r.num_local = 128;
+    r.num_ranks = 2;
+    r.tokens_per_rank = 128;
+    r.slots = fake<int32_t>(15);
+    r.real = fake<bool>(16);
+    r.local = fake<int64_t>(17);
+    r.weights = fake<float>(18);
+    r.metadata = fake<int32_t>(19);
+    r.per_expert = fake<int64_t>(20);
+    r.expert_psum = fake<int32_t>(21);
+    r.scaleup_psum = fake<int32_t>(22);
+    r.finished_blocks = fake<unsigned long long>(23);
+  }
+
+  std::string check() const { return checkDispatchCall(args, layout); }
+};
+
+TEST(EpCallChecks, AnElasticBufferRowsCallThatLaysOutItsRowsPasses) {
+  ElasticCall call;
+  EXPECT_EQ(call.check(), "");
+  call.args.receive_layout.capacity = 2 * 100;  // a call of fewer tokens than the group's
+  EXPECT_EQ(call.check(), "");
+}
+
+TEST(EpCallChecks, ARankWithNoTokensPassesWithoutSlots) {
+  // Its slots tensor has no elements, so its address is null.
+  ElasticCall call;
+  call.args.num_tokens = 0;
+  call.args.receive_layout.num_tokens = 0;
+  call.args.receive_layout.slots = nullptr;
+  call.args.receive_layout.topk_idx = nullptr;
+  call.args.receive_layout.token_index = nullptr;
+  EXPECT_EQ(call.check(), "");
+}
+
+TEST(EpCallChecks, EachReceiveLayoutRuleBrokenAloneIsRefused) {
+  auto refused = [](const char* what, auto&& breaks) {
+    ElasticCall call;
+    breaks(call);
+    const std::string why = call.check();
+    EXPECT_NE(why.find("receive_layout"), std::string::npos) << what << ": " << why;
+  };
+  refused("several local experts", [](ElasticCall& c) { c.layout = RegionLayout::make(128, 4224, 4, 2); });
+  refused("capacity past R * T", [](ElasticCall& c) { c.args.receive_layout.capacity = 257; });
+  refused("another tail", [](ElasticCall& c) { c.args.receive_layout.tail_bytes = 48; });
+  refused("another token count", [](ElasticCall& c) { c.args.receive_layout.num_tokens = 127; });
+  refused("another rank count", [](ElasticCall& c) { c.args.receive_layout.num_ranks = 3; });
+  refused("no slots for picks", [](ElasticCall& c) { c.args.receive_layout.slots = nullptr; });
+  refused("no metadata", [](ElasticCall& c) { c.args.receive_layout.metadata = nullptr; });
+  refused("no gathered counts", [](ElasticCall& c) { c.args.receive_layout.gathered = nullptr; });
+  refused("no per_expert", [](ElasticCall& c) { c.args.receive_layout.per_expert = nullptr; });
+  refused("ids past the tail", [](ElasticCall& c) { c.args.receive_layout.ids_at = 40; });
+  refused("more picks than a warp", [](ElasticCall& c) {
+    c.args.num_topk = 33;
+    c.args.receive_layout.num_topk = 33;
+  });
+  refused("not byte rows", [](ElasticCall& c) {
+    c.args.bytes = ByteRows{};
+    c.args.pick_slots = nullptr;
+  });
+}
+
+}  // namespace
+}  // namespace mooncake::ep::cuda
