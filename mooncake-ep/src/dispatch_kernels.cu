@@ -341,8 +341,8 @@ __device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const Disp
 // too (receive_layout.cuh), and the rows past those received are laid out
 // as none; `block_counts`: the block's picks per expert (null: not shared).
 __device__ __forceinline__ void copySegment(const EpKernelContext& ctx, const DispatchArgs& args,
-                                            bool self_by_reference, int parity, int le, int src, int chunk,
-                                            int chunks, uint32_t* block_counts) {
+                                            bool self_by_reference, int parity, int le, int src, int chunk, int chunks,
+                                            uint32_t* block_counts) {
   const RegionLayout& lay = ctx.layout;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   constexpr int kWarps = kCopyThreads / kWarp;
@@ -545,6 +545,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 }
 
 static_assert(kCopyThreads == kSendThreads, "wholeCall copies with the send's blocks");
+static_assert(kSendThreads / kWarp == kOneLaunchWarpsPerBlock, "wholeCallChunks counts the send blocks' warps");
 
 // The most dynamic shared memory a dispatch launch takes (receive_layout's
 // counts): the blocks an SM holds are counted with it, whatever a call
@@ -561,8 +562,8 @@ int residentDispatchBlocks() {
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return 0;
   if (const int blocks = known[device].load(std::memory_order_relaxed); blocks > 0) return blocks;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dispatch, kSendThreads,
-                                                    kMostReceiveCountBytes) != cudaSuccess) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dispatch, kSendThreads, kMostReceiveCountBytes) !=
+          cudaSuccess) {
     cudaGetLastError();  // not this call's error
     return 0;
   }
@@ -576,7 +577,7 @@ int residentDispatchBlocks() {
 cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& given, EpStages stages,
                            cudaStream_t stream) {
   DispatchArgs args = given;
-  size_t counts_bytes = 0;  // receive_layout's counts per block, in dynamic shared memory
+  size_t counts_bytes = 0;         // receive_layout's counts per block, in dynamic shared memory
   if (args.with_receive_layout) {  // the rows it lays out are this call's own
     ReceiveLayoutArgs& r = args.receive_layout;
     r.ranges = args.layout_range;
@@ -592,10 +593,14 @@ cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& given
                                     ? sendChunks(ctx.layout.E, args.num_tokens, kRowsPerChunkNotCounting)
                                     : sendChunks(ctx.layout.E, args.num_tokens));
   static const bool one_launch_allowed = oneLaunchAllowed(std::getenv(kOneLaunchEnv));
-  if (stages == EpStages::kAll && one_launch_allowed &&
-      oneLaunch(ctx.layout, args, static_cast<int>(grid.x * grid.y), residentDispatchBlocks())) {
-    dispatch<<<grid, kSendThreads, counts_bytes, stream>>>(ctx, args, DispatchPhase::kWhole, self_by_reference);
-    return cudaGetLastError();
+  if (stages == EpStages::kAll && one_launch_allowed) {
+    const int resident = residentDispatchBlocks();
+    const dim3 whole(grid.x,
+                     wholeCallChunks(ctx.layout, args, static_cast<int>(grid.x), static_cast<int>(grid.y), resident));
+    if (oneLaunch(ctx.layout, args, static_cast<int>(whole.x * whole.y), resident)) {
+      dispatch<<<whole, kSendThreads, counts_bytes, stream>>>(ctx, args, DispatchPhase::kWhole, self_by_reference);
+      return cudaGetLastError();
+    }
   }
   if (stages != EpStages::kReceiveOnly) {
     dispatch<<<grid, kSendThreads, 0, stream>>>(ctx, args, DispatchPhase::kSend, self_by_reference);

@@ -40,7 +40,7 @@ constexpr int kTileTokens = kLayoutSendTileTokens;
 constexpr int kTileWarps = kTileTokens / 32;
 constexpr int kLoadsInFlight = 8;  // per thread, staging a tile's picks
 constexpr int kRowThreads = 256;
-constexpr int kMaxRowBlocks = 1024;      // grid-stride beyond
+constexpr int kMaxRowBlocks = 1024;  // grid-stride beyond
 constexpr unsigned kAllLanes = 0xffffffffu;
 
 // The row the counts are gathered in: the call's count per rank (`total`
@@ -231,8 +231,7 @@ __global__ void __launch_bounds__(kRowThreads) receiveLayoutKernel(ReceiveLayout
 
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kRowThreads / 32);
   const auto* tails = static_cast<const uint8_t*>(a.recv_tail);
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * (kRowThreads / 32) + tid / 32; row < a.capacity;
-       row += warps) {
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * (kRowThreads / 32) + tid / 32; row < a.capacity; row += warps) {
     const bool real = row < total;
     receive_layout::layOutRow(a, row, real ? tails + row * a.tail_bytes : nullptr,
                               layout::sourceOfRow(row, ends, num_ranks), real ? a.src_token[row] : -1, lane,
@@ -362,8 +361,8 @@ bool layoutReceive(const ReceiveLayoutArgs& a, cudaStream_t stream, std::string*
   const int64_t shared_bytes = receive_layout::sharedCountBytes(a);
   // A warp per row, a thread per pick.
   const int64_t threads = std::max(a.capacity * 32, static_cast<int64_t>(a.num_tokens) * a.num_topk);
-  receiveLayoutKernel<<<rowBlocks(threads), kRowThreads, static_cast<size_t>(shared_bytes), stream>>>(
-      a, shared_bytes > 0);
+  receiveLayoutKernel<<<rowBlocks(threads), kRowThreads, static_cast<size_t>(shared_bytes), stream>>>(a,
+                                                                                                      shared_bytes > 0);
   return launched("layoutReceive", error);
 }
 

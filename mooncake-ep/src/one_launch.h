@@ -15,18 +15,24 @@ namespace mooncake::ep::cuda {
 
 constexpr int kOneLaunchMaxBlocks = 64;
 constexpr int64_t kOneLaunchMaxBytes = int64_t{4} << 20;
+constexpr int kOneLaunchWarpsPerBlock = 16;  // the dispatch kernel's 512 threads
 
-// Bytes the copy phase may move for a call, counting whole rows: the rows
-// this rank sends to every rank (calls are alike across ranks, so they stand
-// for what it receives), or those it zeroes, if more.
+// Rows the copy phase may move for a call: the rows this rank sends to
+// every rank (calls are alike across ranks, so they stand for what it
+// receives), or those it zeroes, if more.
+inline int64_t dispatchCopyRows(const RegionLayout& lay, const DispatchArgs& args) {
+  const int64_t sent = static_cast<int64_t>(lay.R) * args.num_tokens;
+  const int64_t zeroed = args.bytes.enabled ? std::min<int64_t>(args.bytes.zeroed_rows, int64_t{lay.R} * lay.T) : 0;
+  return lay.L * std::max(sent, zeroed);
+}
+
+// The same in bytes, counting whole rows.
 inline int64_t dispatchCopyBytes(const RegionLayout& lay, const DispatchArgs& args) {
   const ByteRows& b = args.bytes;
   const int64_t row_bytes = b.enabled      ? static_cast<int64_t>(b.head_bytes + b.tail_bytes)
                             : args.use_fp8 ? lay.H + int64_t{4} * (lay.H / kChannelsPerScale)
                                            : int64_t{2} * lay.H;
-  const int64_t sent = static_cast<int64_t>(lay.R) * args.num_tokens;
-  const int64_t zeroed = b.enabled ? std::min<int64_t>(b.zeroed_rows, int64_t{lay.R} * lay.T) : 0;
-  return lay.L * std::max(sent, zeroed) * row_bytes;
+  return dispatchCopyRows(lay, args) * row_bytes;
 }
 
 // The blocks a client may hold under MPS: `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`
@@ -59,6 +65,23 @@ inline bool oneLaunchAllowed(const char* value) { return value == nullptr || std
 inline bool oneLaunch(const RegionLayout& lay, const DispatchArgs& args, int send_blocks, int resident_blocks) {
   if (send_blocks > kOneLaunchMaxBlocks || int64_t{send_blocks} * lay.R > resident_blocks) return false;
   return dispatchCopyBytes(lay, args) <= kOneLaunchMaxBytes;
+}
+
+// Blocks per expert of a one-launch call's grid: the send's `send_chunks`,
+// or more, up to about one row to copy (or zero) per warp. The copy has only
+// the send's blocks, and a warp's row is several memory round trips (an
+// ElasticBuffer call of 128 tokens at world 1 had 4 blocks for 128 rows of
+// 8 KB). Within the one-launch bounds: at most kOneLaunchMaxBlocks blocks,
+// and the grids of all ranks resident at once. Only for calls that give
+// their rows' slots (pick_slots): a send block that counts the tokens
+// before its own pays for every block added.
+inline int wholeCallChunks(const RegionLayout& lay, const DispatchArgs& args, int experts, int send_chunks,
+                           int resident_blocks) {
+  if (experts < 1 || args.pick_slots == nullptr) return send_chunks;
+  const int64_t most_blocks = std::min<int64_t>(kOneLaunchMaxBlocks, resident_blocks / std::max(lay.R, 1));
+  const int64_t for_rows = (dispatchCopyRows(lay, args) + kOneLaunchWarpsPerBlock - 1) / kOneLaunchWarpsPerBlock;
+  const int64_t chunks = std::min((for_rows + experts - 1) / experts, most_blocks / experts);
+  return static_cast<int>(std::max<int64_t>(chunks, send_chunks));
 }
 
 }  // namespace mooncake::ep::cuda

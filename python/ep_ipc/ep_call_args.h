@@ -81,9 +81,9 @@ inline cuda::ReceiveLayoutArgs receiveLayoutOf(const pybind11::dict& d) {
   auto u = [&](const char* key) { return at(key).cast<uintptr_t>(); };
   auto i64 = [&](const char* key) { return at(key).cast<int64_t>(); };
   auto i = [&](const char* key) { return at(key).cast<int>(); };
-  return receiveLayoutArgs(u("topk_idx"), u("token_index"), u("gathered"), i64("gathered_stride"),
-                           u("gathered_ranges"), i("num_tokens"), 0, 0, 0, i64("tail_bytes"), i64("ids_at"),
-                           i64("weights_at"), i64("capacity"), i("num_topk"), i("num_local"), i("num_ranks"), i("rank"),
+  return receiveLayoutArgs(u("topk_idx"), u("token_index"), u("gathered"), i64("gathered_stride"), u("gathered_ranges"),
+                           i("num_tokens"), 0, 0, 0, i64("tail_bytes"), i64("ids_at"), i64("weights_at"),
+                           i64("capacity"), i("num_topk"), i("num_local"), i("num_ranks"), i("rank"),
                            i("tokens_per_rank"), u("slots"), u("real"), u("local"), u("weights"), u("metadata"),
                            u("per_expert"), u("expert_psum"), u("scaleup_psum"), u("finished_blocks"));
 }

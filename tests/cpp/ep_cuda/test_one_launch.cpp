@@ -102,6 +102,47 @@ TEST(EpOneLaunch, TheBuffersRowsCountEveryLocalExpert) {
   EXPECT_TRUE(oneLaunch(lay, args, 8, kH100Blocks));
 }
 
+TEST(EpOneLaunch, ASmallCallsGridWidensToAboutARowPerWarp) {
+  // ElasticBuffer's rows give their slots; 16 warps a block.
+  const int32_t slots = 0;
+  DispatchArgs w2 = elasticRows(2, 128, 4096);
+  w2.pick_slots = &slots;
+  // World 2: 256 rows (those sent, and as many zeroed) -> 16 blocks over 2 experts.
+  EXPECT_EQ(wholeCallChunks(RegionLayout::make(128, 4096, 2, 2), w2, 2, 4, kH100Blocks), 8);
+  // World 1: 128 rows -> 8 blocks.
+  DispatchArgs w1 = elasticRows(1, 128, 4096);
+  w1.pick_slots = &slots;
+  EXPECT_EQ(wholeCallChunks(RegionLayout::make(128, 4096, 1, 1), w1, 1, 4, kH100Blocks), 8);
+  // The counts' gather (a row per rank) keeps its one block per rank.
+  DispatchArgs gather;
+  gather.num_tokens = 1;
+  gather.bytes.enabled = true;
+  gather.bytes.tail_bytes = 16;
+  gather.pick_slots = &slots;
+  EXPECT_EQ(wholeCallChunks(RegionLayout::make(8192, 7168, 8, 8), gather, 8, 1, kH100Blocks), 1);
+  // Never fewer than the send's own blocks.
+  EXPECT_EQ(wholeCallChunks(RegionLayout::make(128, 4096, 1, 1), w1, 1, 12, kH100Blocks), 12);
+}
+
+TEST(EpOneLaunch, TheWidenedGridStaysWithinTheOneLaunchBounds) {
+  const int32_t slots = 0;
+  // World 8, 48 tokens: 384 rows want 24 blocks, 3 per expert; on a device that holds 160 of the
+  // kernel's blocks, 8 ranks' grids fit 20 blocks each: 2 per expert, still one launch.
+  const RegionLayout lay = RegionLayout::make(48, 4096, 8, 8);
+  DispatchArgs w8 = elasticRows(8, 48, 4096);
+  w8.pick_slots = &slots;
+  EXPECT_EQ(wholeCallChunks(lay, w8, 8, 1, 100000), 3);
+  EXPECT_EQ(wholeCallChunks(lay, w8, 8, 1, 160), 2);
+  EXPECT_TRUE(oneLaunch(lay, w8, 8 * 2, 160));
+  // At most kOneLaunchMaxBlocks: world 2, 1024 narrow rows a rank want 128 blocks, 32 per expert.
+  DispatchArgs narrow = elasticRows(2, 1024, 128);
+  narrow.pick_slots = &slots;
+  EXPECT_EQ(wholeCallChunks(RegionLayout::make(1024, 256, 2, 2), narrow, 2, 1, 100000), kOneLaunchMaxBlocks / 2);
+  // A call that does not give its slots keeps the send's grid (its blocks count the tokens before theirs).
+  w8.pick_slots = nullptr;
+  EXPECT_EQ(wholeCallChunks(lay, w8, 8, 1, 100000), 1);
+}
+
 TEST(EpOneLaunch, OnlyZeroInTheEnvironmentTurnsItOff) {
   EXPECT_TRUE(oneLaunchAllowed(nullptr));
   EXPECT_TRUE(oneLaunchAllowed("1"));
