@@ -393,7 +393,7 @@ __device__ __forceinline__ void copySegment(const EpKernelContext& ctx, const Di
     }
     if (args.with_receive_layout && static_cast<int64_t>(row) < args.receive_layout.capacity) {
       __syncwarp();  // the row's tail, which the warp's lanes wrote, read back by them
-      receive_layout::layOutRow(args.receive_layout, static_cast<int64_t>(row),
+      receive_layout::layOutRow(args.receive_layout, static_cast<int64_t>(row), true,
                                 static_cast<const uint8_t*>(args.bytes.recv_tail) + row * args.bytes.tail_bytes, src,
                                 token, lane, block_counts);
     }
@@ -418,7 +418,8 @@ __device__ __forceinline__ void copySegment(const EpKernelContext& ctx, const Di
     const size_t warps = static_cast<size_t>(lay.R) * chunks * kWarps;
     const size_t rows = min(rows_per_expert, static_cast<size_t>(args.receive_layout.capacity));
     for (size_t j = total + (static_cast<size_t>(chunk) * lay.R + src) * kWarps + warp; j < rows; j += warps) {
-      receive_layout::layOutRow(args.receive_layout, static_cast<int64_t>(j), nullptr, 0, -1, lane, block_counts);
+      receive_layout::layOutRow(args.receive_layout, static_cast<int64_t>(j), false, nullptr, 0, -1, lane,
+                                block_counts);
     }
   }
 }

@@ -233,9 +233,8 @@ __global__ void __launch_bounds__(kRowThreads) receiveLayoutKernel(ReceiveLayout
   const auto* tails = static_cast<const uint8_t*>(a.recv_tail);
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * (kRowThreads / 32) + tid / 32; row < a.capacity; row += warps) {
     const bool real = row < total;
-    receive_layout::layOutRow(a, row, real ? tails + row * a.tail_bytes : nullptr,
-                              layout::sourceOfRow(row, ends, num_ranks), real ? a.src_token[row] : -1, lane,
-                              block_counts);
+    receive_layout::layOutRow(a, row, real, tails + row * a.tail_bytes, layout::sourceOfRow(row, ends, num_ranks),
+                              real ? a.src_token[row] : -1, lane, block_counts);
   }
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowThreads;
   receive_layout::laySlots(a, my_begin, static_cast<int64_t>(blockIdx.x) * kRowThreads + tid, stride);

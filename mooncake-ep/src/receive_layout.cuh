@@ -37,14 +37,14 @@ __device__ __forceinline__ void zeroBlockCounts(const ReceiveLayoutArgs& a, uint
   for (int e = static_cast<int>(threadIdx.x); e < a.num_local; e += static_cast<int>(blockDim.x)) block_counts[e] = 0;
 }
 
-// Received row `row`, laid out by one whole warp (`lane` its lane): `tail`
-// is the row's tail when the row is real (null past the rows received),
-// `source` the rank it came from and `token` its index there. Writes the
-// row's local picks, weights, metadata and `real`, and counts its picks.
-__device__ __forceinline__ void layOutRow(const ReceiveLayoutArgs& a, int64_t row, const uint8_t* tail, int source,
-                                          int32_t token, int lane, uint32_t* block_counts) {
+// Received row `row`, laid out by one whole warp (`lane` its lane): `real`
+// whether it is one of the rows received (then `tail` is its tail, `source`
+// the rank it came from and `token` its index there; else they are not
+// read). Writes the row's local picks, weights, metadata and `real`, and
+// counts its picks.
+__device__ __forceinline__ void layOutRow(const ReceiveLayoutArgs& a, int64_t row, bool real, const uint8_t* tail,
+                                          int source, int32_t token, int lane, uint32_t* block_counts) {
   const int k = a.num_topk;
-  const bool real = tail != nullptr;
   const bool pick = lane < k;
   int64_t local = -1;
   uint32_t weight = 0;  // the weight's bits as sent (a NaN keeps its payload), +0.0 where no pick is here

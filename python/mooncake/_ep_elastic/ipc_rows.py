@@ -168,7 +168,8 @@ class KernelRows:
                                   gathered=gathered.rows.data_ptr() if gathered is not None else 0,
                                   gathered_stride=gathered.rows.size(1) // 4 if gathered is not None else 0,
                                   gathered_ranges=gathered.ranges.data_ptr() if gathered is not None else 0,
-                                  slot_word=_slot_word(self.num_ranks), own_slot=direct.own_slot if direct is not None else -1,
+                                  slot_word=_slot_word(self.num_ranks),
+                                  own_slot=direct.own_slot if direct is not None else -1,
                                   receive_layout=receive.args if receive is not None else None)
         if receive is not None:
             receive.made = True

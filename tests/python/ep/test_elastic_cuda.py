@@ -70,6 +70,34 @@ def test_elastic_grid_on_the_ipc_path(world_size, output_slots, launches):
     assert any(sum(done) for done, _, _ in got)
 
 
+# Calls of up to 96 tokens: one launch each, whose grid gets more send blocks than the send needs
+# (wholeCallChunks: 6 per rank instead of 3 at worlds 2 and 3, some of them without a token), and
+# whose copy blocks then lay out the rows; against the same dense reference as the grid.
+WIDE_SIZES = {"num_max_tokens_per_rank": 96, "hidden": 512, "num_topk": 4}
+
+
+def _wide_calls_on_the_ipc_path(ctx):
+    from _ep_refs import Case
+    from _elastic_refs import ElasticCase
+    from _elastic_rounds import run_elastic_round
+
+    cases = [ElasticCase(Case(hidden=512, experts_per_rank=4, num_topk=4, tokens=96, masked=0.1)),
+             ElasticCase(Case(hidden=512, experts_per_rank=2, num_topk=4, tokens=90, masked=0.3), alignment=4,
+                         fp8=True)]
+    buffer = elastic_buffer_of(ctx, "wide", **WIDE_SIZES)
+    done = [run_elastic_round(ctx, ec, expand=expand, cpu_sync=sync, buffer_name="wide", device="cuda")
+            for ec in cases for expand in (False, True) for sync in (True, False)]
+    return done, buffer.path, buffer.path_reason
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_elastic_calls_on_a_widened_one_launch_grid(world_size):
+    with World(world_size, gloo=False, env=RANK_ENV, backend="mooncake") as world:
+        got = world.run(_wide_calls_on_the_ipc_path, timeout=240)
+    assert all(path == "ipc" for _, path, _ in got), [reason for *_, reason in got]
+    assert all(sum(done) > 0 for done, _, _ in got)
+
+
 def _captured_round(ctx):
     """Dispatch (do_cpu_sync=False) and combine captured in a CUDA graph,
     replayed on new inputs written in place: the same bits as the eager calls."""
