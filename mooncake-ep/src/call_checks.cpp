@@ -75,11 +75,11 @@ std::string checkReceiveLayout(const DispatchArgs& args, const RegionLayout& lay
     return "receive_layout: num_ranks, tail_bytes, num_tokens and num_topk must be the call's, and capacity at most "
            "R * T";
   }
-  if (r.num_tokens > 0 && r.num_topk > 0 && (r.topk_idx == nullptr || r.token_index == nullptr)) {
+  // Tensors of no elements may be null (an empty tensor's address): the picks' without picks, the rows' without rows.
+  const bool picks = r.num_tokens > 0 && r.num_topk > 0, rows = r.capacity > 0;
+  if (picks && (r.topk_idx == nullptr || r.token_index == nullptr)) {
     return "receive_layout: topk_idx and token_index are required";
   }
-  // Outputs of no elements may be null (an empty tensor's address): slots without picks, the rows' without rows.
-  const bool picks = r.num_tokens > 0 && r.num_topk > 0, rows = r.capacity > 0;
   if (r.gathered == nullptr || r.gathered_ranges == nullptr || r.scaleup_psum == nullptr ||
       (picks && r.slots == nullptr) || (rows && (r.real == nullptr || r.metadata == nullptr)) ||
       (rows && r.num_topk > 0 && r.local == nullptr)) {

@@ -169,7 +169,7 @@ void defineKernelCalls(Class& cls) {
           "slot at slot_word; gathered_ranges per source): heads go straight into each destination's output slot, "
           "this rank's own (own_slot, -1: none) then holds recv_x, which must be 0. receive_layout (None: none): "
           "layout_receive's keyword arguments but ranges, src_token, recv_tail and stream, for the call's copy blocks "
-          "to lay out the received rows as they copy them (one local expert per rank; capacity R * T).");
+          "to lay out the received rows as they copy them (one local expert per rank; capacity at most R * T).");
 }
 
 }  // namespace mooncake::ep::python

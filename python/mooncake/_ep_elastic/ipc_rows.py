@@ -147,8 +147,8 @@ class KernelRows:
         given) and tail ([C, t]), each source's in token order (then zeros up
         to row ``zeroed_rows``; past those, what the buffers held), the source
         token of each row and ``(begin << 32) | count`` per source. ``receive``
-        (a ``ReceivePlan`` at this capacity, or None): the copy blocks lay the
-        rows out as they copy them, and the plan is marked made."""
+        (a ``ReceivePlan`` of at most this capacity, or None): the copy blocks
+        lay out its rows as they copy them, and the plan is marked made."""
         capacity = self.num_ranks * self.tokens
         head_bytes = head.size(1) if head is not None else 0
         in_slot = direct is not None and direct.own_slot >= 0
