@@ -10,7 +10,14 @@ kernels of one call, for Nsight Compute, which profiles each node of a graph
 
 World 1 only: ncu runs one kernel at a time, so the kernels of several ranks
 that wait for each other would never meet. Prints the medians of 50 replays
-of each graph (stderr)."""
+of each graph (stderr).
+
+    PYTHONPATH=python python3 benchmarks/ep_graph_probe.py 128 4096 256 8 --timeline
+
+also records 20 replays of each graph with the CUDA profiler (CUPTI, through
+torch.profiler: clocks and caches as in a real run, unlike ncu's defaults)
+and prints each kernel's median time and the median gap before it: where a
+call's time goes between its kernels and between their launches."""
 
 import argparse
 import datetime
@@ -27,6 +34,7 @@ def main():
     for name in ("tokens", "hidden", "experts", "topk"):
         ap.add_argument(name, type=int)
     ap.add_argument("--port", type=int, default=29533)
+    ap.add_argument("--timeline", action="store_true", help="also each kernel's time and the gaps (torch.profiler)")
     args = ap.parse_args()
     T, H, E, K = args.tokens, args.hidden, args.experts, args.topk
 
@@ -65,7 +73,41 @@ def main():
             times.append(time.perf_counter() - t0)
         times.sort()
         print(f"[ep_graph_probe] {name} from a graph: median {times[len(times) // 2] * 1e6:.1f} us", file=sys.stderr)
+    if args.timeline:
+        for name, graph in (("dispatch", dispatch_graph), ("combine", combine_graph)):
+            print_timeline(name, graph)
     dist.destroy_process_group()
+
+
+def print_timeline(name, graph, replays=20):
+    """Each kernel of `graph`'s replays (CUPTI's records, in order): its
+    median time and the median gap since the previous kernel ended (the
+    first kernel's gap: since the replay's host call)."""
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+            torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    if not kernels or len(kernels) % replays:
+        print(f"[ep_graph_probe] {name}: {len(kernels)} kernel records for {replays} replays", file=sys.stderr)
+        return
+    per = len(kernels) // replays
+    rows = []
+    for i in range(per):
+        runs = kernels[i::per]
+        times = sorted(e.time_range.end - e.time_range.start for e in runs)
+        gaps = sorted(runs[j].time_range.start - kernels[j * per + i - 1].time_range.end
+                      for j in range(replays) if i > 0)
+        rows.append((runs[0].name[:60], times[len(times) // 2], gaps[len(gaps) // 2] if gaps else float("nan")))
+    spans = sorted(kernels[j * per + per - 1].time_range.end - kernels[j * per].time_range.start
+                   for j in range(replays))
+    print(f"[ep_graph_probe] {name} timeline (us, median of {replays}): first kernel start to last end "
+          f"{spans[len(spans) // 2]:.1f}", file=sys.stderr)
+    for kernel, took, gap in rows:
+        print(f"[ep_graph_probe]   {took:7.1f}  (gap before {gap:5.1f})  {kernel}", file=sys.stderr)
 
 
 if __name__ == "__main__":

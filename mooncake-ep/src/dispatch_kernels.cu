@@ -312,26 +312,30 @@ __device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const Disp
     args.layout_range[pair] = count < 0 ? 0 : min(count, lay.T);
   }
   __syncthreads();  // every wait is over: the mask is final for this call
+  // The final mask, read once (a thread per rank, side by side) into shared
+  // memory, so that pass 2's loop over sources reads no global word and
+  // every thread sees the same mask (the caller may keep it host-mapped).
+  __shared__ bool heard[kMaxEpRanks];
+  for (int r = threadIdx.x; r < lay.R; r += blockDim.x) heard[r] = loadActive(args.active_ranks + r) != 0;
   // The same in every thread: no one writes the gathered rows now.
   const bool offer_stood = slotOfferStands(ctx, args);
   if (offer_stood) noteGivenUp(ctx, args);
+  __syncthreads();  // heard[] written
   // Pass 2: segments one after another by source rank; a source masked by
   // now contributes nothing to any expert, even where its signal came.
   for (int le = threadIdx.x; le < lay.L; le += blockDim.x) {
     int64_t begin = 0;
     for (int src = 0; src < lay.R; ++src) {
-      const int64_t count = loadActive(args.active_ranks + src) != 0 ? args.layout_range[le * lay.R + src] : 0;
+      const int64_t count = heard[src] ? args.layout_range[le * lay.R + src] : 0;
       args.layout_range[le * lay.R + src] = begin << 32 | count;
       begin += count;
     }
     args.recv_count[le] = static_cast<int32_t>(begin);
   }
   if (!offer_stood) return;
-  // A barrier every thread reaches (layout_range's begins are then written)
-  // and one answer for all, though the mask is host-mapped and two threads'
-  // reads may differ.
+  // A barrier every thread reaches (layout_range's begins are then written).
   bool masked_here = false;
-  for (int r = threadIdx.x; r < lay.R; r += blockDim.x) masked_here |= loadActive(args.active_ranks + r) == 0;
+  for (int r = threadIdx.x; r < lay.R; r += blockDim.x) masked_here |= !heard[r];
   stageMovedHeads(ctx, args, parity, __syncthreads_or(masked_here) != 0);
 }
 

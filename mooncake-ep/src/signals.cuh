@@ -32,11 +32,15 @@ __device__ __forceinline__ void maskRank(int32_t* p) { st_relaxed_sys(p, 0); }
 // Whether a sender skips destination `dest`: this rank or `dest` is masked,
 // or `dest`'s process is known gone (its memory may no longer be backed):
 // by the host when it enqueued the call, or by a wait kernel since. Never a
-// host-memory read (see WaitEscape).
+// host-memory read (see WaitEscape). The three loads are issued together
+// (`|`, not `||`: a branch on each would wait for it before the next load),
+// as this decision starts every send block's chain of round trips.
 __device__ __forceinline__ bool skipDestination(const int32_t* active_ranks, const WaitEscape& escape, int rank,
                                                 int dest) {
-  return loadActive(active_ranks + rank) == 0 || loadActive(active_ranks + dest) == 0 ||
-         (escape.departed_bits >> dest & 1u) != 0 || ld_relaxed_sys(escape.departed_seen + dest) != 0;
+  const int32_t self_active = loadActive(active_ranks + rank);
+  const int32_t dest_active = loadActive(active_ranks + dest);
+  const uint32_t dest_seen_gone = ld_relaxed_sys(escape.departed_seen + dest);
+  return (self_active == 0) | (dest_active == 0) | ((escape.departed_bits >> dest & 1u) != 0) | (dest_seen_gone != 0);
 }
 
 // The start of every send block, by all its threads: the call's number
@@ -98,9 +102,12 @@ __device__ __forceinline__ int waitSignal(const char* region, size_t offset, uin
                                           int64_t timeout_ns) {
   const uint64_t* word = reinterpret_cast<const uint64_t*>(region + offset);
   for (uint32_t spin = 0;; ++spin) {
+    // The mask first, so that both loads are in flight at once (nothing after
+    // an acquire load may be performed before it): one round trip a spin.
+    const int32_t active = loadActive(active_ranks + src);
     const uint64_t v = ld_acquire_sys(word);  // acquire: the rows written before it are visible after
     if (static_cast<uint32_t>(v >> 32) == sequence) return static_cast<int>(static_cast<uint32_t>(v));
-    if (loadActive(active_ranks + src) == 0) return -1;
+    if (active == 0) return -1;
     if ((spin & 15) == 15) {  // the host-mapped words cost a PCIe read: look less often
       const bool departed = escape.departed != nullptr && ld_relaxed_sys(escape.departed + src) != 0;
       const bool aborted = escape.abort != nullptr && ld_relaxed_sys(escape.abort) != 0;
