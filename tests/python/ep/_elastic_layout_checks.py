@@ -90,7 +90,7 @@ CASES = [
     (3, 7, 7168, 9, 5, False, True, 2),
     (3, 0, 128, 4, 2, False, True, None),  # no tokens anywhere
     (2, 1030, 128, 6, 8, False, True, None),  # more than one tile of the send scan
-    (3, 2100, 128, 9, 3, False, True, 1),  # three tiles
+    (3, 600, 128, 9, 3, False, True, 1),  # three tiles of 256 tokens (two where a rank sends fewer)
     (1, 20, 128, 4, 600, False, True, None),  # more local experts than a block's threads: runs of 3 in the psum
     (2, 40, 128, 32, 16, True, True, None),  # the most picks the kernels take
 ]
