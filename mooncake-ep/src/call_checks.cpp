@@ -89,6 +89,20 @@ std::string checkReceiveLayout(const DispatchArgs& args, const RegionLayout& lay
   return {};
 }
 
+// DispatchArgs::carried, when the call carries a row.
+std::string checkCarriedRows(const DispatchArgs& args) {
+  const CarriedRows& c = args.carried;
+  if (c.bytes <= 0 || c.bytes % 16 != 0 || static_cast<size_t>(c.bytes) > kCarriedRowBytes) {
+    return "carried_bytes must be a positive multiple of 16, at most " + std::to_string(kCarriedRowBytes);
+  }
+  if (c.received == nullptr || c.ranges == nullptr) return "a carried row needs carried_received and carried_ranges";
+  if (!aligned16(c.mine) || !aligned16(c.received)) return "the carried rows must be 16-byte aligned";
+  if (args.direct.gathered != nullptr) {
+    return "a carried row and direct heads exclude each other (direct heads need the counts before the call)";
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string checkDispatchCall(const DispatchArgs& args, const RegionLayout& layout) {
@@ -106,6 +120,9 @@ std::string checkDispatchCall(const DispatchArgs& args, const RegionLayout& layo
   }
   if (args.with_receive_layout) {
     if (std::string why = checkReceiveLayout(args, layout); !why.empty()) return why;
+  }
+  if (args.carried.mine != nullptr) {
+    if (std::string why = checkCarriedRows(args); !why.empty()) return why;
   }
   const bool heads_in_slot = args.direct.gathered != nullptr && args.direct.own_slot >= 0;
   if (args.active_ranks == nullptr || (needs_x && !heads_in_slot && args.recv_x == nullptr) ||

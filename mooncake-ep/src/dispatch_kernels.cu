@@ -199,6 +199,11 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
     if (threadIdx.x == 0) sent_before += total;
     __syncthreads();
   }
+  // The carried row, once per destination (its first block of local expert
+  // 0), under the same signal as the rows.
+  if (args.carried.mine != nullptr && le == 0 && blockIdx.y == 0 && warp == 0) {
+    warpCopy(region + lay.carriedRow(parity, ctx.rank), args.carried.mine, args.carried.bytes, lane);
+  }
   // Every thread's rows before the signal: the barrier orders them before
   // thread 0's release, which is cumulative (see publishSignal, send_tally.cuh).
   __syncthreads();
@@ -288,6 +293,30 @@ __device__ __forceinline__ void stageMovedHeads(const EpKernelContext& ctx, cons
   }
 }
 
+// After the waits (the whole block): every source's carried row out of the
+// region, or zeros where it was not heard (masked in the final mask
+// `active`, or every source when this rank takes no part: it waited for
+// none), with their ranges in Gathered's form. The acquire of each source's
+// signal, then the block's barrier, make its row visible here (read through
+// L2, see L2Load).
+__device__ __forceinline__ void receiveCarried(const EpKernelContext& ctx, const DispatchArgs& args, int parity,
+                                               bool self_active, const bool* active) {
+  const CarriedRows& c = args.carried;
+  const RegionLayout& lay = ctx.layout;
+  const int vectors = c.bytes / 16;
+  const char* region = ctx.regions[ctx.rank];
+  for (int i = threadIdx.x; i < lay.R * vectors; i += blockDim.x) {
+    const int src = i / vectors, v = i % vectors;
+    const bool heard = self_active && active[src];
+    const int4 value = heard ? __ldcg(reinterpret_cast<const int4*>(region + lay.carriedRow(parity, src)) + v)
+                                  : make_int4(0, 0, 0, 0);
+    reinterpret_cast<int4*>(static_cast<char*>(c.received) + static_cast<size_t>(src) * c.bytes)[v] = value;
+  }
+  for (int src = threadIdx.x; src < lay.R; src += blockDim.x) {
+    c.ranges[src] = static_cast<int64_t>(src) << 32 | (self_active && active[src] ? 1 : 0);
+  }
+}
+
 __device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const DispatchArgs& args) {
   const RegionLayout& lay = ctx.layout;
   __shared__ uint32_t sequence;
@@ -321,6 +350,7 @@ __device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const Disp
   const bool offer_stood = slotOfferStands(ctx, args);
   if (offer_stood) noteGivenUp(ctx, args);
   __syncthreads();  // heard[] written
+  if (args.carried.mine != nullptr) receiveCarried(ctx, args, parity, self_active, heard);
   // Pass 2: segments one after another by source rank; a source masked by
   // now contributes nothing to any expert, even where its signal came.
   for (int le = threadIdx.x; le < lay.L; le += blockDim.x) {

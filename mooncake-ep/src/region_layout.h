@@ -15,6 +15,9 @@
 //                                         heads in r's output slots, DirectHeads)
 //   send tallies     [2][E] uint64       (this rank's own: dispatch, combine; blocks that share
 //                                         one destination's rows count themselves in, see send_tally.cuh)
+//   carried rows     [2][R] of kCarriedRowBytes (parity, source rank): the small row a
+//                                         dispatch carries to every rank with its signals
+//                                         (DispatchArgs::carried)
 //   dispatch rows    [2][L][R][T] messages of msg_stride bytes:
 //                      int32 token index at the source, int32 1 + the output
 //                      slot row its head was placed in (DirectHeads; 0: in the
@@ -41,12 +44,13 @@ namespace mooncake::ep::cuda {
 constexpr size_t kMessageHeaderBytes = 16;  // keeps the payload 16-byte aligned
 constexpr int kChannelsPerScale = 128;
 constexpr size_t kCountersBytes = 64;  // GroupCounters (call_sequence.cuh), with room to spare
+constexpr size_t kCarriedRowBytes = 512;  // DispatchArgs::carried: 128 int32 words
 
 struct RegionLayout {
   int T = 0, H = 0, E = 0, R = 0, L = 0, O = 0;
   size_t msg_stride = 0;
   size_t dispatch_signals = 0, combine_signals = 0, counters = 0, departed_seen = 0, given_up_by = 0, send_tallies = 0,
-         dispatch_rows = 0, combine_rows = 0, output_slots = 0, output_slot_bytes = 0, total = 0;
+         carried_rows = 0, dispatch_rows = 0, combine_rows = 0, output_slots = 0, output_slot_bytes = 0, total = 0;
 
   static RegionLayout make(int tokens, int hidden, int experts, int ranks, int output_slots = 0) {
     RegionLayout l;
@@ -65,7 +69,8 @@ struct RegionLayout {
     l.departed_seen = l.counters + kCountersBytes;
     l.given_up_by = l.departed_seen + static_cast<size_t>(ranks) * sizeof(uint32_t);
     l.send_tallies = (l.given_up_by + static_cast<size_t>(ranks) * sizeof(uint32_t) + 7) / 8 * 8;
-    l.dispatch_rows = align(l.send_tallies + 2 * static_cast<size_t>(experts) * sizeof(uint64_t));
+    l.carried_rows = (l.send_tallies + 2 * static_cast<size_t>(experts) * sizeof(uint64_t) + 15) / 16 * 16;
+    l.dispatch_rows = align(l.carried_rows + 2 * static_cast<size_t>(ranks) * kCarriedRowBytes);
     const size_t dispatch_half = static_cast<size_t>(l.L) * ranks * tokens * l.msg_stride;
     l.combine_rows = align(l.dispatch_rows + 2 * dispatch_half);
     const size_t combine_half = static_cast<size_t>(experts) * tokens * 2 * hidden;
@@ -87,6 +92,9 @@ struct RegionLayout {
   }
   __host__ __device__ size_t dispatchMessage(int parity, int le, int src, int slot) const {
     return dispatch_rows + (((static_cast<size_t>(parity) * L + le) * R + src) * T + slot) * msg_stride;
+  }
+  __host__ __device__ size_t carriedRow(int parity, int src) const {
+    return carried_rows + (static_cast<size_t>(parity) * R + src) * kCarriedRowBytes;
   }
   __host__ __device__ size_t givenUpBy(int peer) const {
     return given_up_by + static_cast<size_t>(peer) * sizeof(uint32_t);

@@ -56,7 +56,8 @@ from mooncake._ep_elastic import checks, nccl_support, sizes
 from mooncake._ep_elastic import transport as transports
 from mooncake._ep_elastic.collective import CollectivePath
 from mooncake._ep_elastic.handle import EPHandle
-from mooncake._ep_elastic.ipc_rows import IpcRouting, IpcRowsPath, KernelRows, RowFormat, row_width
+from mooncake._ep_elastic.ipc_rows import (CARRY_BYTES_ENV, IpcRouting, IpcRowsPath, KernelRows, RowFormat,
+                                           carries_counts, carry_bytes_setting, row_width)
 from mooncake._ep_elastic.nccl_bootstrap import share_unique_id
 from mooncake._ep_elastic.nccl_path import NcclRowsGroup
 from mooncake._ep_elastic.output_slots import output_slots_setting
@@ -145,7 +146,7 @@ class ElasticBuffer:
         cuda_group = takes_cuda_tensors(self.group) and torch.cuda.is_available()
         nccl_problem = transports.ready_for_nccl(nccl_support.problem(), sized, cuda_group)
         mine = torch.tensor([transports.code_of(request), int(not nccl_problem), _host_number(),
-                             secrets.randbits(62), local_ranks_setting()], dtype=torch.int64,
+                             secrets.randbits(62), local_ranks_setting(), carry_bytes_setting()], dtype=torch.int64,
                             device=control_device(self.group))
         table = torch.zeros(self.num_ranks * mine.numel(), dtype=torch.int64, device=mine.device)
         work = dist.all_gather_into_tensor(table, mine, group=self.group, async_op=True)
@@ -161,6 +162,11 @@ class ElasticBuffer:
         if len(set(settings)) > 1:
             raise ValueError(f"MOONCAKE_EP_NUM_LOCAL_RANKS / LOCAL_WORLD_SIZE: every rank must see the same ranks per "
                              f"host (0: unset); rank by rank: {settings}")
+        # Every rank must make the same kernel calls per dispatch (ipc_rows.carries_counts).
+        carry_limits = [r[5] for r in rows]
+        if len(set(carry_limits)) > 1:
+            raise ValueError(f"{CARRY_BYTES_ENV}: every rank must see the same value; rank by rank: {carry_limits}")
+        self._carry_bytes = carry_limits[0]
         chosen = transports.agree([transports.TRANSPORTS[r[0]] for r in rows], [bool(r[1]) for r in rows],
                                   nccl_problem)
         local = settings[0] or ranks_per_host([r[2] for r in rows])
@@ -206,7 +212,9 @@ class ElasticBuffer:
         close_at_exit(ipc)
         try:
             width = row_width(self.hidden, self.num_topk)
-            slots = output_slots_setting(self.num_ranks * self.num_max_tokens_per_rank * 2 * width)
+            # A buffer that carries its counts sends no heads into output slots: it needs none.
+            carry = carries_counts(self.num_max_tokens_per_rank * 2 * width, self._carry_bytes)
+            slots = 0 if carry else output_slots_setting(self.num_ranks * self.num_max_tokens_per_rank * 2 * width)
             rows = KernelRows(ipc, torch.device("cuda", torch.cuda.current_device()), self.num_max_tokens_per_rank,
                               width, self.num_ranks, self.num_gpu_timeout_secs * 1_000_000, output_slots=slots)
         except FastPathUnavailable as err:  # raised on every rank alike
@@ -215,7 +223,8 @@ class ElasticBuffer:
             return None
         self._ipc = ipc
         self._path_reason = choice.reason
-        return IpcRowsPath(self.rank_idx, topo, self._generation, rows, self.num_max_tokens_per_rank)
+        return IpcRowsPath(self.rank_idx, topo, self._generation, rows, self.num_max_tokens_per_rank,
+                           carry_counts=carry)
 
     def _nccl_rows_path(self, topo, explicit: bool) -> IpcRowsPath | None:
         """The NCCL transport (collective): the unique id from rank 0, one

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._env import positive_int
+from .._env import int_setting, positive_int
 from . import rows_layout as rl
 from .collective import FACTS, Outputs, call_facts, check_call_table
 from .handle import EPHandle
@@ -47,6 +47,27 @@ CHANNELS_PER_VECTOR = VECTOR_BYTES // 2  # bf16
 # Calls with more bytes of rows per rank (num_max_tokens_per_rank x row
 # width) than this variable says take the collective path (unset: none do).
 MAX_CALL_BYTES_ENV = "MOONCAKE_EP_ELASTIC_IPC_MAX_BYTES"
+# Buffers whose rows per rank (num_max_tokens_per_rank x 2 x width) take at
+# most this many bytes carry each dispatch's counts with its rows (0: none do).
+CARRY_BYTES_ENV = "MOONCAKE_EP_ELASTIC_CARRY_BYTES"
+DEFAULT_CARRY_BYTES = 4 << 20
+
+
+def carry_bytes_setting() -> int:
+    """MOONCAKE_EP_ELASTIC_CARRY_BYTES, or its default when unset."""
+    value = int_setting(CARRY_BYTES_ENV, "bytes", 0)
+    return DEFAULT_CARRY_BYTES if value is None else value
+
+
+def carries_counts(rows_bytes: int, limit: int) -> bool:
+    """Whether a buffer whose rows per rank take ``rows_bytes`` carries its
+    dispatches' counts with the rows (``limit``: ``carry_bytes_setting()``,
+    the same on every rank). Such a dispatch needs no gather of the counts
+    before its rows, a round trip between ranks fewer, which is most of a
+    small call's time; its heads then come through the receive region (no
+    direct heads: those need the counts before the rows are sent), a copy
+    that costs more than the gather only for large calls."""
+    return 0 < rows_bytes <= limit
 
 
 # A dispatch's gathered row, int32 words: the tokens to each of the R ranks,
@@ -118,6 +139,23 @@ class DirectHeads:
     own_rows: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class CarriedCounts:
+    """This rank's counts row (``SendLayout.counts_row``: ``gather_row``'s
+    form) that the rows' own call carries to every rank with its signals,
+    and where every rank's arrives: ``into``, in the gather's form (rank
+    s's at row s; count 0, zeros, for a rank not heard)."""
+    row: torch.Tensor
+    into: Gathered
+
+    @classmethod
+    def of(cls, row: torch.Tensor, n: int, num_ranks: int) -> "CarriedCounts":
+        """For ``row`` ([1, bytes] uint8) holding ``n`` int32 words: ``into`` made empty."""
+        into = Gathered(rows=torch.empty(num_ranks, row.size(1), dtype=torch.uint8, device=row.device),
+                        ranges=torch.empty(1, num_ranks, dtype=torch.int64, device=row.device), n=n)
+        return cls(row, into)
+
+
 class KernelRows:
     """The rows through ``mooncake._ep_ipc``'s kernels, on the current stream."""
 
@@ -137,7 +175,7 @@ class KernelRows:
 
     def dispatch(self, head: torch.Tensor | None, tail: torch.Tensor, dest: torch.Tensor, mask: torch.Tensor,
                  zeroed_rows: int, slots: torch.Tensor | None = None, direct: DirectHeads | None = None,
-                 receive: ReceivePlan | None = None):
+                 receive: ReceivePlan | None = None, carry: CarriedCounts | None = None):
         """Rows of ``head`` ([N, h] bytes, or None) then ``tail`` ([N, t]
         bytes) to the ranks of ``dest``; ``slots`` (``SendLayout.dest_slots``,
         or None: the kernels count) says where each row goes among this
@@ -148,7 +186,9 @@ class KernelRows:
         to row ``zeroed_rows``; past those, what the buffers held), the source
         token of each row and ``(begin << 32) | count`` per source. ``receive``
         (a ``ReceivePlan`` of at most this capacity, or None): the copy blocks
-        lay out its rows as they copy them, and the plan is marked made."""
+        lay out its rows as they copy them, and the plan is marked made.
+        ``carry`` (not with ``direct``): its row goes to every rank with the
+        call, and every rank's arrives in ``carry.into``."""
         capacity = self.num_ranks * self.tokens
         head_bytes = head.size(1) if head is not None else 0
         in_slot = direct is not None and direct.own_slot >= 0
@@ -170,7 +210,11 @@ class KernelRows:
                                   gathered_ranges=gathered.ranges.data_ptr() if gathered is not None else 0,
                                   slot_word=_slot_word(self.num_ranks),
                                   own_slot=direct.own_slot if direct is not None else -1,
-                                  receive_layout=receive.args if receive is not None else None)
+                                  receive_layout=receive.args if receive is not None else None,
+                                  carried=carry.row.data_ptr() if carry is not None else 0,
+                                  carried_bytes=carry.row.size(1) if carry is not None else 0,
+                                  carried_received=carry.into.rows.data_ptr() if carry is not None else 0,
+                                  carried_ranges=carry.into.ranges.data_ptr() if carry is not None else 0)
         if receive is not None:
             receive.made = True
         return recv_head if head is not None else None, recv_tail, src_token, ranges
@@ -216,10 +260,14 @@ class IpcRouting:
 class IpcRowsPath:
     name = "ipc"
 
-    def __init__(self, rank: int, topo: Topology, generation: object, transport, max_tokens: int, layout=None):
+    def __init__(self, rank: int, topo: Topology, generation: object, transport, max_tokens: int, layout=None,
+                 carry_counts: bool = False):
         """``layout``: the layout's form (``layout_kernels``), None: ``layout_for`` the call's device
-        (the tests give the kernels' code built for the host)."""
+        (the tests give the kernels' code built for the host). ``carry_counts``
+        (``carries_counts``, alike on every rank): each dispatch's counts ride
+        with its rows instead of a gather before them."""
         self.rank, self.topo, self.generation = rank, topo, generation
+        self.carry_counts = carry_counts
         self.transport = transport
         self.layout = layout
         self.max_tokens = max_tokens
@@ -267,19 +315,27 @@ class IpcRowsPath:
                            offer_word=_slot_word(num_ranks) if self.transport.slots is not None else -1,
                            active_ranks=mask)
         dest = sent.dest
-        # Counts per destination and the call's shape, gathered on the stream
-        # (no wait on the host): the handle's dst_buffer_slot_idx needs where
-        # this rank's block starts at each destination.
-        gathered = self._gather(sent.counts_row, num_ranks + shape.numel(), mask)
-        # Rows past the received ones are cut (do_cpu_sync), or read through
-        # the expansion, which never picks them; else they are the output's zeros.
-        direct = DirectHeads(gathered, own_slot, own_rows) if self.transport.slots is not None else None
+        # Counts per destination and the call's shape, from every rank, on the
+        # stream (no wait on the host): the handle's dst_buffer_slot_idx needs
+        # where this rank's block starts at each destination. Carried by the
+        # rows' call itself, or gathered before it (then heads may go straight
+        # into the destinations' output slots).
+        carry = direct = None
+        if self.carry_counts:
+            carry = CarriedCounts.of(sent.counts_row, num_ranks + shape.numel(), num_ranks)
+            gathered = carry.into
+        else:
+            gathered = self._gather(sent.counts_row, num_ranks + shape.numel(), mask)
+            if self.transport.slots is not None:
+                direct = DirectHeads(gathered, own_slot, own_rows)
         # The kernels' layout of the rows received, made by the rows' own call where the transport can.
         plan = layout.plan_receive(sent, gathered, row, capacity, me, num_local, tokens_per_rank,
                                    topk_weights is not None)
+        # Rows past the received ones are cut (do_cpu_sync), or read through
+        # the expansion, which never picks them; else they are the output's zeros.
         recv_head, recv_tail, src_token, ranges = self.transport.dispatch(
             sent.head, sent.tail, dest, mask, zeroed_rows=0 if do_cpu_sync or do_expand else capacity,
-            slots=sent.dest_slots, direct=direct, receive=plan)
+            slots=sent.dest_slots, direct=direct, receive=plan, carry=carry)
         received = ReceivedRows(row, recv_head, recv_tail, capacity)
         got = layout.receive(sent, gathered, ranges, src_token, received, me, num_local, tokens_per_rank,
                              topk_weights is not None, plan=plan)
@@ -336,7 +392,7 @@ class IpcRowsPath:
         has them and the payload is returned as received: (-1, None) when
         expanded (each row is copied to its experts' places anyway), sent in
         the tail, or when every slot is held."""
-        if self.transport.slots is None or do_expand or not row.head:
+        if self.transport.slots is None or self.carry_counts or do_expand or not row.head:
             return -1, None
         return self.transport.slots.take(capacity, row.head)
 
@@ -386,10 +442,15 @@ class IpcRowsPath:
         mine[_slot_word(num_ranks)] = -1  # no output slot: the peers' rows come through the region
         mine[-1] = 1
         mask = self._mask(device)
-        table = self._gather(gather_row(mine), mine.numel(), mask).table()
         nothing = torch.empty(0, VECTOR_BYTES, dtype=torch.uint8, device=device)
-        self.transport.dispatch(None, nothing, torch.empty(0, 1, dtype=torch.int64, device=device), mask,
-                                zeroed_rows=0)
+        no_dest = torch.empty(0, 1, dtype=torch.int64, device=device)
+        if self.carry_counts:  # the one call the others make, carrying this rank's row
+            carry = CarriedCounts.of(gather_row(mine), mine.numel(), num_ranks)
+            self.transport.dispatch(None, nothing, no_dest, mask, zeroed_rows=0, carry=carry)
+            table = carry.into.table()
+        else:
+            table = self._gather(gather_row(mine), mine.numel(), mask).table()
+            self.transport.dispatch(None, nothing, no_dest, mask, zeroed_rows=0)
         check_call_table(table[:, _facts_begin(num_ranks):].tolist())
 
     def dispatch_cached(self, data, sf, handle: EPHandle) -> Outputs:

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "call_checks.h"
@@ -108,6 +109,41 @@ TEST(EpCallChecks, EachReceiveLayoutRuleBrokenAloneIsRefused) {
     c.args.bytes = ByteRows{};
     c.args.pick_slots = nullptr;
   });
+}
+
+// The call as ElasticBuffer makes it when its counts ride with the rows: a
+// 16-word row (two ranks' counts, then the shape) in place of a gather.
+void carryCounts(ElasticCall& call) {
+  call.args.carried = CarriedRows{fake<const void>(24), 64, fake<void>(25), fake<int64_t>(26)};
+}
+
+TEST(EpCallChecks, ACallThatCarriesItsCountsPasses) {
+  ElasticCall call;
+  carryCounts(call);
+  EXPECT_EQ(call.check(), "");
+  call.args.carried.bytes = static_cast<int>(kCarriedRowBytes);  // the most a row holds
+  EXPECT_EQ(call.check(), "");
+}
+
+TEST(EpCallChecks, EachRuleOfACarriedRowBrokenAloneIsRefused) {
+  auto refused = [](const char* what, const std::function<void(ElasticCall&)>& breaks, const char* words) {
+    ElasticCall call;
+    carryCounts(call);
+    breaks(call);
+    const std::string why = call.check();
+    EXPECT_NE(why.find(words), std::string::npos) << what << ": " << why;
+  };
+  refused("no bytes", [](ElasticCall& c) { c.args.carried.bytes = 0; }, "carried_bytes");
+  refused("not whole vectors", [](ElasticCall& c) { c.args.carried.bytes = 40; }, "carried_bytes");
+  refused("over the region's room", [](ElasticCall& c) { c.args.carried.bytes = kCarriedRowBytes + 16; },
+          "carried_bytes");
+  refused("nowhere to receive", [](ElasticCall& c) { c.args.carried.received = nullptr; }, "carried_received");
+  refused("no ranges", [](ElasticCall& c) { c.args.carried.ranges = nullptr; }, "carried_ranges");
+  refused("misaligned", [](ElasticCall& c) { c.args.carried.mine = reinterpret_cast<const void*>(24 * 256 + 4); },
+          "aligned");
+  refused("with direct heads", [](ElasticCall& c) {
+    c.args.direct = DirectHeads{fake<const int32_t>(27), 16, fake<const int64_t>(28), 2, -1};
+  }, "exclude each other");
 }
 
 }  // namespace

@@ -49,7 +49,10 @@ TEST(EpRegionLayout, PartsDoNotOverlapAndStayAligned) {
     EXPECT_EQ(l.departed_seen % 4, 0u);
     EXPECT_GE(l.send_tallies, l.departed_seen + 4 * static_cast<size_t>(ranks));
     EXPECT_EQ(l.send_tallies % 8, 0u);
-    EXPECT_GE(l.dispatch_rows, l.sendTally(1, l.E - 1) + 8);
+    EXPECT_GE(l.carried_rows, l.sendTally(1, l.E - 1) + 8);
+    EXPECT_EQ(l.carried_rows % 16, 0u);
+    EXPECT_EQ(l.carriedRow(1, 0) - l.carriedRow(0, 0), static_cast<size_t>(ranks) * kCarriedRowBytes);
+    EXPECT_GE(l.dispatch_rows, l.carriedRow(1, ranks - 1) + kCarriedRowBytes);
     EXPECT_GE(l.combine_rows, l.dispatchMessage(1, l.L - 1, ranks - 1, l.T - 1) + l.msg_stride);
     EXPECT_GE(l.total, l.combineRow(1, l.E - 1, l.T - 1) + 2 * static_cast<size_t>(l.H));
     EXPECT_EQ(l.msg_stride % 16, 0u);

@@ -35,11 +35,16 @@ class EmulatedRows:
                                input_split_sizes=send_counts, group=self.group)
         return recv
 
-    def dispatch(self, head, tail, dest, mask, zeroed_rows, slots=None, direct=None, receive=None):
+    def dispatch(self, head, tail, dest, mask, zeroed_rows, slots=None, direct=None, receive=None, carry=None):
         # Nothing times out here; the layout of the rows received is left to the
         # layout's own launch (the plan stays unmade), as a transport without the EP kernels does.
         del mask, receive
         self.calls.append("dispatch")
+        if carry is not None:  # every rank's row, rank s's at row s, all heard
+            assert direct is None, "a carried row and direct heads exclude each other"
+            assert carry.row.size(0) == 1 and carry.row.size(1) % 16 == 0 and carry.row.size(1) <= 512
+            dist.all_gather_into_tensor(carry.into.rows, carry.row.contiguous(), group=self.group)
+            carry.into.ranges.copy_((torch.arange(self.num_ranks, dtype=torch.int64) << 32 | 1).view(1, -1))
         num_ranks = self.num_ranks
         head_bytes = head.size(1) if head is not None else 0
         assert head_bytes % 16 == 0 and tail.size(1) % 16 == 0, "the kernels move whole 16-byte vectors"

@@ -22,9 +22,10 @@ pytestmark = pytest.mark.timeout(240)
 SIZES = {"num_max_tokens_per_rank": 7, "hidden": 7168, "num_topk": 9}
 
 
-def _on_emulated_rows(ctx, kernels_library=None, output_slots=0):
+def _on_emulated_rows(ctx, kernels_library=None, output_slots=0, carry=False):
     """``kernels_library``: the layout kernels built for the host (_layout_emulation.py), None: the torch form;
-    ``output_slots``: the emulated transport's (its payloads then arrive in them, as direct heads do)."""
+    ``output_slots``: the emulated transport's (its payloads then arrive in them, as direct heads do);
+    ``carry``: the dispatches carry their counts with the rows (no gather, no direct heads)."""
     from _elastic_rows_emulation import EmulatedRows
     from _layout_emulation import load
     from mooncake._ep_elastic.ipc_rows import IpcRowsPath, row_width
@@ -35,7 +36,7 @@ def _on_emulated_rows(ctx, kernels_library=None, output_slots=0):
                         row_width(SIZES["hidden"], SIZES["num_topk"]), output_slots)
     layout = KernelLayout(load(kernels_library)) if kernels_library is not None else None
     buffer.runtime = IpcRowsPath(ctx.rank, buffer._topology, buffer._generation, rows,
-                                 SIZES["num_max_tokens_per_rank"], layout=layout)
+                                 SIZES["num_max_tokens_per_rank"], layout=layout, carry_counts=carry)
     done = [run_elastic_round_on(ctx, ec, expand, sync) for ec in GRID for expand in (False, True)
             for sync in (True, False)]
     return done, buffer.path, rows.calls.count("dispatch"), rows.calls.count("combine"), rows.direct_calls
@@ -47,19 +48,20 @@ def run_elastic_round_on(ctx, ec, expand, sync):
     return run_elastic_round(ctx, ec, expand=expand, cpu_sync=sync, buffer_name="rows")
 
 
-def _check_grid(world, kernels_library=None, output_slots=0):
+def _check_grid(world, kernels_library=None, output_slots=0, carry=False):
     with World(world, gloo=False, env=RANK_ENV) as w:
-        got = w.run(_on_emulated_rows, kernels_library, output_slots, timeout=200)
+        got = w.run(_on_emulated_rows, kernels_library, output_slots, carry, timeout=200)
     rounds = 2 * 2 * len(GRID)
-    # Per round, all through the seam: a fresh dispatch (the counts' gather, then the rows), a
-    # cached one, and two combines.
-    assert all(path == "ipc" and dispatches == 3 * rounds and combines == 2 * rounds
+    # Per round, all through the seam: a fresh dispatch (the counts' gather, then the rows; or
+    # the rows alone, carrying the counts), a cached one, and two combines.
+    fresh = 1 if carry else 2
+    assert all(path == "ipc" and dispatches == (fresh + 1) * rounds and combines == 2 * rounds
                for _, path, dispatches, combines, _ in got)
     assert any(sum(done) for done, *_ in got)
     # With slots, each round's first dispatch that is not expanded receives its payload in one
-    # (the round drops its outputs before the next); none without.
+    # (the round drops its outputs before the next); none without, or when the counts are carried.
     payload_cases = sum(1 for ec in GRID if _payload_is_the_head(ec))
-    assert [direct for *_, direct in got] == [payload_cases * 2 if output_slots else 0] * world
+    assert [direct for *_, direct in got] == [payload_cases * 2 if output_slots and not carry else 0] * world
 
 
 def _payload_is_the_head(ec) -> bool:
@@ -71,6 +73,12 @@ def _payload_is_the_head(ec) -> bool:
 @pytest.mark.parametrize("output_slots", [0, 2])
 def test_ipc_path_matches_the_dense_reference(world, output_slots):
     _check_grid(world, output_slots=output_slots)
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_ipc_path_that_carries_its_counts_matches_the_dense_reference(world):
+    # With slots offered too: a buffer that carries its counts never places heads in them.
+    _check_grid(world, output_slots=2, carry=True)
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +97,44 @@ def test_ipc_path_with_the_layout_kernels_matches_the_dense_reference(world, lay
     """The same grid with the layout computed by the CUDA kernels' code, built for the host
     (test_elastic_layout_emulated.py): on a GPU, test_elastic_cuda.py runs it on the kernels."""
     _check_grid(world, layout_kernels_library)
+
+
+def _one_rank_refuses_on_emulated_rows(ctx, carry):
+    """Rank 1 alone passes more tokens than the buffer holds: it meets the
+    others' calls (join_refused) with as many of its own, so a good round
+    after it pairs on both ranks."""
+    from _elastic_rows_emulation import EmulatedRows
+    from _harness import errors_of
+    from mooncake._ep_elastic.ipc_rows import IpcRowsPath, row_width
+
+    buffer = elastic_buffer_of(ctx, "rows", **SIZES)
+    rows = EmulatedRows(buffer.group, ctx.rank, ctx.size, SIZES["num_max_tokens_per_rank"],
+                        row_width(SIZES["hidden"], SIZES["num_topk"]))
+    buffer.runtime = IpcRowsPath(ctx.rank, buffer._topology, buffer._generation, rows,
+                                 SIZES["num_max_tokens_per_rank"], carry_counts=carry)
+    tokens = SIZES["num_max_tokens_per_rank"] + (1 if ctx.rank == 1 else -2)
+    x = torch.randn(tokens, 256).to(torch.bfloat16)
+    topk = torch.zeros(tokens, 1, dtype=torch.int64)
+    out = errors_of({"dispatch": lambda: buffer.dispatch(x, topk_idx=topk, num_experts=2 * ctx.size,
+                                                         num_max_tokens_per_rank=SIZES["num_max_tokens_per_rank"])})
+    calls = rows.calls.count("dispatch")
+    received = run_elastic_round_on(ctx, GRID[0], False, True)
+    return out, calls, received
+
+
+@pytest.mark.parametrize("carry", [False, True])
+def test_a_refusal_on_one_rank_meets_the_others_calls(carry):
+    with World(2, gloo=False, env=RANK_ENV) as w:
+        (mine, calls0, _), (theirs, calls1, _) = w.run(_one_rank_refuses_on_emulated_rows, carry, timeout=60)
+    assert mine["dispatch"][0] == "ValueError" and "ranks [1] refused their arguments" in mine["dispatch"][1], mine
+    assert theirs["dispatch"][0] == "ValueError" and "num_max_tokens_per_rank" in theirs["dispatch"][1], theirs
+    # The same kernel calls on both ranks: the gather and the rows, or the rows carrying the counts.
+    assert calls0 == calls1 == (1 if carry else 2)
+
+
+def test_layout_kernels_read_the_counts_a_rows_call_carried(layout_kernels_library):
+    """The layout kernels' receive side reads every rank's counts where the rows' call left them."""
+    _check_grid(2, layout_kernels_library, carry=True)
 
 
 def _random_local(rows: int, k: int, num_local: int, seed: int) -> torch.Tensor:

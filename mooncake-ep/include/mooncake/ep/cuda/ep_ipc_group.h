@@ -92,6 +92,19 @@ struct DirectHeads {
   int own_slot = -1;                         // this rank's published slot: recv_x is that slot (-1: none)
 };
 
+// A small row (a multiple of 16 bytes, at most kCarriedRowBytes) that a
+// dispatch carries to every rank with its signals, and every rank's as this
+// rank received it: ElasticBuffer's counts per rank and the call's shape,
+// which then need no gather of their own before the call, a cross-rank round
+// trip fewer (as DeepEP's low-latency mode sends its counts with the data).
+// Not with DirectHeads, whose senders need the counts before they send.
+struct CarriedRows {
+  const void* mine = nullptr;  // null: the call carries no row
+  int bytes = 0;
+  void* received = nullptr;   // [R][bytes]: source s's row at row s, zeros where s was not heard
+  int64_t* ranges = nullptr;  // [R]: (s << 32) | 1 where s was heard, (s << 32) | 0 where not
+};
+
 // Inputs and outputs of dispatch, all in device memory of the group's device.
 // L = E / R local experts, S = R * T rows per local expert.
 struct DispatchArgs {
@@ -114,6 +127,7 @@ struct DispatchArgs {
   // kernels) spares the send blocks counting the tokens before their own.
   const int32_t* pick_slots = nullptr;
   DirectHeads direct;  // with bytes and pick_slots only
+  CarriedRows carried;
   // ElasticBuffer's layout of the rows received (elastic_layout.h), made by
   // the call's copy blocks as they copy each row instead of by a
   // layoutReceive launch after the call. Byte rows with one local expert
