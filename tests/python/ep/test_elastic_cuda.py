@@ -33,11 +33,20 @@ def test_elastic_grid_on_cuda(world_size):
     assert any(sum(done) for done, _, _ in got)
 
 
-def _with_slots(count: str) -> dict:
-    """The ranks' environment with MOONCAKE_EP_ELASTIC_OUTPUT_SLOTS set ("0": none; unset: "auto")."""
+def _with_slots(count: str | None, counts: str = "gathered") -> dict:
+    """The ranks' environment with MOONCAKE_EP_ELASTIC_OUTPUT_SLOTS set ("0": none; None: unset,
+    "auto"), and the dispatches' counts "carried" with the rows (the default for these small
+    buffers) or "gathered" before them (MOONCAKE_EP_ELASTIC_CARRY_BYTES=0: then the payloads go
+    straight into the output slots, direct heads)."""
+    from mooncake._ep_elastic.ipc_rows import CARRY_BYTES_ENV
     from mooncake._ep_elastic.output_slots import OUTPUT_SLOTS_ENV
 
-    return {**RANK_ENV, OUTPUT_SLOTS_ENV: count}
+    env = dict(RANK_ENV)
+    if count is not None:
+        env[OUTPUT_SLOTS_ENV] = count
+    if counts == "gathered":
+        env[CARRY_BYTES_ENV] = "0"
+    return env
 
 
 # Sized at construction for the grid's largest call: the IPC path.
@@ -53,15 +62,18 @@ def _grid_on_the_ipc_path(ctx):
     return done, buffer.path, buffer.path_reason
 
 
-@pytest.mark.parametrize("world_size,output_slots,launches", [
-    (1, "0", "one"), (2, "0", "one"), (3, "0", "one"), (1, "2", "one"), (2, "2", "one"), (3, "2", "one"),
-    (2, "2", "three"), (3, "0", "three")])
-def test_elastic_grid_on_the_ipc_path(world_size, output_slots, launches):
+@pytest.mark.parametrize("world_size,output_slots,launches,counts", [
+    (1, None, "one", "carried"), (2, None, "one", "carried"), (3, None, "one", "carried"),
+    (2, None, "three", "carried"),
+    (1, "0", "one", "gathered"), (2, "2", "one", "gathered"), (3, "2", "one", "gathered"),
+    (2, "2", "three", "gathered"), (3, "0", "three", "gathered")])
+def test_elastic_grid_on_the_ipc_path(world_size, output_slots, launches, counts):
     """The same checks over the CUDA IPC kernels, the layout on the GPU (the rows' call lays out
-    what it copies); with output slots, the payloads placed straight into them (direct heads).
-    The grid's calls are small enough for one launch each; "three" turns that off
-    (MOONCAKE_EP_ONE_LAUNCH=0), as for larger calls."""
-    env = _with_slots(output_slots)
+    what it copies): the counts carried by the rows' call, or gathered before it; then, with
+    output slots, the payloads placed straight into them (direct heads). The grid's calls are
+    small enough for one launch each; "three" turns that off (MOONCAKE_EP_ONE_LAUNCH=0), as for
+    larger calls."""
+    env = _with_slots(output_slots, counts)
     if launches == "three":
         env["MOONCAKE_EP_ONE_LAUNCH"] = "0"
     with World(world_size, gloo=False, env=env, backend="mooncake") as world:
@@ -90,9 +102,9 @@ def _wide_calls_on_the_ipc_path(ctx):
     return done, buffer.path, buffer.path_reason
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_elastic_calls_on_a_widened_one_launch_grid(world_size):
-    with World(world_size, gloo=False, env=RANK_ENV, backend="mooncake") as world:
+@pytest.mark.parametrize("world_size,counts", [(2, "carried"), (3, "carried"), (2, "gathered")])
+def test_elastic_calls_on_a_widened_one_launch_grid(world_size, counts):
+    with World(world_size, gloo=False, env=_with_slots(None, counts), backend="mooncake") as world:
         got = world.run(_wide_calls_on_the_ipc_path, timeout=240)
     assert all(path == "ipc" for _, path, _ in got), [reason for *_, reason in got]
     assert all(sum(done) > 0 for done, _, _ in got)
@@ -153,8 +165,9 @@ def _captured_round(ctx):
     return buffer.path, same, differs_from_first, graph_slot_kept
 
 
-def test_elastic_dispatch_and_combine_replay_from_a_cuda_graph():
-    with World(2, gloo=False, env=_with_slots("2"), backend="mooncake") as world:
+@pytest.mark.parametrize("counts", ["carried", "gathered"])
+def test_elastic_dispatch_and_combine_replay_from_a_cuda_graph(counts):
+    with World(2, gloo=False, env=_with_slots("2", counts), backend="mooncake") as world:
         got = world.run(_captured_round, timeout=240)
     assert got == [("ipc", True, True, True)] * 2
 
