@@ -308,8 +308,8 @@ __device__ __forceinline__ void receiveCarried(const EpKernelContext& ctx, const
   for (int i = threadIdx.x; i < lay.R * vectors; i += blockDim.x) {
     const int src = i / vectors, v = i % vectors;
     const bool heard = self_active && active[src];
-    const int4 value = heard ? __ldcg(reinterpret_cast<const int4*>(region + lay.carriedRow(parity, src)) + v)
-                                  : make_int4(0, 0, 0, 0);
+    const int4 value =
+        heard ? __ldcg(reinterpret_cast<const int4*>(region + lay.carriedRow(parity, src)) + v) : make_int4(0, 0, 0, 0);
     reinterpret_cast<int4*>(static_cast<char*>(c.received) + static_cast<size_t>(src) * c.bytes)[v] = value;
   }
   for (int src = threadIdx.x; src < lay.R; src += blockDim.x) {

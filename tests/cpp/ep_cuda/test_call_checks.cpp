@@ -133,17 +133,25 @@ TEST(EpCallChecks, EachRuleOfACarriedRowBrokenAloneIsRefused) {
     const std::string why = call.check();
     EXPECT_NE(why.find(words), std::string::npos) << what << ": " << why;
   };
-  refused("no bytes", [](ElasticCall& c) { c.args.carried.bytes = 0; }, "carried_bytes");
-  refused("not whole vectors", [](ElasticCall& c) { c.args.carried.bytes = 40; }, "carried_bytes");
-  refused("over the region's room", [](ElasticCall& c) { c.args.carried.bytes = kCarriedRowBytes + 16; },
-          "carried_bytes");
-  refused("nowhere to receive", [](ElasticCall& c) { c.args.carried.received = nullptr; }, "carried_received");
-  refused("no ranges", [](ElasticCall& c) { c.args.carried.ranges = nullptr; }, "carried_ranges");
-  refused("misaligned", [](ElasticCall& c) { c.args.carried.mine = reinterpret_cast<const void*>(24 * 256 + 4); },
-          "aligned");
-  refused("with direct heads", [](ElasticCall& c) {
-    c.args.direct = DirectHeads{fake<const int32_t>(27), 16, fake<const int64_t>(28), 2, -1};
-  }, "exclude each other");
+  refused(
+      "no bytes", [](ElasticCall& c) { c.args.carried.bytes = 0; }, "carried_bytes");
+  refused(
+      "not whole vectors", [](ElasticCall& c) { c.args.carried.bytes = 40; }, "carried_bytes");
+  refused(
+      "over the region's room", [](ElasticCall& c) { c.args.carried.bytes = kCarriedRowBytes + 16; }, "carried_bytes");
+  refused(
+      "nowhere to receive", [](ElasticCall& c) { c.args.carried.received = nullptr; }, "carried_received");
+  refused(
+      "no ranges", [](ElasticCall& c) { c.args.carried.ranges = nullptr; }, "carried_ranges");
+  refused(
+      "misaligned", [](ElasticCall& c) { c.args.carried.mine = reinterpret_cast<const void*>(24 * 256 + 4); },
+      "aligned");
+  refused(
+      "with direct heads",
+      [](ElasticCall& c) {
+        c.args.direct = DirectHeads{fake<const int32_t>(27), 16, fake<const int64_t>(28), 2, -1};
+      },
+      "exclude each other");
 }
 
 }  // namespace
