@@ -246,6 +246,11 @@ GroupView GroupMembership::latestView() const {
   return view_;
 }
 
+uint64_t GroupMembership::activeEpoch() const {
+  std::lock_guard lock(mutex_);
+  return view_.active_epoch;
+}
+
 bool GroupMembership::isActive(int seat) const {
   std::lock_guard lock(mutex_);
   return seat >= 0 && seat < static_cast<int>(view_.members.size()) && view_.isActive(seat);
@@ -283,65 +288,74 @@ Collectives& GroupMembership::plane() {
     }
     return *plane_;
   }
-  GroupView view = latestView();
-  if (!view.isActive(config_.seat)) {
-    throw std::runtime_error("rank " + std::to_string(config_.seat) + " is not active in this group (epoch " +
-                             std::to_string(view.epoch) + "); it was deactivated: call join_group to rejoin");
-  }
-  if (left_out_epoch_ != view.active_epoch) left_out_.clear();  // a new configuration decides anew
-  std::vector<int> active;
-  for (int s : view.activeRanks()) {
-    if (!std::binary_search(left_out_.begin(), left_out_.end(), s)) active.push_back(s);
-  }
-  std::string variant;
-  uint32_t lane_epoch = static_cast<uint32_t>(view.active_epoch);
-  if (!left_out_.empty()) {
-    // Every survivor names this plane alike: the epoch and the seats left out.
-    uint32_t h = 2166136261u;
-    for (int s : left_out_) {
-      variant += "x" + std::to_string(s);
-      h = (h ^ static_cast<uint32_t>(s)) * 16777619u;
+  // Each pass forms the plane of the latest view; another pass only when
+  // the view moved while forming (bounded by the membership's changes).
+  for (;;) {
+    GroupView view = latestView();
+    if (!view.isActive(config_.seat)) {
+      throw std::runtime_error("rank " + std::to_string(config_.seat) + " is not active in this group (epoch " +
+                               std::to_string(view.epoch) + "); it was deactivated: call join_group to rejoin");
     }
-    lane_epoch = 0x80000000u | ((lane_epoch * 40503u) ^ h);
+    if (left_out_epoch_ != view.active_epoch) left_out_.clear();  // a new configuration decides anew
+    std::vector<int> active;
+    for (int s : view.activeRanks()) {
+      if (!std::binary_search(left_out_.begin(), left_out_.end(), s)) active.push_back(s);
+    }
+    std::string variant;
+    uint32_t lane_epoch = static_cast<uint32_t>(view.active_epoch);
+    if (!left_out_.empty()) {
+      // Every survivor names this plane alike: the epoch and the seats left out.
+      uint32_t h = 2166136261u;
+      for (int s : left_out_) {
+        variant += "x" + std::to_string(s);
+        h = (h ^ static_cast<uint32_t>(s)) * 16777619u;
+      }
+      lane_epoch = 0x80000000u | ((lane_epoch * 40503u) ^ h);
+    }
+    const std::string key = std::to_string(view.active_epoch) + variant;
+    if (!plane_ || plane_key_ != key) {
+      plane_.reset();  // leave the old arenas before meeting in the new ones
+      plane_key_.clear();
+      PlaneConfig pc;
+      pc.uid = view.uid;
+      pc.epoch = lane_epoch;
+      pc.variant = variant;
+      pc.my_seat = config_.seat;
+      pc.active = active;
+      pc.host_of_seat = view.hosts;
+      pc.shm = config_.shm;
+      pc.shm.deactivated = [this](int seat) { return !isActive(seat); };
+      pc.shm.cut_off = [this] { return cutOff(); };
+      pc.channel = collectives_channel_;
+      pc.channel_endpoints.resize(config_.max_group_size);
+      for (int s : pc.active) {
+        P2pEndpoint user;
+        decodeEndpoints(view.endpoints[s], user, pc.channel_endpoints[s]);
+      }
+      // Forming ends early once the membership moves on (a survivor that saw
+      // the newer view forms that one while this rank would wait for it here
+      // under the older name): then this loop forms the newer one.
+      pc.shm.superseded = [this, epoch = view.active_epoch] { return activeEpoch() != epoch; };
+      std::string error;
+      plane_ = formPlane(pc, &error);
+      if (!plane_) {
+        if (error.find(kSupersededError) != std::string::npos && activeEpoch() != view.active_epoch) continue;
+        throw std::runtime_error("cannot form the data plane of epoch " + std::to_string(view.active_epoch) + variant +
+                                 ": " + error);
+      }
+      plane_key_ = key;
+      std::vector<std::string> hosts;
+      for (int s : pc.active) hosts.push_back(view.hosts[s]);
+      std::sort(hosts.begin(), hosts.end());
+      const auto distinct = std::unique(hosts.begin(), hosts.end()) - hosts.begin();
+      if (distinct > 1) {
+        LOG(INFO) << "mooncake: group " << config_.key << " (epoch " << view.active_epoch << variant << "): its "
+                  << pc.active.size() << " active ranks span " << distinct << " hosts: shared memory inside hosts, the "
+                  << "transfer engine between them";
+      }
+    }
+    return *plane_;
   }
-  const std::string key = std::to_string(view.active_epoch) + variant;
-  if (!plane_ || plane_key_ != key) {
-    plane_.reset();  // leave the old arenas before meeting in the new ones
-    plane_key_.clear();
-    PlaneConfig pc;
-    pc.uid = view.uid;
-    pc.epoch = lane_epoch;
-    pc.variant = variant;
-    pc.my_seat = config_.seat;
-    pc.active = active;
-    pc.host_of_seat = view.hosts;
-    pc.shm = config_.shm;
-    pc.shm.deactivated = [this](int seat) { return !isActive(seat); };
-    pc.shm.cut_off = [this] { return cutOff(); };
-    pc.channel = collectives_channel_;
-    pc.channel_endpoints.resize(config_.max_group_size);
-    for (int s : pc.active) {
-      P2pEndpoint user;
-      decodeEndpoints(view.endpoints[s], user, pc.channel_endpoints[s]);
-    }
-    std::string error;
-    plane_ = formPlane(pc, &error);
-    if (!plane_) {
-      throw std::runtime_error("cannot form the data plane of epoch " + std::to_string(view.active_epoch) + variant +
-                               ": " + error);
-    }
-    plane_key_ = key;
-    std::vector<std::string> hosts;
-    for (int s : pc.active) hosts.push_back(view.hosts[s]);
-    std::sort(hosts.begin(), hosts.end());
-    const auto distinct = std::unique(hosts.begin(), hosts.end()) - hosts.begin();
-    if (distinct > 1) {
-      LOG(INFO) << "mooncake: group " << config_.key << " (epoch " << view.active_epoch << variant << "): its "
-                << pc.active.size() << " active ranks span " << distinct << " hosts: shared memory inside hosts, the "
-                << "transfer engine between them";
-    }
-  }
-  return *plane_;
 }
 
 bool GroupMembership::leaveOut(const std::vector<int>& seats) {

@@ -124,6 +124,7 @@ class GroupMembership {
   // reports them. Under lanes_mutex_.
   void probeLinks(const GroupView& view);
   GroupView latestView() const;
+  uint64_t activeEpoch() const;  // the latest view's, without copying the view
   std::string endpointText() const;
   static bool decodeEndpoints(const std::string& text, P2pEndpoint& user, P2pEndpoint& collectives);
 

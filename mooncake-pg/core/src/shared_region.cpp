@@ -56,7 +56,8 @@ std::vector<int> PeerLiveness::dead() const {
 
 std::unique_ptr<AttachedRegion> AttachedRegion::map(const std::string& name, bool create, size_t bytes,
                                                     std::chrono::steady_clock::time_point deadline,
-                                                    const std::string& what, std::string* error) {
+                                                    const std::string& what, std::string* error,
+                                                    const std::function<bool()>& superseded) {
   int fd = -1;
   if (create) {
     fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
@@ -84,6 +85,10 @@ std::unique_ptr<AttachedRegion> AttachedRegion::map(const std::string& name, boo
         *error = "rank 0 did not create " + what + " in time";
         return nullptr;
       }
+      if (superseded && superseded()) {
+        *error = std::string(kSupersededError) + " while waiting for rank 0 to create " + what;
+        return nullptr;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
@@ -109,6 +114,7 @@ AttachedRegion::~AttachedRegion() {
 bool AttachedRegion::handshake(const Handshake& steps, std::string* error) {
   const auto absent = [&](int r) { return steps.absent && steps.absent(r); };
   const auto rank_name = [&](int r) { return steps.rank_name ? steps.rank_name(r) : "rank " + std::to_string(r); };
+  const auto superseded = [&] { return steps.superseded && steps.superseded(); };
   const bool creator = steps.rank == steps.creator;
   if (creator) {
     // A fresh ftruncate'd object is zero: only non-zero fields need writing.
@@ -118,6 +124,10 @@ bool AttachedRegion::handshake(const Handshake& steps, std::string* error) {
     while (steps.ready->load(std::memory_order_acquire) == 0) {
       if (std::chrono::steady_clock::now() > deadline_) {
         *error = steps.never_ready;
+        return false;
+      }
+      if (superseded()) {
+        *error = std::string(kSupersededError) + ": " + steps.never_ready;
         return false;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -136,9 +146,11 @@ bool AttachedRegion::handshake(const Handshake& steps, std::string* error) {
   // Wait for everyone, then learn their pids (for liveness checks).
   for (int r = 0; r < steps.size; ++r) {
     while (!absent(r) && steps.presence(r).attached.load(std::memory_order_acquire) == 0) {
-      if (std::chrono::steady_clock::now() > deadline_) {
+      const bool late = std::chrono::steady_clock::now() > deadline_;
+      if (late || superseded()) {
         if (creator) ::shm_unlink(name_.c_str());
-        *error = rank_name(r) + " did not attach in time";
+        *error = late ? rank_name(r) + " did not attach in time"
+                      : std::string(kSupersededError) + " while waiting for " + rank_name(r) + " to attach";
         return false;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));

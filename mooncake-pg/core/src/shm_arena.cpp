@@ -52,7 +52,8 @@ std::unique_ptr<ShmArena> ShmArena::open(const std::string& name, int rank, int 
 
   auto deadline = std::chrono::steady_clock::now() + options.attach_timeout;
   std::string why;
-  std::unique_ptr<AttachedRegion> region = AttachedRegion::map(name, rank == 0, total, deadline, "the arena", &why);
+  std::unique_ptr<AttachedRegion> region = AttachedRegion::map(name, rank == 0, total, deadline, "the arena", &why,
+                                                                    options.superseded);
   if (region == nullptr) return fail(why);
   std::unique_ptr<ShmArena> arena(new ShmArena);
   arena->rank_ = rank;
@@ -85,6 +86,7 @@ std::unique_ptr<ShmArena> ShmArena::open(const std::string& name, int rank, int 
     return {};
   };
   steps.never_ready = "arena never became ready";
+  steps.superseded = options.superseded;
   if (!region->handshake(steps, &why)) return fail(why);
   arena->region_ = std::move(region);
   return arena;

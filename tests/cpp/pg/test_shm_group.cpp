@@ -144,5 +144,25 @@ TEST(ShmGroupFailure, AGroupOfOneThatWasAbortedFailsItsCalls) {
   EXPECT_EQ(out, std::vector<float>(1000, -1.0f));
 }
 
+// A group that forms for a configuration the membership has moved past
+// stops waiting for the ranks that will never come (they form the newer one
+// under another name) as soon as `superseded` says so, well before the
+// attach timeout, and says why: as the creator waiting for a rank to attach,
+// and as a rank waiting for the creator.
+TEST(ShmGroupForming, ASupersededConfigurationStopsWaitingAtOnce) {
+  for (int rank : {0, 1}) {
+    ShmGroupOptions options;
+    options.attach_timeout = std::chrono::seconds(30);  // far longer than the test may take
+    const auto start = std::chrono::steady_clock::now();
+    options.superseded = [start] { return std::chrono::steady_clock::now() - start > std::chrono::milliseconds(50); };
+    std::string error;
+    auto group = ShmGroup::open(testing::uniqueShmName("mc-pg-test"), rank, 2, options, &error);
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_EQ(group, nullptr) << "rank " << rank;
+    EXPECT_NE(error.find(kSupersededError), std::string::npos) << "rank " << rank << ": " << error;
+    EXPECT_LT(took, std::chrono::seconds(5)) << "rank " << rank;
+  }
+}
+
 }  // namespace
 }  // namespace mooncake::pg

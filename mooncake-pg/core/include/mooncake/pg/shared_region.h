@@ -51,6 +51,10 @@ class PeerLiveness {
   std::vector<int> pidfds_;
 };
 
+// How an error starts when forming stopped because it was superseded
+// (AttachedRegion::Handshake::superseded, ShmGroupOptions::superseded).
+inline constexpr char kSupersededError[] = "superseded";
+
 class AttachedRegion {
  public:
   // What a user of the region adds to the handshake: where its words are,
@@ -74,6 +78,9 @@ class AttachedRegion {
     std::string never_ready;
     // Every rank: its own fields, written before its presence is raised.
     std::function<void()> publish_mine;
+    // True once waiting is pointless (ShmGroupOptions::superseded): the
+    // handshake then fails at once with kSupersededError.
+    std::function<bool()> superseded;
   };
 
   // The creator makes `name` (exclusively) of `bytes` zeroed bytes; the
@@ -81,9 +88,10 @@ class AttachedRegion {
   // passes (then *error says the creator did not make `what` in time).
   // Returns the mapping, or nullptr with *error set; a creator that fails
   // unlinks the name. `deadline` also bounds the handshake.
+  // `superseded` (may be empty) ends the others' wait early, as the handshake's.
   static std::unique_ptr<AttachedRegion> map(const std::string& name, bool create, size_t bytes,
                                              std::chrono::steady_clock::time_point deadline, const std::string& what,
-                                             std::string* error);
+                                             std::string* error, const std::function<bool()>& superseded = {});
   ~AttachedRegion();
   AttachedRegion(const AttachedRegion&) = delete;
   AttachedRegion& operator=(const AttachedRegion&) = delete;

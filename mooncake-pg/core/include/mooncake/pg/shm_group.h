@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "mooncake/pg/collectives.h"
+#include "mooncake/pg/shared_region.h"  // kSupersededError
 
 namespace mooncake::pg {
 
@@ -46,6 +47,13 @@ struct ShmGroupOptions {
   // and the arena breaks naming this rank, so the others learn who is at
   // fault and nobody waits for the deadline. Empty function: never.
   std::function<std::string()> cut_off;
+  // Asked while the group forms (waiting for the arena, or for ranks to
+  // attach): true once the membership has moved past the configuration the
+  // group is formed for, whose other members may then be forming the newer
+  // one under another name. Forming ends at once, its error starting with
+  // kSupersededError, so that the caller forms the newer configuration
+  // instead of waiting out the attach timeout. Empty function: never.
+  std::function<bool()> superseded;
 };
 
 class ShmArena;
