@@ -35,17 +35,16 @@ def test_elastic_grid_on_cuda(world_size):
 
 def _with_slots(count: str | None, counts: str = "gathered") -> dict:
     """The ranks' environment with MOONCAKE_EP_ELASTIC_OUTPUT_SLOTS set ("0": none; None: unset,
-    "auto"), and the dispatches' counts "carried" with the rows (the default for these small
-    buffers) or "gathered" before them (MOONCAKE_EP_ELASTIC_CARRY_BYTES=0: then the payloads go
-    straight into the output slots, direct heads)."""
+    "auto"), and the dispatches' counts "carried" with the rows (MOONCAKE_EP_ELASTIC_CARRY_BYTES
+    above these buffers' rows) or "gathered" before them (0: then the payloads go straight into
+    the output slots, direct heads)."""
     from mooncake._ep_elastic.ipc_rows import CARRY_BYTES_ENV
     from mooncake._ep_elastic.output_slots import OUTPUT_SLOTS_ENV
 
     env = dict(RANK_ENV)
     if count is not None:
         env[OUTPUT_SLOTS_ENV] = count
-    if counts == "gathered":
-        env[CARRY_BYTES_ENV] = "0"
+    env[CARRY_BYTES_ENV] = str(4 << 20) if counts == "carried" else "0"
     return env
 
 
