@@ -52,8 +52,8 @@ std::unique_ptr<ShmArena> ShmArena::open(const std::string& name, int rank, int 
 
   auto deadline = std::chrono::steady_clock::now() + options.attach_timeout;
   std::string why;
-  std::unique_ptr<AttachedRegion> region = AttachedRegion::map(name, rank == 0, total, deadline, "the arena", &why,
-                                                                    options.superseded);
+  std::unique_ptr<AttachedRegion> region =
+      AttachedRegion::map(name, rank == 0, total, deadline, "the arena", &why, options.superseded);
   if (region == nullptr) return fail(why);
   std::unique_ptr<ShmArena> arena(new ShmArena);
   arena->rank_ = rank;
