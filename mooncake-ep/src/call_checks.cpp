@@ -96,7 +96,9 @@ std::string checkCarriedRows(const DispatchArgs& args) {
     return "carried_bytes must be a positive multiple of 16, at most " + std::to_string(kCarriedRowBytes);
   }
   if (c.received == nullptr || c.ranges == nullptr) return "a carried row needs carried_received and carried_ranges";
-  if (!aligned16(c.mine) || !aligned16(c.received)) return "the carried rows must be 16-byte aligned";
+  if (!aligned16(c.mine) || !aligned16(c.received) || reinterpret_cast<uintptr_t>(c.ranges) % 8 != 0) {
+    return "the carried rows must be 16-byte aligned, carried_ranges 8-byte aligned";
+  }
   if (args.direct.gathered != nullptr) {
     return "a carried row and direct heads exclude each other (direct heads need the counts before the call)";
   }
@@ -123,6 +125,8 @@ std::string checkDispatchCall(const DispatchArgs& args, const RegionLayout& layo
   }
   if (args.carried.mine != nullptr) {
     if (std::string why = checkCarriedRows(args); !why.empty()) return why;
+  } else if (args.carried.bytes != 0 || args.carried.received != nullptr || args.carried.ranges != nullptr) {
+    return "carried_bytes, carried_received and carried_ranges go with a carried row (carried)";
   }
   const bool heads_in_slot = args.direct.gathered != nullptr && args.direct.own_slot >= 0;
   if (args.active_ranks == nullptr || (needs_x && !heads_in_slot && args.recv_x == nullptr) ||

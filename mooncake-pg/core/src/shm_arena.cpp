@@ -86,8 +86,19 @@ std::unique_ptr<ShmArena> ShmArena::open(const std::string& name, int rank, int 
     return {};
   };
   steps.never_ready = "arena never became ready";
-  steps.superseded = options.superseded;
-  if (!region->handshake(steps, &why)) return fail(why);
+  // A rank that attached and then left (its configuration superseded) breaks
+  // the arena on its way out: the others, who may have seen it attached,
+  // then stop waiting too instead of completing a group it has left.
+  const auto left_by_one = [h] {
+    return h->ready.load(std::memory_order_acquire) != 0 && h->broken_by.load(std::memory_order_acquire) >= 0;
+  };
+  steps.superseded = [&] { return left_by_one() || (options.superseded && options.superseded()); };
+  const bool formed = region->handshake(steps, &why);
+  if (!formed && why.rfind(kSupersededError, 0) == 0 && h->ready.load(std::memory_order_acquire) != 0) {
+    arena->breakArena(why);  // names no rank as failed: nobody failed, the membership moved on
+  }
+  if (!formed) return fail(why);
+  if (left_by_one()) return fail(std::string(kSupersededError) + ": " + arena->brokenResult().error);
   arena->region_ = std::move(region);
   return arena;
 }

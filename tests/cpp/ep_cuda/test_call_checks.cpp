@@ -147,6 +147,14 @@ TEST(EpCallChecks, EachRuleOfACarriedRowBrokenAloneIsRefused) {
       "misaligned", [](ElasticCall& c) { c.args.carried.mine = reinterpret_cast<const void*>(24 * 256 + 4); },
       "aligned");
   refused(
+      "misaligned received rows",
+      [](ElasticCall& c) { c.args.carried.received = reinterpret_cast<void*>(25 * 256 + 8); }, "aligned");
+  refused(
+      "misaligned ranges", [](ElasticCall& c) { c.args.carried.ranges = reinterpret_cast<int64_t*>(26 * 256 + 4); },
+      "aligned");
+  refused(
+      "outputs without a row", [](ElasticCall& c) { c.args.carried.mine = nullptr; }, "go with a carried row");
+  refused(
       "with direct heads",
       [](ElasticCall& c) {
         c.args.direct = DirectHeads{fake<const int32_t>(27), 16, fake<const int64_t>(28), 2, -1};

@@ -164,5 +164,40 @@ TEST(ShmGroupForming, ASupersededConfigurationStopsWaitingAtOnce) {
   }
 }
 
+// A rank that had attached and then leaves (its configuration superseded)
+// takes the group with it: rank 1 attaches and leaves at 100 ms; rank 0,
+// the creator, waiting for rank 2 (who comes at 2 s), stops at once instead
+// of at its attach timeout, naming the cause, and leaves no name behind, so
+// that rank 2 forms nothing either. (A rank that completes the handshake just
+// as another leaves finds the arena broken before returning it; that race is
+// not reproduced here.)
+TEST(ShmGroupForming, ARankThatLeavesAfterAttachingTakesTheGroupWithIt) {
+  const std::string name = testing::uniqueShmName("mc-pg-test");
+  const auto status = testing::runForkedRanks(
+      3,
+      [&](int rank) {
+        ShmGroupOptions options;
+        options.attach_timeout = rank == 2 ? std::chrono::seconds(1) : std::chrono::seconds(30);
+        const auto start = std::chrono::steady_clock::now();
+        if (rank == 1) {
+          options.superseded = [start] {
+            return std::chrono::steady_clock::now() - start > std::chrono::milliseconds(100);
+          };
+        }
+        if (rank == 2) std::this_thread::sleep_for(std::chrono::seconds(2));
+        std::string error;
+        auto group = ShmGroup::open(name, rank, 3, options, &error);
+        const bool quick = std::chrono::steady_clock::now() - start < std::chrono::seconds(rank == 2 ? 6 : 2);
+        const bool said = rank == 2 || error.find(kSupersededError) != std::string::npos;
+        if (group != nullptr || !quick || !said) {
+          std::fprintf(stderr, "rank %d: formed %d, quick %d: %s\n", rank, group != nullptr, quick, error.c_str());
+          return 1;
+        }
+        return 0;
+      },
+      std::chrono::milliseconds(20000));
+  EXPECT_EQ(status, (std::vector<int>{0, 0, 0}));
+}
+
 }  // namespace
 }  // namespace mooncake::pg

@@ -98,6 +98,8 @@ struct DirectHeads {
 // which then need no gather of their own before the call, a cross-rank round
 // trip fewer (as DeepEP's low-latency mode sends its counts with the data).
 // Not with DirectHeads, whose senders need the counts before they send.
+// A call enqueued in halves (EpStages) passes the same `carried` to both:
+// the send half sends `mine`, the receive half fills `received` and `ranges`.
 struct CarriedRows {
   const void* mine = nullptr;  // null: the call carries no row
   int bytes = 0;
