@@ -320,14 +320,9 @@ class IpcRowsPath:
         # where this rank's block starts at each destination. Carried by the
         # rows' call itself, or gathered before it (then heads may go straight
         # into the destinations' output slots).
-        carry = direct = None
-        if self.carry_counts:
-            carry = CarriedCounts.of(sent.counts_row, num_ranks + shape.numel(), num_ranks)
-            gathered = carry.into
-        else:
-            gathered = self._gather(sent.counts_row, num_ranks + shape.numel(), mask)
-            if self.transport.slots is not None:
-                direct = DirectHeads(gathered, own_slot, own_rows)
+        gathered, carry = self._exchange_counts(sent.counts_row, num_ranks + shape.numel(), mask)
+        heads_direct = carry is None and self.transport.slots is not None
+        direct = DirectHeads(gathered, own_slot, own_rows) if heads_direct else None
         # The kernels' layout of the rows received, made by the rows' own call where the transport can.
         plan = layout.plan_receive(sent, gathered, row, capacity, me, num_local, tokens_per_rank,
                                    topk_weights is not None)
@@ -412,6 +407,17 @@ class IpcRowsPath:
             self._facts[key] = torch.tensor(rows, dtype=torch.int32, device=device)
         return self._facts[key][own_slot + 1]
 
+    def _exchange_counts(self, row: torch.Tensor, n: int,
+                         mask: torch.Tensor) -> tuple[Gathered, CarriedCounts | None]:
+        """Where every rank's counts row (``row``, ``n`` int32) will be, and how
+        it travels: gathered now by a call of its own (carry None), or carried
+        by the rows' call that follows, which must pass the returned carry
+        (the Gathered is then filled by that call)."""
+        if self.carry_counts:
+            carry = CarriedCounts.of(row, n, self.topo.num_ranks)
+            return carry.into, carry
+        return self._gather(row, n, mask), None
+
     def _gather(self, row: torch.Tensor, n: int, mask: torch.Tensor) -> Gathered:
         """Every rank's ``n`` int32 (``row``, ``gather_row``'s form), through
         the kernels themselves (one token that goes to every rank), so that a
@@ -444,14 +450,9 @@ class IpcRowsPath:
         mask = self._mask(device)
         nothing = torch.empty(0, VECTOR_BYTES, dtype=torch.uint8, device=device)
         no_dest = torch.empty(0, 1, dtype=torch.int64, device=device)
-        if self.carry_counts:  # the one call the others make, carrying this rank's row
-            carry = CarriedCounts.of(gather_row(mine), mine.numel(), num_ranks)
-            self.transport.dispatch(None, nothing, no_dest, mask, zeroed_rows=0, carry=carry)
-            table = carry.into.table()
-        else:
-            table = self._gather(gather_row(mine), mine.numel(), mask).table()
-            self.transport.dispatch(None, nothing, no_dest, mask, zeroed_rows=0)
-        check_call_table(table[:, _facts_begin(num_ranks):].tolist())
+        gathered, carry = self._exchange_counts(gather_row(mine), mine.numel(), mask)  # the calls the others make
+        self.transport.dispatch(None, nothing, no_dest, mask, zeroed_rows=0, carry=carry)
+        check_call_table(gathered.table()[:, _facts_begin(num_ranks):].tolist())
 
     def dispatch_cached(self, data, sf, handle: EPHandle) -> Outputs:
         routing: IpcRouting = handle.native_handle
