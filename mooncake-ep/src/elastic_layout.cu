@@ -12,10 +12,10 @@
 //                  then each adds the earlier tiles' counts (one launch for
 //                  a call of one tile).
 //   sendTail       one thread per 16 bytes of the rows' staged tails. A
-//                  fresh dispatch hands them to layoutSend, whose tile does
-//                  them itself in a call of one tile (256 tokens), as it
-//                  copies topk_idx and zeroes what layoutReceive adds to:
-//                  fewer launches for small calls.
+//                  fresh dispatch hands them to layoutSend, which in a call
+//                  of one tile (256 tokens) has helper blocks beside the
+//                  tile's do them, as they copy topk_idx and zero what
+//                  layoutReceive adds to: fewer launches for small calls.
 //   layoutReceive  one warp per received row (local picks, weights,
 //                  metadata, picks per local expert), then a thread per pick
 //                  of this rank's tokens (dst_buffer_slot_idx); the last
@@ -39,21 +39,27 @@ namespace {
 constexpr int kTileTokens = kLayoutSendTileTokens;
 constexpr int kTileWarps = kTileTokens / 32;
 constexpr int kLoadsInFlight = 8;  // per thread, staging a tile's picks
+constexpr int kMaxTileHelpers = 16;  // blocks beside a call's one tile (a thread per unit of their work, up to)
 constexpr int kRowThreads = 256;
 constexpr int kMaxRowBlocks = 1024;  // grid-stride beyond
 constexpr unsigned kAllLanes = 0xffffffffu;
 
+// True in the thread of each rank this rank has given up on (the offer word
+// is withdrawn when any is): loaded at a kernel's start, so that the load's
+// round trip overlaps the picks' instead of following the counts.
+__device__ __forceinline__ bool givesUpOn(const SendLayoutArgs& a, int rank) {
+  return a.offer_word >= 0 && a.active_ranks != nullptr && rank < a.num_ranks && a.active_ranks[rank] == 0;
+}
+
 // The row the counts are gathered in: the call's count per rank (`total`
 // of each), then its shape, then zeros; the offer word -1 while a rank is
-// given up on.
+// given up on (`withdrawn`: givesUpOn in some thread of the block).
 template <typename Total>
-__device__ __forceinline__ void writeCountsRow(const SendLayoutArgs& a, int first, int stride, Total total) {
+__device__ __forceinline__ void writeCountsRow(const SendLayoutArgs& a, int first, int stride, bool withdrawn,
+                                               Total total) {
   for (int i = first; i < a.count_words; i += stride) {
-    int32_t word = i < a.num_ranks ? total(i) : i - a.num_ranks < a.shape_words ? a.shape[i - a.num_ranks] : 0;
-    if (i == a.offer_word && a.active_ranks != nullptr) {
-      for (int r = 0; r < a.num_ranks; ++r) word = a.active_ranks[r] != 0 ? word : -1;
-    }
-    a.counts[i] = word;
+    const int32_t word = i < a.num_ranks ? total(i) : i - a.num_ranks < a.shape_words ? a.shape[i - a.num_ranks] : 0;
+    a.counts[i] = i == a.offer_word && withdrawn ? -1 : word;
   }
 }
 
@@ -66,6 +72,39 @@ __device__ __forceinline__ void writeTailVector(const layout::TailSources& s, in
   *reinterpret_cast<uint4*>(tail + token * s.tail_bytes + at) = make_uint4(words[0], words[1], words[2], words[3]);
 }
 
+// The work of a call of one tile that does not decide the layout, by the
+// helper blocks beside the tile's (thread `first` of `stride`): the rows'
+// staged tails (a thread per 16 bytes, in order), the copy of topk_idx and
+// the zeros. In the tile's own block it took a third of the kernel's 7.3 us
+// at 128 tokens (H100, docs/benchmarks/ep_cuda.md, 2026-12-07), each
+// thread's tail vectors one round trip after another; here each thread's
+// loads are one round trip, beside the tile's.
+__device__ __forceinline__ void helpOneTile(const SendLayoutArgs& a, const layout::TailSources& tail_sources,
+                                            uint8_t* tail, int64_t first, int64_t stride) {
+  if (a.topk_copy != nullptr) {
+    const int64_t picks = static_cast<int64_t>(a.num_tokens) * a.num_topk;
+    for (int64_t i = first; i < picks; i += stride) a.topk_copy[i] = a.topk_idx[i];
+  }
+  for (int64_t i = first; i < a.zeroed_words; i += stride) a.zeroed[i] = 0;
+  if (tail != nullptr) {
+    const int64_t vectors = tail_sources.tail_bytes / 16;
+    for (int64_t v = first; v < a.num_tokens * vectors; v += stride) {
+      writeTailVector(tail_sources, v / vectors, v % vectors * 16, tail);
+    }
+  }
+}
+
+// Helper blocks for a call of `tiles` tiles: a thread per unit of helpOneTile's
+// largest share, up to kMaxTileHelpers blocks; none for several tiles (each
+// tile copies its own picks, the first zeroes, sendTail stages the tails).
+int tileHelpers(const SendLayoutArgs& a, int tiles, bool tails) {
+  if (tiles != 1) return 0;
+  int64_t units = a.zeroed_words;
+  if (a.topk_copy != nullptr) units = std::max<int64_t>(units, static_cast<int64_t>(a.num_tokens) * a.num_topk);
+  if (tails) units = std::max<int64_t>(units, a.num_tokens * (a.tail.tail_bytes / 16));
+  return static_cast<int>(std::min<int64_t>((units + kTileTokens - 1) / kTileTokens, kMaxTileHelpers));
+}
+
 // One tile of kTileTokens tokens per block, one token per thread: each
 // token's destinations, its index among the tile's tokens sent to each of
 // them (a warp ballot per rank present, then a scan of the warps' counts),
@@ -74,14 +113,23 @@ __device__ __forceinline__ void writeTailVector(const layout::TailSources& s, in
 // the counts' row itself and layoutSend launches nothing more. (One block
 // scanning every tile in turn took 130 us at 8192 tokens: its k scattered
 // stores per token queue on one SM.)
-// With `tail`, the tile also stages its tokens' tails (SendLayoutArgs::tail);
-// it copies its picks to topk_copy, and the first tile zeroes `zeroed`.
-__global__ void __launch_bounds__(kTileTokens) sendTileKernel(SendLayoutArgs a, layout::TailSources tail_sources,
-                                                              uint8_t* tail) {
+// Blocks past the tiles are a call of one tile's helpers (helpOneTile, with
+// the tails when `tail` is given); without them, each tile copies its picks
+// to topk_copy and the first zeroes `zeroed`.
+__global__ void __launch_bounds__(kTileTokens)
+    sendTileKernel(SendLayoutArgs a, int tiles, layout::TailSources tail_sources, uint8_t* tail) {
   extern __shared__ int8_t tile_dests[];  // [kTileTokens * k]: the destination of each pick of the tile
   __shared__ int32_t warp_count[kTileWarps][kMaxEpRanks];
   __shared__ int32_t tile_total[kMaxEpRanks];
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int helpers = static_cast<int>(gridDim.x) - tiles;
+  if (static_cast<int>(blockIdx.x) >= tiles) {
+    helpOneTile(a, tail_sources, tail, static_cast<int64_t>(blockIdx.x - tiles) * kTileTokens + tid,
+                static_cast<int64_t>(helpers) * kTileTokens);
+    return;
+  }
+  const bool gives_up = givesUpOn(a, tid);
+  int64_t* topk_copy = helpers == 0 ? a.topk_copy : nullptr;
   const int k = a.num_topk;
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * kTileTokens;
   const int64_t left_in_call = a.num_tokens - tile;
@@ -103,21 +151,15 @@ __global__ void __launch_bounds__(kTileTokens) sendTileKernel(SendLayoutArgs a, 
       const int64_t i = first + static_cast<int64_t>(u) * kTileTokens;
       if (i < picks) {
         tile_dests[i] = static_cast<int8_t>(layout::destinationOf(ids[u], a.num_local, a.num_ranks));
-        if (a.topk_copy != nullptr) a.topk_copy[tile * k + i] = ids[u];
+        if (topk_copy != nullptr) topk_copy[tile * k + i] = ids[u];
       }
     }
   }
-  if (blockIdx.x == 0) {
+  if (blockIdx.x == 0 && helpers == 0) {
     for (int64_t i = tid; i < a.zeroed_words; i += kTileTokens) a.zeroed[i] = 0;
   }
-  if (tail != nullptr) {  // a thread per 16 bytes of the tile's tails, in order
-    const int64_t vectors = tail_sources.tail_bytes / 16;
-    for (int64_t v = tid; v < tile_tokens * vectors; v += kTileTokens) {
-      writeTailVector(tail_sources, tile + v / vectors, v % vectors * 16, tail);
-    }
-  }
   for (int i = tid; i < kTileWarps * kMaxEpRanks; i += kTileTokens) (&warp_count[0][0])[i] = 0;
-  __syncthreads();  // tile_dests written, warp_count zeroed
+  const bool withdrawn = __syncthreads_or(gives_up) != 0;  // tile_dests written, warp_count zeroed
   const int64_t t = tile + tid;
   const bool in = tid < tile_tokens;
   const int8_t* dests = tile_dests + static_cast<int64_t>(tid) * k;
@@ -146,7 +188,7 @@ __global__ void __launch_bounds__(kTileTokens) sendTileKernel(SendLayoutArgs a, 
     tile_total[tid] = sum;
   }
   __syncthreads();
-  if (gridDim.x == 1) writeCountsRow(a, tid, kTileTokens, [&](int r) { return tile_total[r]; });
+  if (tiles == 1) writeCountsRow(a, tid, kTileTokens, withdrawn, [&](int r) { return tile_total[r]; });
   // Every lane takes part in the ballots (those past the tokens with no destination).
   const uint32_t lanes_below = (1u << lane) - 1u;
   for (uint32_t left = any; left != 0; left &= left - 1u) {
@@ -176,8 +218,9 @@ __global__ void __launch_bounds__(kTileTokens) sendOffsetsKernel(SendLayoutArgs 
   __shared__ int32_t total[kMaxEpRanks];
   const int tid = static_cast<int>(threadIdx.x), k = a.num_topk, num_ranks = a.num_ranks;
   const bool last = blockIdx.x + 1 == gridDim.x;
+  const bool gives_up = givesUpOn(a, tid);
   if (tid < kMaxEpRanks) base[tid] = total[tid] = 0;
-  __syncthreads();
+  const bool withdrawn = __syncthreads_or(gives_up) != 0;
   const int64_t earlier = static_cast<int64_t>(blockIdx.x) * num_ranks;
   for (int64_t i = tid; i < earlier + num_ranks; i += kTileTokens) {
     const int32_t count = a.tile_counts[i];
@@ -185,7 +228,7 @@ __global__ void __launch_bounds__(kTileTokens) sendOffsetsKernel(SendLayoutArgs 
     if (last) atomicAdd(&total[i % num_ranks], count);
   }
   __syncthreads();
-  if (last) writeCountsRow(a, tid, kTileTokens, [&](int r) { return total[r]; });
+  if (last) writeCountsRow(a, tid, kTileTokens, withdrawn, [&](int r) { return total[r]; });
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * kTileTokens;
   const int64_t picks = (a.num_tokens - tile < kTileTokens ? a.num_tokens - tile : kTileTokens) * k;
   for (int64_t p = tid; p < picks; p += kTileTokens) {  // coalesced: the tile's picks in order
@@ -315,13 +358,14 @@ bool layoutSend(const SendLayoutArgs& a, cudaStream_t stream, std::string* error
     if (const std::string why = tailFormatError(tail); !why.empty()) return refuse("layoutSend: tail: " + why, error);
   }
   const auto tiles = static_cast<int>(layoutSendScratchWords(a.num_tokens, a.num_ranks) / a.num_ranks);
-  // A call of one tile has its block stage the tails too (one launch for
+  // A call of one tile has helper blocks stage the tails too (one launch for
   // all). Larger calls use sendTail's wider grid: their tiles' few blocks
   // were slower at it than a launch costs (one A/B on an H100, 8192 tokens,
   // dispatch from a graph: 0.195 ms with sendTail, 0.213 ms in the tiles).
   const bool tails_in_tile = tiles == 1 && tail.tail != nullptr && tail.tail_bytes > 0;
-  sendTileKernel<<<tiles, kTileTokens, static_cast<size_t>(kTileTokens) * a.num_topk, stream>>>(
-      a, tailSourcesOf(tail), tails_in_tile ? static_cast<uint8_t*>(tail.tail) : nullptr);
+  const int helpers = tileHelpers(a, tiles, tails_in_tile);
+  sendTileKernel<<<tiles + helpers, kTileTokens, static_cast<size_t>(kTileTokens) * a.num_topk, stream>>>(
+      a, tiles, tailSourcesOf(tail), tails_in_tile ? static_cast<uint8_t*>(tail.tail) : nullptr);
   if (!launched("layoutSend", error)) return false;
   if (tail.tail != nullptr && !tails_in_tile && !sendTail(tail, stream, error)) return false;
   if (tiles == 1) return true;  // the tile wrote the counts' row; its offsets are 0

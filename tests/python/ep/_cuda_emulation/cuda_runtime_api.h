@@ -34,6 +34,7 @@ inline const char* cudaGetErrorString(cudaError_t) { return "emulated"; }
 extern thread_local dim3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
 void __syncthreads();
+int __syncthreads_or(int predicate);
 unsigned __ballot_sync(unsigned lanes, int predicate);
 unsigned __shfl_xor_sync(unsigned lanes, unsigned value, int lane_mask);
 unsigned __shfl_up_sync(unsigned lanes, unsigned value, unsigned delta);

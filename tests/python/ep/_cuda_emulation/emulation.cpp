@@ -1,6 +1,7 @@
 // The host side of cuda_runtime_api.h here, and C entry points for the
 // layout kernels' calls (their arguments spelled as for mooncake._ep_ipc, by
 // python/ep_ipc/layout_call_args.h), for ctypes.
+#include <atomic>
 #include <barrier>
 #include <cstdio>
 #include <memory>
@@ -40,6 +41,17 @@ unsigned exchange(unsigned value, Read read) {
 }  // namespace
 
 void __syncthreads() { block_barrier->arrive_and_wait(); }
+
+int __syncthreads_or(int predicate) {
+  static std::atomic<int> any{0};  // the blocks run one at a time
+  if (predicate != 0) any.store(1);
+  block_barrier->arrive_and_wait();
+  const int out = any.load();
+  block_barrier->arrive_and_wait();  // every thread has read it
+  if (threadIdx.x == 0) any.store(0);
+  block_barrier->arrive_and_wait();  // cleared before the next call's stores
+  return out;
+}
 
 unsigned __ballot_sync(unsigned /*lanes*/, int predicate) {
   return exchange(predicate != 0 ? 1u : 0u, [](const unsigned* v) {

@@ -70,8 +70,9 @@ struct SendLayoutArgs {
   // Work a dispatch would otherwise launch apart, done in the same launch
   // (each only when its output is given; one launch each fewer per call):
   // - the rows' staged tails, as sendTail makes them (`tail.tail` set; its
-  //   topk_idx, num_tokens and num_topk are this call's): by the tile's own
-  //   block in a call of one tile, else by a sendTail launch of layoutSend's;
+  //   topk_idx, num_tokens and num_topk are this call's): by helper blocks
+  //   beside the tile in a call of one tile, else by a sendTail launch of
+  //   layoutSend's;
   SendTailArgs tail;
   // - `zeroed_words` int64 zeros at `zeroed` (layoutReceive's per_expert and
   //   finished_blocks, which it adds to);
