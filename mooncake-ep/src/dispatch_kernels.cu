@@ -51,13 +51,26 @@ constexpr int kMaxThreads = 512;
 constexpr int kMinBlocks = 3;
 constexpr int kWarp = 32;
 
-// Where `token`'s pick of `expert` is in topk_idx ([token, num_topk]), -1 when it has none.
-__device__ __forceinline__ int64_t pickOf(const int64_t* topk_idx, int token, int num_topk, int expert) {
+// Where `token`'s pick of `expert` is in topk_idx ([token, num_topk]), -1
+// when it has none; with `pick_slots` ([token, num_topk], beside topk_idx),
+// that pick's slot too (-1 when none). The token's first slot is loaded with
+// its first id, so that the slot's sector is in L1 by the time the pick is
+// known: one round trip to L2 per token, where the slot's load after the
+// pick made every send block's first step wait for two. (Loading all of a
+// token's ids and slots into registers first spilled more of the kernel's.)
+struct PickAndSlot {
+  int64_t pick = -1;
+  int32_t slot = -1;
+};
+__device__ __forceinline__ PickAndSlot pickOf(const int64_t* topk_idx, const int32_t* pick_slots, int token,
+                                              int num_topk, int expert) {
   const int64_t first = static_cast<int64_t>(token) * num_topk;
+  const int32_t first_slot = pick_slots != nullptr && num_topk > 0 ? pick_slots[first] : -1;
   for (int k = 0; k < num_topk; ++k) {
-    if (topk_idx[first + k] == expert) return first + k;
+    if (topk_idx[first + k] != expert) continue;
+    return {first + k, k == 0 ? first_slot : pick_slots != nullptr ? pick_slots[first + k] : -1};
   }
-  return -1;
+  return {};
 }
 
 // Where this rank's heads to `dest` go in dest's output slot (DirectHeads,
@@ -123,7 +136,7 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
   for (int base = 0; args.pick_slots == nullptr && base < first_token; base += kSendThreads) {
     const int token = base + threadIdx.x;
     picked_before +=
-        __syncthreads_count(token < first_token && pickOf(args.topk_idx, token, args.num_topk, expert) >= 0);
+        __syncthreads_count(token < first_token && pickOf(args.topk_idx, nullptr, token, args.num_topk, expert).pick >= 0);
   }
   __shared__ int warp_totals[kWarps];
   __shared__ int chunk_tokens[kSendThreads];
@@ -141,12 +154,12 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
     int slot = -1;  // with pick_slots: this token's row at the expert (a slot outside [0, T) is not sent)
     bool picked = false;
     if (token < end_token) {
-      const int64_t pick = pickOf(args.topk_idx, token, args.num_topk, expert);
+      const PickAndSlot found = pickOf(args.topk_idx, args.pick_slots, token, args.num_topk, expert);
       if (args.pick_slots != nullptr) {
-        slot = pick >= 0 ? args.pick_slots[pick] : -1;
+        slot = found.slot;
         picked = slot >= 0 && slot < lay.T;
       } else {
-        picked = pick >= 0;
+        picked = found.pick >= 0;
       }
     }
     const unsigned ballot = __ballot_sync(0xffffffffu, picked);
