@@ -209,15 +209,44 @@ __global__ void __launch_bounds__(kTileTokens)
   }
 }
 
+// kLoadsInFlight of a thread's picks in sendOffsetsKernel, pick
+// `first + u * kTileTokens` in slot u: what the offsets are added to.
+struct PickBatch {
+  int32_t index[kLoadsInFlight];  // token_index (-1: none)
+  int32_t slot[kLoadsInFlight];   // dest_slots (-1: none)
+  int64_t id[kLoadsInFlight];     // topk_idx: the pick's rank, for index
+  int64_t dest[kLoadsInFlight];   // dest: the rank of slot
+};
+
+__device__ __forceinline__ void loadPicks(const SendLayoutArgs& a, int64_t tile_first, int64_t first, int64_t picks,
+                                          PickBatch& b) {
+#pragma unroll
+  for (int u = 0; u < kLoadsInFlight; ++u) {
+    const int64_t p = first + static_cast<int64_t>(u) * kTileTokens;
+    const bool in = p < picks;
+    b.index[u] = in ? a.token_index[tile_first + p] : -1;
+    b.slot[u] = in ? a.dest_slots[tile_first + p] : -1;
+    b.id[u] = in ? a.topk_idx[tile_first + p] : -1;
+    b.dest[u] = in ? a.dest[tile_first + p] : -1;
+  }
+}
+
 // Per tile: where its tokens start among those sent to each rank (the
 // earlier tiles' counts, added by the whole block), added to the tile's
 // token indices; the last tile writes the totals and the call's shape as
-// the row the counts are gathered in.
+// the row the counts are gathered in. Each thread's picks are loaded
+// kLoadsInFlight at a time, the first of them before the counts are summed
+// (so that their round trips overlap): one pick at a time, each load after
+// the previous pick's stores, took 9 us at 8192 tokens (H100, 2026-12-07).
 __global__ void __launch_bounds__(kTileTokens) sendOffsetsKernel(SendLayoutArgs a) {
   __shared__ int32_t base[kMaxEpRanks];
   __shared__ int32_t total[kMaxEpRanks];
   const int tid = static_cast<int>(threadIdx.x), k = a.num_topk, num_ranks = a.num_ranks;
   const bool last = blockIdx.x + 1 == gridDim.x;
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kTileTokens;
+  const int64_t picks = (a.num_tokens - tile < kTileTokens ? a.num_tokens - tile : kTileTokens) * k;
+  PickBatch batch;
+  loadPicks(a, tile * k, tid, picks, batch);
   const bool gives_up = givesUpOn(a, tid);
   if (tid < kMaxEpRanks) base[tid] = total[tid] = 0;
   const bool withdrawn = __syncthreads_or(gives_up) != 0;
@@ -229,14 +258,17 @@ __global__ void __launch_bounds__(kTileTokens) sendOffsetsKernel(SendLayoutArgs 
   }
   __syncthreads();
   if (last) writeCountsRow(a, tid, kTileTokens, withdrawn, [&](int r) { return total[r]; });
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kTileTokens;
-  const int64_t picks = (a.num_tokens - tile < kTileTokens ? a.num_tokens - tile : kTileTokens) * k;
-  for (int64_t p = tid; p < picks; p += kTileTokens) {  // coalesced: the tile's picks in order
-    const int64_t at = tile * k + p;
-    const int32_t index = a.token_index[at];
-    if (index >= 0) a.token_index[at] = index + base[layout::destinationOf(a.topk_idx[at], a.num_local, num_ranks)];
-    const int32_t slot = a.dest_slots[at];
-    if (slot >= 0) a.dest_slots[at] = slot + base[a.dest[at]];
+  constexpr int64_t kBatchPicks = static_cast<int64_t>(kLoadsInFlight) * kTileTokens;
+  for (int64_t first = tid; first < picks; first += kBatchPicks) {  // coalesced: the tile's picks in order
+    if (first != tid) loadPicks(a, tile * k, first, picks, batch);
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int64_t at = tile * k + first + static_cast<int64_t>(u) * kTileTokens;
+      if (batch.index[u] >= 0) {
+        a.token_index[at] = batch.index[u] + base[layout::destinationOf(batch.id[u], a.num_local, num_ranks)];
+      }
+      if (batch.slot[u] >= 0) a.dest_slots[at] = batch.slot[u] + base[batch.dest[u]];
+    }
   }
 }
 

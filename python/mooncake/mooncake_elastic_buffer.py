@@ -214,7 +214,7 @@ class ElasticBuffer:
             width = row_width(self.hidden, self.num_topk)
             # A buffer that carries its counts sends no heads into output slots: it needs none.
             rows_bytes = self.num_max_tokens_per_rank * 2 * width  # one rank's rows at most
-            carry = carries_counts(rows_bytes, self._carry_bytes)
+            carry = carries_counts(rows_bytes, self._carry_bytes, self.num_ranks)
             slots = 0 if carry else output_slots_setting(self.num_ranks * rows_bytes)
             if carry and os.environ.get(OUTPUT_SLOTS_ENV, "").strip().lower() not in ("", "auto", "0") \
                     and self.rank_idx == 0:

@@ -59,15 +59,19 @@ def carry_bytes_setting() -> int:
     return DEFAULT_CARRY_BYTES if value is None else value
 
 
-def carries_counts(rows_bytes: int, limit: int) -> bool:
-    """Whether a buffer whose rows per rank take ``rows_bytes`` carries its
-    dispatches' counts with the rows (``limit``: ``carry_bytes_setting()``,
-    the same on every rank). Such a dispatch needs no gather of the counts
-    before its rows, a round trip between ranks fewer, which is most of a
-    small call's time; its heads then come through the receive region (no
-    direct heads: those need the counts before the rows are sent), a copy
-    that costs more than the gather only for large calls."""
-    return 0 < rows_bytes <= limit
+def carries_counts(rows_bytes: int, limit: int, num_ranks: int) -> bool:
+    """Whether a buffer of ``num_ranks`` ranks whose rows per rank take
+    ``rows_bytes`` carries its dispatches' counts with the rows (``limit``:
+    ``carry_bytes_setting()``, the same on every rank; 0: never). Such a
+    dispatch needs no gather of the counts before its rows, a round trip
+    between ranks fewer, which is most of a small call's time; its heads then
+    come through the receive region (no direct heads: those need the counts
+    before the rows are sent), a copy that costs more than the gather only for
+    large calls. A rank alone has no peer rows to place (its own rows travel
+    as references either way), so it carries at any size."""
+    if limit <= 0 or rows_bytes <= 0:
+        return False
+    return num_ranks == 1 or rows_bytes <= limit
 
 
 # A dispatch's gathered row, int32 words: the tokens to each of the R ranks,

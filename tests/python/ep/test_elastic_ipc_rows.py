@@ -269,3 +269,13 @@ def test_output_slots_fill_their_memory_between_two_and_sixteen_unless_a_count_i
     monkeypatch.setenv(OUTPUT_SLOTS_ENV, "-1")
     with pytest.raises(ValueError, match=f"{OUTPUT_SLOTS_ENV}: must be an int >= 0"):
         output_slots_setting(small)
+
+
+def test_a_buffer_carries_its_counts_up_to_the_limit_and_alone_at_any_size():
+    from mooncake._ep_elastic.ipc_rows import carries_counts
+
+    limit = 4 << 20
+    assert carries_counts(limit, limit, 2) and not carries_counts(limit + 16, limit, 2)
+    assert carries_counts(1000 * limit, limit, 1)  # no peer rows to place in output slots
+    assert not any(carries_counts(16, 0, ranks) for ranks in (1, 2))  # 0: never
+    assert not carries_counts(0, limit, 1)
