@@ -135,8 +135,8 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
   int picked_before = 0;
   for (int base = 0; args.pick_slots == nullptr && base < first_token; base += kSendThreads) {
     const int token = base + threadIdx.x;
-    picked_before +=
-        __syncthreads_count(token < first_token && pickOf(args.topk_idx, nullptr, token, args.num_topk, expert).pick >= 0);
+    picked_before += __syncthreads_count(token < first_token &&
+                                         pickOf(args.topk_idx, nullptr, token, args.num_topk, expert).pick >= 0);
   }
   __shared__ int warp_totals[kWarps];
   __shared__ int chunk_tokens[kSendThreads];
