@@ -39,7 +39,9 @@ class P2pPair : public ::testing::TestWithParam<std::string> {
     ranks_[1]->channel->connect(eps);
   }
 
-  // Posts and returns a future of the result.
+  // Posts and returns a future of the result. `data` must outlive the
+  // operation (the channel reads it from its own thread): no temporaries.
+  std::future<OpResult> send(int from, int to, int tag, std::vector<uint8_t>&& data) = delete;
   std::future<OpResult> send(int from, int to, int tag, const std::vector<uint8_t>& data) {
     auto promise = std::make_shared<std::promise<OpResult>>();
     ranks_[from]->channel->send(to, tag, data.data(), data.size(), [promise](const OpResult& r) { promise->set_value(r); });
@@ -47,6 +49,7 @@ class P2pPair : public ::testing::TestWithParam<std::string> {
   }
   // A collective's send (P2pExchange): if it goes eagerly, it may end once
   // its write is on the wire.
+  std::future<OpResult> sendEndingWhenSent(int from, int to, int tag, std::vector<uint8_t>&& data) = delete;
   std::future<OpResult> sendEndingWhenSent(int from, int to, int tag, const std::vector<uint8_t>& data) {
     auto promise = std::make_shared<std::promise<OpResult>>();
     ranks_[from]->channel->send(
@@ -378,7 +381,8 @@ TEST_P(P2pPair, PeerThatGoesAwayFailsPendingOperations) {
   EXPECT_FALSE(rr.ok);
   EXPECT_EQ(rr.failed_ranks, std::vector<int>{1});
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
-  auto s = send(0, 1, 0, pattern(10, 1));  // later operations fail at once
+  const std::vector<uint8_t> later = pattern(10, 1);
+  auto s = send(0, 1, 0, later);  // later operations fail at once
   EXPECT_FALSE(get(s, 2s).ok);
 }
 
@@ -398,7 +402,8 @@ TEST_P(P2pPair, ASendWhoseBytesLandedCompletesWhenItsAckReplyIsLost) {
   EXPECT_TRUE(sent.ok) << sent.error;
   EXPECT_TRUE(received.ok) << received.error;
   EXPECT_EQ(got, data);
-  auto later = send(0, 1, 0, pattern(10, 4));  // rank 1 now counts as unreachable for rank 0
+  const std::vector<uint8_t> next = pattern(10, 4);
+  auto later = send(0, 1, 0, next);  // rank 1 now counts as unreachable for rank 0
   EXPECT_FALSE(get(later, 2s).ok);
 }
 
@@ -416,7 +421,8 @@ TEST_P(P2pPair, AbortTellsThePeerAtOnceNamingTheRanksAtFault) {
   EXPECT_EQ(rr.failed_ranks, std::vector<int>{7});
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
   // Both ends are closed for good.
-  auto s0 = send(0, 1, 0, pattern(10, 1));
+  const std::vector<uint8_t> after = pattern(10, 1);
+  auto s0 = send(0, 1, 0, after);
   OpResult sr = get(s0, 2s);
   EXPECT_FALSE(sr.ok);
   EXPECT_EQ(sr.error, "rank 7 died");
