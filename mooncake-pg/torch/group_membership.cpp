@@ -118,6 +118,7 @@ void GroupMembership::onControlLost(const std::string& why) {
     user = user_p2p_;
     collectives = collectives_channel_;
   }
+  view_moved_.notify_all();
   LOG(WARNING) << "mooncake: " << reason;
   // Pending messages fail now with the reason, naming this seat; the peers
   // are told where they can still be reached.
@@ -146,6 +147,7 @@ void GroupMembership::applyView(const GroupView& view) {
     }
     if (!deactivated.empty()) channels = {user_p2p_, collectives_channel_};
     view_ = view;
+    view_moved_.notify_all();
     active_config_ = std::make_shared<const ActiveConfig>(activeConfigOf(view_, config_.seat));
     int32_t* mask = mask_host_.data_ptr<int32_t>();
     int highest = -1;
@@ -251,6 +253,13 @@ uint64_t GroupMembership::activeEpoch() const {
   return view_.active_epoch;
 }
 
+bool GroupMembership::awaitViewAfter(uint64_t active_epoch) const {
+  std::unique_lock lock(mutex_);
+  return view_moved_.wait_for(lock, config_.timeout, [&] {
+    return view_.active_epoch != active_epoch || cut_off_.load(std::memory_order_acquire);
+  }) && view_.active_epoch != active_epoch;
+}
+
 bool GroupMembership::isActive(int seat) const {
   std::lock_guard lock(mutex_);
   return seat >= 0 && seat < static_cast<int>(view_.members.size()) && view_.isActive(seat);
@@ -339,7 +348,11 @@ Collectives& GroupMembership::plane() {
       std::string error;
       plane_ = formPlane(pc, &error);
       if (!plane_) {
-        if (error.find(kSupersededError) != std::string::npos && activeEpoch() != view.active_epoch) continue;
+        // Superseded: this rank's view moved while forming, or a member that
+        // saw a newer view first left the arena and broke it on its way
+        // there. Either way a newer view exists: form that one, once it has
+        // come here too (bounded by the group's timeout, and a cut-off).
+        if (error.find(kSupersededError) != std::string::npos && awaitViewAfter(view.active_epoch)) continue;
         throw std::runtime_error("cannot form the data plane of epoch " + std::to_string(view.active_epoch) + variant +
                                  ": " + error);
       }

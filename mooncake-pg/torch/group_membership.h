@@ -28,6 +28,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -137,9 +138,15 @@ class GroupMembership {
   // a pinned host copy whose values are then copied to the device.
   at::Tensor mask_host_;
   void publishMask();  // under mutex_
+  // Waits, up to the group's timeout, until the latest view's active
+  // configuration is no longer `active_epoch`: true when it moved, false
+  // when the wait ran out or this rank was cut off.
+  bool awaitViewAfter(uint64_t active_epoch) const;
 
   mutable std::mutex mutex_;  // guards view_ and p2p_epoch_
   GroupView view_;            // the latest view
+  // Told when view_ moves or this rank is cut off (awaitViewAfter).
+  mutable std::condition_variable view_moved_;
   std::shared_ptr<const ActiveConfig> active_config_;  // of view_ (isolated: see activeConfig)
   uint64_t p2p_epoch_ = 0;    // active configuration the user P2P lanes were last checked for
   std::mutex lanes_mutex_;  // guards opened_endpoints_ (views are applied on two threads)
