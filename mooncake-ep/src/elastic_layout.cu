@@ -72,6 +72,15 @@ __device__ __forceinline__ void writeTailVector(const layout::TailSources& s, in
   *reinterpret_cast<uint4*>(tail + token * s.tail_bytes + at) = make_uint4(words[0], words[1], words[2], words[3]);
 }
 
+// The staged tails of `num_tokens` tokens, 16 bytes per step: this thread's
+// vectors first, first + stride, ... in order.
+__device__ __forceinline__ void stageTails(const layout::TailSources& s, int64_t num_tokens, uint8_t* tail,
+                                           int64_t first, int64_t stride) {
+  const int64_t vectors = s.tail_bytes / 16;
+  for (int64_t v = first; v < num_tokens * vectors; v += stride)
+    writeTailVector(s, v / vectors, v % vectors * 16, tail);
+}
+
 // The work of a call of one tile that does not decide the layout, by the
 // helper blocks beside the tile's (thread `first` of `stride`): the rows'
 // staged tails (a thread per 16 bytes, in order), the copy of topk_idx and
@@ -86,12 +95,7 @@ __device__ __forceinline__ void helpOneTile(const SendLayoutArgs& a, const layou
     for (int64_t i = first; i < picks; i += stride) a.topk_copy[i] = a.topk_idx[i];
   }
   for (int64_t i = first; i < a.zeroed_words; i += stride) a.zeroed[i] = 0;
-  if (tail != nullptr) {
-    const int64_t vectors = tail_sources.tail_bytes / 16;
-    for (int64_t v = first; v < a.num_tokens * vectors; v += stride) {
-      writeTailVector(tail_sources, v / vectors, v % vectors * 16, tail);
-    }
-  }
+  if (tail != nullptr) stageTails(tail_sources, a.num_tokens, tail, first, stride);
 }
 
 // Helper blocks for a call of `tiles` tiles: a thread per unit of helpOneTile's
@@ -247,7 +251,7 @@ __global__ void __launch_bounds__(kTileTokens) sendOffsetsKernel(SendLayoutArgs 
   const int64_t picks = (a.num_tokens - tile < kTileTokens ? a.num_tokens - tile : kTileTokens) * k;
   PickBatch batch;
   loadPicks(a, tile * k, tid, picks, batch);
-  const bool gives_up = givesUpOn(a, tid);
+  const bool gives_up = last && givesUpOn(a, tid);  // only the last block writes the counts' row
   if (tid < kMaxEpRanks) base[tid] = total[tid] = 0;
   const bool withdrawn = __syncthreads_or(gives_up) != 0;
   const int64_t earlier = static_cast<int64_t>(blockIdx.x) * num_ranks;
@@ -273,12 +277,8 @@ __global__ void __launch_bounds__(kTileTokens) sendOffsetsKernel(SendLayoutArgs 
 }
 
 __global__ void sendTailKernel(layout::TailSources s, int64_t num_tokens, uint8_t* tail) {
-  const int64_t vectors = s.tail_bytes / 16;
-  const int64_t total = num_tokens * vectors;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < total; v += stride) {
-    writeTailVector(s, v / vectors, v % vectors * 16, tail);
-  }
+  stageTails(s, num_tokens, tail, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+             static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
 
 // A warp per received row (layOutRow), then a thread per pick of this
@@ -394,12 +394,12 @@ bool layoutSend(const SendLayoutArgs& a, cudaStream_t stream, std::string* error
   // all). Larger calls use sendTail's wider grid: their tiles' few blocks
   // were slower at it than a launch costs (one A/B on an H100, 8192 tokens,
   // dispatch from a graph: 0.195 ms with sendTail, 0.213 ms in the tiles).
-  const bool tails_in_tile = tiles == 1 && tail.tail != nullptr && tail.tail_bytes > 0;
-  const int helpers = tileHelpers(a, tiles, tails_in_tile);
+  const bool tails_by_helpers = tiles == 1 && tail.tail != nullptr && tail.tail_bytes > 0;
+  const int helpers = tileHelpers(a, tiles, tails_by_helpers);
   sendTileKernel<<<tiles + helpers, kTileTokens, static_cast<size_t>(kTileTokens) * a.num_topk, stream>>>(
-      a, tiles, tailSourcesOf(tail), tails_in_tile ? static_cast<uint8_t*>(tail.tail) : nullptr);
+      a, tiles, tailSourcesOf(tail), tails_by_helpers ? static_cast<uint8_t*>(tail.tail) : nullptr);
   if (!launched("layoutSend", error)) return false;
-  if (tail.tail != nullptr && !tails_in_tile && !sendTail(tail, stream, error)) return false;
+  if (tail.tail != nullptr && !tails_by_helpers && !sendTail(tail, stream, error)) return false;
   if (tiles == 1) return true;  // the tile wrote the counts' row; its offsets are 0
   sendOffsetsKernel<<<tiles, kTileTokens, 0, stream>>>(a);
   return launched("layoutSend", error);

@@ -255,9 +255,9 @@ uint64_t GroupMembership::activeEpoch() const {
 
 bool GroupMembership::awaitViewAfter(uint64_t active_epoch) const {
   std::unique_lock lock(mutex_);
-  return view_moved_.wait_for(lock, config_.timeout, [&] {
-    return view_.active_epoch != active_epoch || cut_off_.load(std::memory_order_acquire);
-  }) && view_.active_epoch != active_epoch;
+  view_moved_.wait_for(lock, config_.timeout,
+                       [&] { return view_.active_epoch != active_epoch || cut_off_.load(std::memory_order_acquire); });
+  return view_.active_epoch != active_epoch;
 }
 
 bool GroupMembership::isActive(int seat) const {

@@ -60,7 +60,7 @@ from mooncake._ep_elastic.ipc_rows import (CARRY_BYTES_ENV, IpcRouting, IpcRowsP
                                            carries_counts, carry_bytes_setting, row_width)
 from mooncake._ep_elastic.nccl_bootstrap import share_unique_id
 from mooncake._ep_elastic.nccl_path import NcclRowsGroup
-from mooncake._ep_elastic.output_slots import OUTPUT_SLOTS_ENV, output_slots_setting
+from mooncake._ep_elastic.output_slots import OUTPUT_SLOTS_ENV, output_slots_asked_for, output_slots_setting
 from mooncake._ep_elastic.topology import local_ranks_setting, ranks_per_host, topology
 from mooncake._ep_ipc_path import IpcPath, choose_path, local_statement
 from mooncake._ep_ipc_path.choice import host_id
@@ -216,8 +216,7 @@ class ElasticBuffer:
             rows_bytes = self.num_max_tokens_per_rank * 2 * width  # one rank's rows at most
             carry = carries_counts(rows_bytes, self._carry_bytes, self.num_ranks)
             slots = 0 if carry else output_slots_setting(self.num_ranks * rows_bytes)
-            if carry and os.environ.get(OUTPUT_SLOTS_ENV, "").strip().lower() not in ("", "auto", "0") \
-                    and self.rank_idx == 0:
+            if carry and output_slots_asked_for() and self.rank_idx == 0:
                 _log.info("ElasticBuffer: %s is not used: this buffer's dispatches carry their counts (%s), "
                           "whose payloads come through the receive region", OUTPUT_SLOTS_ENV, CARRY_BYTES_ENV)
             rows = KernelRows(ipc, torch.device("cuda", torch.cuda.current_device()), self.num_max_tokens_per_rank,

@@ -43,9 +43,18 @@ MIN_AUTO_SLOTS, MAX_AUTO_SLOTS = 2, 16
 _log = logging.getLogger("mooncake.ep")
 
 
+def _setting_text() -> str:
+    return os.environ.get(OUTPUT_SLOTS_ENV, "").strip().lower()
+
+
+def output_slots_asked_for() -> bool:
+    """Whether MOONCAKE_EP_ELASTIC_OUTPUT_SLOTS names slots explicitly (set, not "auto", not 0)."""
+    return _setting_text() not in ("", "auto", "0")
+
+
 def output_slots_setting(slot_bytes: int) -> int:
     """MOONCAKE_EP_ELASTIC_OUTPUT_SLOTS for slots of ``slot_bytes``: its count, or "auto"'s (also when unset)."""
-    if os.environ.get(OUTPUT_SLOTS_ENV, "").strip().lower() in ("", "auto"):
+    if _setting_text() in ("", "auto"):
         return max(MIN_AUTO_SLOTS, min(MAX_AUTO_SLOTS, AUTO_SLOTS_BYTES // max(1, slot_bytes)))
     return int_setting(OUTPUT_SLOTS_ENV, 'slots, or "auto"', 0)
 
