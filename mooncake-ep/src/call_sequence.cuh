@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "mooncake/pg/cuda/common/device_ordering.cuh"
 #include "region_layout.h"
 
 namespace mooncake::ep::cuda {
@@ -50,8 +51,7 @@ __device__ __forceinline__ uint32_t sendSequence(const CallCounters* c) {
 // The count is an acq_rel atomic at GPU scope: the counters are this rank's
 // own, read by its own later kernels only.
 __device__ __forceinline__ void finishSendBlock(CallCounters* c, uint32_t sequence) {
-  uint32_t before;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(&c->send_blocks) : "memory");
+  const uint32_t before = mooncake::pg::cuda::atom_add_acq_rel_gpu(&c->send_blocks, 1u);
   if (before == gridDim.x * gridDim.y - 1) {
     c->send_blocks = 0;
     c->sent = sequence;

@@ -144,13 +144,20 @@ __device__ __forceinline__ void finishBlock(const ReceiveLayoutArgs& a, const ui
       }
     }
   }
-  __threadfence();  // this thread's additions to per_expert before the ticket
+  // The block's additions, then its ticket: after the barrier one thread's
+  // fence orders every thread's additions before the ticket (cumulative, as
+  // in a cooperative grid's sync), where a fence by each of the block's
+  // threads had each wait for its own; the last block's thread 0 fences
+  // again after its ticket, and the barrier hands what it saw to the block.
   __syncthreads();
   const unsigned long long blocks = static_cast<unsigned long long>(gridDim.x) * gridDim.y * gridDim.z;
-  if (tid == 0) last = atomicAdd(a.finished_blocks, 1ull) + 1 == blocks;
+  if (tid == 0) {
+    __threadfence();
+    last = atomicAdd(a.finished_blocks, 1ull) + 1 == blocks;
+    if (last) __threadfence();  // the other blocks' additions, seen after their tickets
+  }
   __syncthreads();
   if (!last) return;
-  __threadfence();  // the other blocks' additions, seen after their tickets
   const int run = (a.num_local + threads - 1) / threads;
   const int first = tid * run, end = first + run < a.num_local ? first + run : a.num_local;
   // Read where the atomics landed (L2), never a stale L1 line.

@@ -11,12 +11,14 @@
 // when a single block skips), and clears the word for the next call (which
 // starts after this kernel, in stream order).
 //
-// Ordering: each block's threads write their rows, meet at a barrier, and
-// thread 0 fences at system scope before its atomic add; the last block's
-// add reads the others' (one read-modify-write chain), and it fences again
-// before the release store of the signal. Whoever acquires the signal sees
-// every block's rows (the last-block pattern; publishSignal says why the
-// single-block case needs only the release).
+// Ordering: each block's threads write their rows and meet at a barrier;
+// thread 0's add is acq_rel at system scope: its release carries the
+// block's rows (cumulative after the barrier), and the last block's acquire
+// (one read-modify-write chain through the others' adds) sees every block's
+// rows before its release store of the signal. Whoever acquires the signal
+// sees them all (publishSignal says why the single-block case needs only
+// the release). Two fence.sc.sys around a relaxed add did the same, at the
+// price of two sequentially consistent fences in every call's chain.
 #pragma once
 
 #include <cstdint>
@@ -38,14 +40,12 @@ __device__ __forceinline__ bool publishFromChunks(char* dest_region, size_t sign
     if (!skipped) publishSignal(dest_region, signal_offset, sequence, rows);
     return !skipped;
   }
-  __threadfence_system();  // this block's rows before its count
   const uint64_t mine = kTallyArrival | (skipped ? kTallySkip : 0) | rows;
-  const uint64_t before = atomicAdd(reinterpret_cast<unsigned long long*>(tally), mine);
+  const uint64_t before = mooncake::pg::cuda::atom_add_acq_rel_sys(tally, mine);
   if ((before >> 48) != chunks - 1) return false;
   const uint64_t all = before + mine;
   *tally = 0;  // read by the next call's kernel only (stream order)
   if ((all >> 32 & 0xffff) != 0) return false;
-  __threadfence_system();  // every block's rows (seen through its count) before the signal
   publishSignal(dest_region, signal_offset, sequence, static_cast<uint32_t>(all));
   return true;
 }

@@ -79,6 +79,24 @@ __device__ __forceinline__ void st_relaxed_sys(int32_t* p, int32_t v) {
   asm volatile("st.relaxed.sys.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// Read-modify-writes that are both a release and an acquire: the last of
+// several blocks to count itself in (a tally, a ticket) sees what every
+// earlier one wrote before its count, with no fence of its own. After a
+// block's barrier the release is cumulative over the block's writes, so
+// one thread's add carries them all (a fence.sc before a relaxed add does
+// the same, at the price of a sequentially consistent fence).
+__device__ __forceinline__ uint32_t atom_add_acq_rel_gpu(uint32_t* p, uint32_t v) {
+  uint32_t before;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(before) : "l"(p), "r"(v) : "memory");
+  return before;
+}
+
+__device__ __forceinline__ uint64_t atom_add_acq_rel_sys(uint64_t* p, uint64_t v) {
+  uint64_t before;
+  asm volatile("atom.acq_rel.sys.global.add.u64 %0, [%1], %2;" : "=l"(before) : "l"(p), "l"(v) : "memory");
+  return before;
+}
+
 // Nanoseconds of the GPU's global timer (coarse, but monotonic and the same
 // for every SM): what device-side deadlines are measured in.
 __device__ __forceinline__ unsigned long long globaltimer_ns() {
