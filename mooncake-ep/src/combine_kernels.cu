@@ -47,11 +47,12 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Comb
   const int dest = blockIdx.x / lay.L, le = blockIdx.x % lay.L;
   CallCounters* counters = &ctx.counters->combine;
   auto* tally = reinterpret_cast<uint64_t*>(ctx.regions[ctx.rank] + lay.sendTally(1, blockIdx.x));
-  const uint32_t sequence = beginSendBlock(counters, args.active_ranks, ctx.escape, ctx.rank, dest);
-  if (sequence == 0) {
+  const SendBlockStart start = beginSendBlock(counters, args.active_ranks, ctx.escape, ctx.rank, dest);
+  if (start.skipped) {
     if (threadIdx.x == 0) publishFromChunks(nullptr, 0, tally, 0, 0, /*skipped=*/true);
     return;
   }
+  const uint32_t sequence = start.sequence;
   const int parity = static_cast<int>(sequence & 1);
   char* region = ctx.regions[dest];
   const int expert = ctx.rank * lay.L + le;

@@ -112,16 +112,19 @@ __device__ __forceinline__ DirectPlace directHeadsAt(const EpKernelContext& ctx,
 // headers; the copy phase reads their bytes from the caller's x and tail
 // (one copy instead of two). Only for byte rows enqueued whole (EpStages::kAll):
 // a receive half enqueued later could find x already reused.
-__device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const DispatchArgs& args, bool self_by_reference) {
+// Returns the call's send number (also when the block skipped its destination).
+__device__ __forceinline__ uint32_t sendPhase(const EpKernelContext& ctx, const DispatchArgs& args,
+                                              bool self_by_reference) {
   const RegionLayout& lay = ctx.layout;
   const int expert = blockIdx.x, dest = expert / lay.L, le = expert % lay.L;
   CallCounters* counters = &ctx.counters->dispatch;
   auto* tally = reinterpret_cast<uint64_t*>(ctx.regions[ctx.rank] + lay.sendTally(0, expert));
-  const uint32_t sequence = beginSendBlock(counters, args.active_ranks, ctx.escape, ctx.rank, dest);
-  if (sequence == 0) {
+  const SendBlockStart start = beginSendBlock(counters, args.active_ranks, ctx.escape, ctx.rank, dest);
+  if (start.skipped) {
     if (threadIdx.x == 0) publishFromChunks(nullptr, 0, tally, 0, 0, /*skipped=*/true);
-    return;
+    return start.sequence;
   }
+  const uint32_t sequence = start.sequence;
   const int parity = static_cast<int>(sequence & 1);
   char* region = ctx.regions[dest];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -225,6 +228,7 @@ __device__ __forceinline__ void sendPhase(const EpKernelContext& ctx, const Disp
                       static_cast<uint32_t>(sent_before - picked_before), /*skipped=*/false);
     finishSendBlock(counters, sequence);
   }
+  return sequence;
 }
 
 // True when recv_x is this rank's output slot (the call's heads may arrive
@@ -397,6 +401,7 @@ __device__ __forceinline__ void copySegment(const EpKernelContext& ctx, const Di
   const int first = chunk * kWarps + warp, stride = kWarps * chunks;
   const size_t rows_per_expert = static_cast<size_t>(lay.R) * lay.T;
   const int64_t range = args.layout_range[le * lay.R + src];
+  const int total = args.recv_count[le];  // for the rows past it, below (loaded beside the range)
   const int begin = static_cast<int>(range >> 32), count = static_cast<int>(range & 0xffffffff);
   const char* region = ctx.regions[ctx.rank];
   // recv_x is this rank's output slot: a header says where its sender put the head there.
@@ -446,7 +451,6 @@ __device__ __forceinline__ void copySegment(const EpKernelContext& ctx, const Di
     }
   }
   // Rows past the count have no source: src_info -1 (recv_x stays unwritten).
-  const int total = args.recv_count[le];
   const size_t filler = (static_cast<size_t>(chunk) * lay.R + src) * blockDim.x + threadIdx.x;
   for (size_t j = static_cast<size_t>(total) + filler; j < rows_per_expert;
        j += static_cast<size_t>(lay.R) * chunks * blockDim.x) {
@@ -528,11 +532,7 @@ __device__ __forceinline__ void wholeCall(const EpKernelContext& ctx, const Disp
   const RegionLayout& lay = ctx.layout;
   CallCounters* counters = &ctx.counters->dispatch;
   uint32_t* block_counts = receiveCounts(args, shared_counts);  // zeroed before the barriers below
-  __shared__ uint32_t call;
-  // Read before this block counts itself sent: no block of this call can see `sent` advanced (finishSendBlock).
-  if (threadIdx.x == 0) call = sendSequence(counters);
-  __syncthreads();
-  sendPhase(ctx, args, self_by_reference);
+  const uint32_t call = sendPhase(ctx, args, self_by_reference);
   const int block = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
   if (block == 0) {
     waitPhase(ctx, args);

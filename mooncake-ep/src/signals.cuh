@@ -48,18 +48,24 @@ __device__ __forceinline__ bool skipDestination(const int32_t* active_ranks, con
 // sends to `dest` at all (its threads meet at barriers later). Nothing goes
 // to a rank this rank masks, and a rank masked by its own caller takes no
 // part at all, not even signals (the peers then give up on it, or skip it if
-// they mask it too): such a block counts itself done and gets 0 (never a
-// call number), and must return.
-__device__ __forceinline__ uint32_t beginSendBlock(CallCounters* counters, const int32_t* active_ranks,
-                                                   const WaitEscape& escape, int rank, int dest) {
+// they mask it too): such a block counts itself done, is told `skipped`, and
+// must return. The number is the call's either way (a dispatch of one launch
+// raises it as `laid_out`), read before this block counts itself done.
+struct SendBlockStart {
+  uint32_t sequence;
+  bool skipped;
+};
+
+__device__ __forceinline__ SendBlockStart beginSendBlock(CallCounters* counters, const int32_t* active_ranks,
+                                                         const WaitEscape& escape, int rank, int dest) {
   __shared__ uint32_t sequence;
   if (threadIdx.x == 0) sequence = sendSequence(counters);
   const bool skip = threadIdx.x == 0 && skipDestination(active_ranks, escape, rank, dest);
   if (__syncthreads_or(skip)) {  // also publishes `sequence` to the block
     if (threadIdx.x == 0) finishSendBlock(counters, sequence);
-    return 0;
+    return {sequence, true};
   }
-  return sequence;
+  return {sequence, false};
 }
 
 // Wait kernels, at their start: copy the host-mapped departed words into
