@@ -37,6 +37,7 @@ from .._env import int_setting, positive_int
 from . import rows_layout as rl
 from .collective import FACTS, Outputs, call_facts, check_call_table
 from .handle import EPHandle
+from .host_summary import read_summary
 from .layout_kernels import VECTOR_BYTES, Gathered, gather_row, layout_for
 from .output_slots import OutputSlots
 from .topology import Topology
@@ -251,6 +252,7 @@ class IpcRouting:
     ranges: torch.Tensor  # the kernels' handle: (begin << 32) | count per source
     capacity: int  # C = R * num_max_tokens_per_rank: rows of the layout at capacity
     num_recv: int  # rows received (capacity when not trimmed)
+    real: torch.Tensor  # [C] bool: row < rows received (ReceiveLayout.real)
     recv_topk_idx: torch.Tensor
     expansion: rl.DeviceExpansion | None
     expanded_rows: int  # rows of the expanded layout (capacity when not trimmed)
@@ -355,18 +357,14 @@ class IpcRowsPath:
         per_expert_list: list[int] = []
         if do_cpu_sync:
             # The one synchronisation: sizes, the shape agreement, and who answered.
-            total = expansion.ends[-1:] if expansion is not None and num_local else torch.zeros(1, dtype=torch.int64,
-                                                                                                device=device)
-            recv_count = ranges.view(-1) & 0xFFFFFFFF
-            table = gathered.table()
-            host = torch.cat([t.to(torch.int64) for t in (table.view(-1), recv_count, per_expert, total, mask)]).tolist()
-            at, width = table.numel(), table.size(1)
-            self._check_answered(host[-num_ranks:])
-            check_call_table([host[r * width + _facts_begin(num_ranks):(r + 1) * width] for r in range(num_ranks)])
-            num_recv = sum(host[at:at + num_ranks])
-            per_expert_list = host[at + num_ranks:at + num_ranks + num_local]
+            total = expansion.ends[-1:] if expansion is not None and num_local else None
+            summary = read_summary(gathered, _facts_begin(num_ranks), ranges, per_expert, total, mask)
+            self._check_answered(summary.mask)
+            check_call_table(summary.facts)
+            num_recv = sum(summary.recv_count)
+            per_expert_list = summary.per_expert
             if expansion is not None:
-                expanded_rows = host[at + num_ranks + num_local]
+                expanded_rows = summary.total if summary.total is not None else 0
             cut = expanded_rows if expansion is not None else num_recv
             recv_x = _first_rows(recv_x, cut)
             if recv_w is not None:
@@ -375,8 +373,8 @@ class IpcRowsPath:
 
         routing = IpcRouting(generation=self.generation, num_tokens=num_tokens, hidden=hidden, num_topk=num_topk,
                              dest=dest, dest_slots=sent.dest_slots, src_token=src_token, ranges=ranges,
-                             capacity=capacity, num_recv=num_recv, recv_topk_idx=local, expansion=expansion,
-                             expanded_rows=expanded_rows, trimmed=do_cpu_sync)
+                             capacity=capacity, num_recv=num_recv, real=got.real, recv_topk_idx=local,
+                             expansion=expansion, expanded_rows=expanded_rows, trimmed=do_cpu_sync)
         handle = EPHandle(
             do_expand=do_expand, num_experts=num_experts, expert_alignment=alignment,
             num_max_tokens_per_rank=tokens_per_rank, num_sms=num_sms, topk_idx=_own_copy(topk_idx, sent.topk_copy),
@@ -466,8 +464,8 @@ class IpcRowsPath:
             head, tail, routing.dest, self._mask(data.device),
             zeroed_rows=0 if routing.trimmed or routing.expansion is not None else routing.capacity,
             slots=routing.dest_slots)
-        real = torch.arange(routing.capacity, device=data.device) < (routing.ranges.view(-1) & 0xFFFFFFFF).sum()
-        recv_x = ReceivedRows(row, recv_head, recv_tail, routing.capacity).payload(data, sf, real, routing.expansion)
+        recv_x = ReceivedRows(row, recv_head, recv_tail, routing.capacity).payload(data, sf, routing.real,
+                                                                                 routing.expansion)
         if routing.trimmed:
             recv_x = _first_rows(recv_x, routing.rows_for_combine)
         return Outputs(recv_x, routing.recv_topk_idx.clone(), None, handle)

@@ -179,6 +179,35 @@ def test_device_destination_slots_equal_the_host_ones():
         assert row == want
 
 
+@pytest.mark.parametrize("with_total", [False, True])
+def test_the_host_summary_reads_what_the_gathered_table_and_ranges_say(with_total):
+    """One copy for a synchronised dispatch (host_summary.read_summary)
+    against Gathered.table(), the ranges' counts and the tensors themselves;
+    rank 2 was not heard (count 0): its row holds garbage and reads as zeros."""
+    from mooncake._ep_elastic.host_summary import read_summary
+    from mooncake._ep_elastic.layout_kernels import Gathered
+
+    num_ranks, n, facts_begin, width, capacity = 4, 11, 5, 48, 12
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randint(0, 256, (capacity, width), generator=g, dtype=torch.int64).to(torch.uint8)
+    begins, counts = [2, 0, 3, 1], [1, 1, 0, 1]  # rows arrive out of rank order; rank 2's row 3 is stale
+    ranges_of = lambda b, c: torch.tensor([[(x << 32) | y for x, y in zip(b, c)]], dtype=torch.int64)  # noqa: E731
+    gathered = Gathered(rows=rows, ranges=ranges_of(begins, counts), n=n)
+    recv = ranges_of([0, 7, 7, 12], [7, 0, 5, 3])
+    per_expert = torch.tensor([4, 0, 9], dtype=torch.int64)
+    total = torch.tensor([17], dtype=torch.int64) if with_total else None
+    mask = torch.tensor([1, 1, 0, 1], dtype=torch.int32)
+
+    got = read_summary(gathered, facts_begin, recv, per_expert, total, mask)
+    assert got.facts == gathered.table()[:, facts_begin:].tolist()
+    assert got.facts[2] == [0] * (n - facts_begin)
+    assert got.facts[0] == rows[2, 4 * facts_begin:4 * n].view(torch.int32).tolist()
+    assert got.recv_count == [7, 0, 5, 3]
+    assert got.per_expert == [4, 0, 9]
+    assert got.total == (17 if with_total else None)
+    assert got.mask == [1, 1, 0, 1]
+
+
 def _beyond_the_ipc_sizes(ctx):
     from _elastic_refs import ElasticCase
     from _elastic_rounds import run_elastic_round

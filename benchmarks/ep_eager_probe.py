@@ -1,0 +1,95 @@
+"""Where one rank's eager ElasticBuffer dispatch spends its host time: the
+medians of eager calls (fresh with and without ``do_cpu_sync``, cached,
+combine), each from launch to ``torch.cuda.synchronize()``, then a cProfile of
+the fresh dispatch's Python (by own time) and the torch profiler's host
+operators (by self CPU time). World 1 on the IPC path; ep_bench.py times
+several ranks, ep_graph_probe.py the graphs.
+
+    PYTHONPATH=python python3 benchmarks/ep_eager_probe.py 128 4096 256 8
+"""
+
+import argparse
+import cProfile
+import datetime
+import io
+import os
+import pstats
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def median_us(fn, calls=50):
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2] * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name in ("tokens", "hidden", "experts", "topk"):
+        ap.add_argument(name, type=int)
+    ap.add_argument("--port", type=int, default=29534)
+    ap.add_argument("--rows", type=int, default=25, help="rows of each profile table")
+    args = ap.parse_args()
+    T, H, E, K = args.tokens, args.hidden, args.experts, args.topk
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
+    from mooncake import pg  # noqa: F401, PLC0415 (registers the backend)
+    from mooncake.mooncake_elastic_buffer import ElasticBuffer  # noqa: PLC0415
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("mooncake", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    buffer = ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=T, hidden=H, num_topk=K)
+    print(f"[ep_eager_probe] path {buffer.path}", file=sys.stderr)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16).cuda()
+    topk = torch.randn(T, E, generator=g).topk(K, dim=1).indices.cuda()
+    weights = torch.rand(T, K, generator=g).cuda()
+
+    def fresh(sync=True):
+        return buffer.dispatch(x, topk_idx=topk, topk_weights=weights, num_experts=E, num_max_tokens_per_rank=T,
+                               do_cpu_sync=sync)
+
+    recv_x, _, _, handle, _ = fresh()
+    for _ in range(5):
+        fresh()
+        fresh(False)
+        buffer.dispatch(x, handle=handle)
+        buffer.combine(recv_x, handle)
+    for name, fn in (("dispatch, do_cpu_sync=True", fresh), ("dispatch, do_cpu_sync=False", lambda: fresh(False)),
+                     ("dispatch, cached", lambda: buffer.dispatch(x, handle=handle)),
+                     ("combine", lambda: buffer.combine(recv_x, handle))):
+        print(f"[ep_eager_probe] {name}: median {median_us(fn):.1f} us", file=sys.stderr)
+
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(50):
+        fresh()
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.rows)
+    print("[ep_eager_probe] cProfile, 50 fresh dispatches (do_cpu_sync=True), by own time:", file=sys.stderr)
+    print(out.getvalue(), file=sys.stderr)
+
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            fresh()
+        torch.cuda.synchronize()
+    print("[ep_eager_probe] torch profiler, 20 fresh dispatches (do_cpu_sync=True), by self CPU time:", file=sys.stderr)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows), file=sys.stderr, flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
