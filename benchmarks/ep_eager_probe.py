@@ -8,11 +8,8 @@ several ranks, ep_graph_probe.py the graphs.
     PYTHONPATH=python python3 benchmarks/ep_eager_probe.py 128 4096 256 8
 """
 
-import argparse
 import cProfile
-import datetime
 import io
-import os
 import pstats
 import sys
 import time
@@ -34,26 +31,13 @@ def median_us(fn, calls=50):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name in ("tokens", "hidden", "experts", "topk"):
-        ap.add_argument(name, type=int)
-    ap.add_argument("--port", type=int, default=29534)
+    from ep_graph_probe import one_rank_buffer, shape_arguments  # noqa: PLC0415 (benchmarks/, the script's folder)
+
+    ap = shape_arguments(__doc__, 29534)
     ap.add_argument("--rows", type=int, default=25, help="rows of each profile table")
     args = ap.parse_args()
-    T, H, E, K = args.tokens, args.hidden, args.experts, args.topk
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
-    from mooncake import pg  # noqa: F401, PLC0415 (registers the backend)
-    from mooncake.mooncake_elastic_buffer import ElasticBuffer  # noqa: PLC0415
-
-    torch.cuda.set_device(0)
-    dist.init_process_group("mooncake", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
-    buffer = ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=T, hidden=H, num_topk=K)
-    print(f"[ep_eager_probe] path {buffer.path}", file=sys.stderr)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(T, H, generator=g).to(torch.bfloat16).cuda()
-    topk = torch.randn(T, E, generator=g).topk(K, dim=1).indices.cuda()
-    weights = torch.rand(T, K, generator=g).cuda()
+    T, E = args.tokens, args.experts
+    buffer, x, topk, weights = one_rank_buffer(args, "ep_eager_probe")
 
     def fresh(sync=True):
         return buffer.dispatch(x, topk_idx=topk, topk_weights=weights, num_experts=E, num_max_tokens_per_rank=T,

@@ -29,30 +29,42 @@ import torch
 import torch.distributed as dist
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def shape_arguments(description: str, port: int) -> argparse.ArgumentParser:
+    """The probes' command line: the call's shape and the group's port."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     for name in ("tokens", "hidden", "experts", "topk"):
         ap.add_argument(name, type=int)
-    ap.add_argument("--port", type=int, default=29533)
-    ap.add_argument("--timeline", action="store_true", help="also each kernel's time and the gaps (torch.profiler)")
-    args = ap.parse_args()
-    T, H, E, K = args.tokens, args.hidden, args.experts, args.topk
+    ap.add_argument("--port", type=int, default=port)
+    return ap
 
+
+def one_rank_buffer(args, name: str):
+    """A group of one rank on GPU 0, an ElasticBuffer sized for ``args``' shape,
+    and a call's inputs: (buffer, x, topk_idx, topk_weights)."""
+    T, H, E, K = args.tokens, args.hidden, args.experts, args.topk
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
     from mooncake import pg  # noqa: F401, PLC0415 (registers the backend)
     from mooncake.mooncake_elastic_buffer import ElasticBuffer  # noqa: PLC0415
 
-    from ep_bench import capture_graphs  # noqa: PLC0415 (benchmarks/, the script's folder)
-
     torch.cuda.set_device(0)
     dist.init_process_group("mooncake", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
     buffer = ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=T, hidden=H, num_topk=K)
-    print(f"[ep_graph_probe] path {buffer.path}", file=sys.stderr)
+    print(f"[{name}] path {buffer.path}", file=sys.stderr)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(T, H, generator=g).to(torch.bfloat16).cuda()
     topk = torch.randn(T, E, generator=g).topk(K, dim=1).indices.cuda()
     weights = torch.rand(T, K, generator=g).cuda()
+    return buffer, x, topk, weights
 
+
+def main():
+    ap = shape_arguments(__doc__, 29533)
+    ap.add_argument("--timeline", action="store_true", help="also each kernel's time and the gaps (torch.profiler)")
+    args = ap.parse_args()
+    from ep_bench import capture_graphs  # noqa: PLC0415 (benchmarks/, the script's folder)
+
+    buffer, x, topk, weights = one_rank_buffer(args, "ep_graph_probe")
+    E, T = args.experts, args.tokens
     dispatch_graph, combine_graph = capture_graphs(buffer, x, topk, weights, E, T)
     for _ in range(3):
         dispatch_graph.replay()
