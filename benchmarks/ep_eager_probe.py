@@ -12,26 +12,14 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
 
-def median_us(fn, calls=50):
-    times = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2] * 1e6
-
-
 def main():
-    from ep_graph_probe import one_rank_buffer, shape_arguments  # noqa: PLC0415 (benchmarks/, the script's folder)
+    # benchmarks/, the script's folder
+    from ep_graph_probe import median_us, one_rank_buffer, shape_arguments  # noqa: PLC0415
 
     ap = shape_arguments(__doc__, 29534)
     ap.add_argument("--rows", type=int, default=25, help="rows of each profile table")

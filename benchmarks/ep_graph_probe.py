@@ -57,6 +57,20 @@ def one_rank_buffer(args, name: str):
     return buffer, x, topk, weights
 
 
+def median_us(fn, calls=50) -> float:
+    """The median of ``calls`` runs of ``fn``, each from a synchronised
+    device to ``torch.cuda.synchronize()`` after it, in microseconds."""
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2] * 1e6
+
+
 def main():
     ap = shape_arguments(__doc__, 29533)
     ap.add_argument("--timeline", action="store_true", help="also each kernel's time and the gaps (torch.profiler)")
@@ -76,15 +90,7 @@ def main():
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
     for name, graph in (("dispatch", dispatch_graph), ("combine", combine_graph)):
-        times = []
-        for _ in range(50):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            graph.replay()
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        times.sort()
-        print(f"[ep_graph_probe] {name} from a graph: median {times[len(times) // 2] * 1e6:.1f} us", file=sys.stderr)
+        print(f"[ep_graph_probe] {name} from a graph: median {median_us(graph.replay):.1f} us", file=sys.stderr)
     if args.timeline:
         for name, graph in (("dispatch", dispatch_graph), ("combine", combine_graph)):
             print_timeline(name, graph)
