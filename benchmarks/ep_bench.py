@@ -7,7 +7,8 @@ it has no fast path; reference/ep.md §1.9). Also ElasticBuffer
 dispatch and combine (bf16), and the copy bound: one local copy of the bytes
 its dispatch delivers to this rank. Each rank times its own calls after a
 barrier; a row reports, over iterations, the median and p90 of the slowest
-rank (the critical path).
+rank (the critical path), and the median from the last rank's start to the
+last rank's end (``from_last_start_ms``: without the barrier's skew).
 
     PYTHONPATH=python python3 benchmarks/ep_bench.py --worlds 1 2 4 --csv docs/benchmarks/ep_cpu.csv
 
@@ -166,12 +167,12 @@ def _rank_main(rank, world, port, args, queue):
                     _sync(device)
                     t9 = time.perf_counter()
                 if it >= args.warmup:
-                    times["dispatch"].append(t1 - t0)
-                    times["combine"].append(t3 - t2)
-                    times["agreement"].append(t5 - t4)
+                    times["dispatch"].append((t0, t1))
+                    times["combine"].append((t2, t3))
+                    times["agreement"].append((t4, t5))
                     if not fp8:
-                        base["dispatch"].append(t7 - t6)
-                        base["combine"].append(t9 - t8)
+                        base["dispatch"].append((t6, t7))
+                        base["combine"].append((t8, t9))
             for impl, table in (("buffer", times), ("allgather-baseline", base)):
                 for phase, samples in table.items():
                     if samples:
@@ -221,8 +222,8 @@ def _time_elastic(elastic, x, topk, weights, E, T, device, args, label="elastic"
         t7 = time.perf_counter()
         if it >= args.warmup:
             # Combine moves the same rows back: the same copy bounds it.
-            for key, dt in zip(times, (t1 - t0, t3 - t2, t5 - t4, t7 - t6, t7 - t6)):
-                times[key].append(dt)
+            for key, stamps in zip(times, ((t0, t1), (t2, t3), (t4, t5), (t6, t7), (t6, t7))):
+                times[key].append(stamps)
     return [(impl, phase, samples) for (impl, phase), samples in times.items()]
 
 
@@ -264,7 +265,7 @@ def _time_graphs(elastic, x, topk, weights, E, T, args):
             graph.replay()
             torch.cuda.synchronize()
             if it >= args.warmup:
-                times[phase].append(time.perf_counter() - t0)
+                times[phase].append((t0, time.perf_counter()))
     return list(times.items())
 
 
@@ -316,14 +317,23 @@ def _print_last_call_timeline(prof):
 
 
 def _run_world(world, args):
+    """Per row, over iterations: the slowest rank's own time (median and p90),
+    and the time from the last rank's start to the last rank's end (median;
+    every rank's stamps are of one clock, perf_counter's CLOCK_MONOTONIC, as
+    the ranks share a host). The second leaves out how far apart the barrier
+    let the ranks go, which the first counts in a call that waits for its
+    peers (a rank that starts early waits for the late one's rows) and not in
+    one that does not (the copy bound)."""
     per_rank = run_ranks(_rank_main, world, args, args.timeout)
     out = []
     for i, (T, H, E, K, dtype, impl, phase, _) in enumerate(per_rank[0]):
-        slowest = [max(per_rank[r][i][7][it] for r in range(world)) for it in range(args.iters)]
-        slowest.sort()
+        stamps = [[per_rank[r][i][7][it] for r in range(world)] for it in range(args.iters)]
+        slowest = sorted(max(end - start for start, end in ranks) for ranks in stamps)
+        from_last_start = [max(end for _, end in ranks) - max(start for start, _ in ranks) for ranks in stamps]
         out.append(dict(world=world, tokens=T, hidden=H, experts=E, topk=K, dtype=dtype, impl=impl, phase=phase,
                         median_ms=round(statistics.median(slowest) * 1e3, 3),
-                        p90_ms=round(slowest[int(0.9 * (len(slowest) - 1))] * 1e3, 3), mode=args.label))
+                        p90_ms=round(slowest[int(0.9 * (len(slowest) - 1))] * 1e3, 3), mode=args.label,
+                        from_last_start_ms=round(statistics.median(from_last_start) * 1e3, 3)))
     return out
 
 

@@ -31,6 +31,7 @@
 #include <array>
 #include <atomic>
 
+#include "dependent_launch.cuh"
 #include "fp8_quant.cuh"
 #include "kernel_args.h"
 #include "one_launch.h"
@@ -120,6 +121,9 @@ __device__ __forceinline__ uint32_t sendPhase(const EpKernelContext& ctx, const 
   CallCounters* counters = &ctx.counters->dispatch;
   auto* tally = reinterpret_cast<uint64_t*>(ctx.regions[ctx.rank] + lay.sendTally(0, expert));
   const SendBlockStart start = beginSendBlock(counters, args.active_ranks, ctx.escape, ctx.rank, dest);
+  // A launch that overlaps the layout's kernel (DispatchArgs::follows_layout_send)
+  // meets its end here: everything below reads what it writes.
+  waitForPreviousKernel();
   if (start.skipped) {
     if (threadIdx.x == 0) publishFromChunks(nullptr, 0, tally, 0, 0, /*skipped=*/true);
     return start.sequence;
@@ -620,6 +624,49 @@ int residentDispatchBlocks() {
   return blocks;
 }
 
+// Whether the dispatch kernel the current device runs was built with
+// griddepcontrol (dependent_launch.cuh): only then may its launch overlap the
+// kernel before it. Cached per device.
+bool dependentLaunchBuilt() {
+  constexpr int kDevices = 64;
+  static std::array<std::atomic<int>, kDevices> known{};  // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return false;
+  if (const int answer = known[device].load(std::memory_order_relaxed); answer != 0) return answer == 2;
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, dispatch) != cudaSuccess) {
+    cudaGetLastError();  // not this call's error
+    return false;
+  }
+  // The PTX the code was compiled from (0 for a cubin without it: then the binary's architecture).
+  const int built_for = attributes.ptxVersion != 0 ? attributes.ptxVersion : attributes.binaryVersion;
+  const bool built = built_for >= kDependentLaunchPtxVersion;
+  known[device].store(built ? 2 : 1, std::memory_order_relaxed);
+  return built;
+}
+
+// The first launch of a dispatch (its send phase, or the whole call), with
+// the send's blocks; with `overlap`, a programmatic dependent launch (its
+// blocks may start before the kernel ahead of it on the stream ends).
+cudaError_t launchFirst(dim3 grid, size_t shared_bytes, cudaStream_t stream, bool overlap, const EpKernelContext& ctx,
+                        const DispatchArgs& args, DispatchPhase phase, bool self_by_reference) {
+  if (!overlap) {
+    dispatch<<<grid, kSendThreads, shared_bytes, stream>>>(ctx, args, phase, self_by_reference);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kSendThreads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, dispatch, ctx, args, phase, self_by_reference);
+}
+
 }  // namespace
 
 cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& given, EpStages stages,
@@ -641,18 +688,19 @@ cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& given
                                     ? sendChunks(ctx.layout.E, args.num_tokens, kRowsPerChunkNotCounting)
                                     : sendChunks(ctx.layout.E, args.num_tokens));
   static const bool one_launch_allowed = oneLaunchAllowed(std::getenv(kOneLaunchEnv));
+  // Only the first launch may overlap: the wait and copy launches read what the send's writes.
+  const bool overlap = args.follows_layout_send && stages != EpStages::kReceiveOnly && dependentLaunchBuilt();
   if (stages == EpStages::kAll && one_launch_allowed) {
     const int resident = residentDispatchBlocks();
     const dim3 whole(grid.x,
                      wholeCallChunks(ctx.layout, args, static_cast<int>(grid.x), static_cast<int>(grid.y), resident));
     if (oneLaunch(ctx.layout, args, static_cast<int>(whole.x * whole.y), resident)) {
-      dispatch<<<whole, kSendThreads, counts_bytes, stream>>>(ctx, args, DispatchPhase::kWhole, self_by_reference);
-      return cudaGetLastError();
+      return launchFirst(whole, counts_bytes, stream, overlap, ctx, args, DispatchPhase::kWhole, self_by_reference);
     }
   }
   if (stages != EpStages::kReceiveOnly) {
-    dispatch<<<grid, kSendThreads, 0, stream>>>(ctx, args, DispatchPhase::kSend, self_by_reference);
-    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+    const cudaError_t err = launchFirst(grid, 0, stream, overlap, ctx, args, DispatchPhase::kSend, self_by_reference);
+    if (err != cudaSuccess) return err;
   }
   if (stages != EpStages::kSendOnly) {
     dispatch<<<1, kWaitThreads, 0, stream>>>(ctx, args, DispatchPhase::kWait, self_by_reference);

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <string>
 
+#include "dependent_launch.cuh"
 #include "elastic_layout.h"
 #include "mooncake/ep/cuda/elastic_layout.h"
 #include "mooncake/ep/cuda/ep_ipc_group.h"
@@ -125,6 +126,7 @@ __global__ void __launch_bounds__(kTileTokens)
   extern __shared__ int8_t tile_dests[];  // [kTileTokens * k]: the destination of each pick of the tile
   __shared__ int32_t warp_count[kTileWarps][kMaxEpRanks];
   __shared__ int32_t tile_total[kMaxEpRanks];
+  allowDependentLaunch();  // the rows' call that follows starts while this ends (it waits for what this writes)
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int helpers = static_cast<int>(gridDim.x) - tiles;
   if (static_cast<int>(blockIdx.x) >= tiles) {
@@ -245,6 +247,7 @@ __device__ __forceinline__ void loadPicks(const SendLayoutArgs& a, int64_t tile_
 __global__ void __launch_bounds__(kTileTokens) sendOffsetsKernel(SendLayoutArgs a) {
   __shared__ int32_t base[kMaxEpRanks];
   __shared__ int32_t total[kMaxEpRanks];
+  allowDependentLaunch();  // as in sendTileKernel: this is the layout's last launch
   const int tid = static_cast<int>(threadIdx.x), k = a.num_topk, num_ranks = a.num_ranks;
   const bool last = blockIdx.x + 1 == gridDim.x;
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * kTileTokens;

@@ -108,7 +108,7 @@ class KernelCalls {
                      uintptr_t layout_range, uintptr_t stream, const std::string& stages, uintptr_t pick_slots,
                      uintptr_t gathered, int gathered_stride, uintptr_t gathered_ranges, int slot_word, int own_slot,
                      const pybind11::object& receive_layout, uintptr_t carried, int carried_bytes,
-                     uintptr_t carried_received, uintptr_t carried_ranges) {
+                     uintptr_t carried_received, uintptr_t carried_ranges, bool follows_layout_send) {
     DispatchArgs a = dispatchArgs(x, topk_idx, num_tokens, num_topk, active_ranks, timeout_us, false, recv_x, 0,
                                   recv_count, src_info, layout_range);
     a.bytes =
@@ -118,6 +118,7 @@ class KernelCalls {
                                  pointer<const int64_t>(gathered_ranges), slot_word, own_slot};
     a.carried = cuda::CarriedRows{pointer<const void>(carried), carried_bytes, pointer<void>(carried_received),
                                   pointer<int64_t>(carried_ranges)};
+    a.follows_layout_send = follows_layout_send;
     if (!receive_layout.is_none()) {
       a.with_receive_layout = true;
       a.receive_layout = receiveLayoutOf(receive_layout.cast<pybind11::dict>());
@@ -164,6 +165,7 @@ void defineKernelCalls(Class& cls) {
           py::arg("gathered_stride") = 0, py::arg("gathered_ranges") = 0, py::arg("slot_word") = 0,
           py::arg("own_slot") = -1, py::arg("receive_layout") = py::none(), py::arg("carried") = 0,
           py::arg("carried_bytes") = 0, py::arg("carried_received") = 0, py::arg("carried_ranges") = 0,
+          py::arg("follows_layout_send") = false,
           "Rows as bytes in two parts: head_bytes of each row of x, then tail_bytes of each row of tail; received "
           "into recv_x [L, S, head_bytes] and recv_tail [L, S, tail_bytes]; each local expert's rows from its count "
           "up to zeroed_rows are zeros. Sizes are multiples of 16 adding up to at most 2 * hidden. pick_slots: "
@@ -176,7 +178,9 @@ void defineKernelCalls(Class& cls) {
           "to lay out the received rows as they copy them (one local expert per rank; capacity at most R * T). "
           "carried (0: none): carried_bytes (a multiple of 16, at most 512) that go to every rank with the call's "
           "signals; every rank's arrive in carried_received [R, carried_bytes] (zeros from a rank not heard), with "
-          "carried_ranges int64 [R] = (r << 32) | heard; not with gathered.");
+          "carried_ranges int64 [R] = (r << 32) | heard; not with gathered. follows_layout_send: the call is enqueued "
+          "straight after layout_send on the same stream, nothing between them (its launch may overlap that "
+          "kernel's end); never after another call of the group.");
 }
 
 }  // namespace mooncake::ep::python

@@ -180,7 +180,8 @@ class KernelRows:
 
     def dispatch(self, head: torch.Tensor | None, tail: torch.Tensor, dest: torch.Tensor, mask: torch.Tensor,
                  zeroed_rows: int, slots: torch.Tensor | None = None, direct: DirectHeads | None = None,
-                 receive: ReceivePlan | None = None, carry: CarriedCounts | None = None):
+                 receive: ReceivePlan | None = None, carry: CarriedCounts | None = None,
+                 follows_layout_send: bool = False):
         """Rows of ``head`` ([N, h] bytes, or None) then ``tail`` ([N, t]
         bytes) to the ranks of ``dest``; ``slots`` (``SendLayout.dest_slots``,
         or None: the kernels count) says where each row goes among this
@@ -193,7 +194,9 @@ class KernelRows:
         (a ``ReceivePlan`` of at most this capacity, or None): the copy blocks
         lay out its rows as they copy them, and the plan is marked made.
         ``carry`` (not with ``direct``): its row goes to every rank with the
-        call, and every rank's arrives in ``carry.into``."""
+        call, and every rank's arrives in ``carry.into``.
+        ``follows_layout_send``: nothing was enqueued on the stream since the
+        layout's send kernel, so the call's launch may overlap that kernel's end."""
         capacity = self.num_ranks * self.tokens
         head_bytes = head.size(1) if head is not None else 0
         in_slot = direct is not None and direct.own_slot >= 0
@@ -219,7 +222,8 @@ class KernelRows:
                                   carried=carry.row.data_ptr() if carry is not None else 0,
                                   carried_bytes=carry.row.size(1) if carry is not None else 0,
                                   carried_received=carry.into.rows.data_ptr() if carry is not None else 0,
-                                  carried_ranges=carry.into.ranges.data_ptr() if carry is not None else 0)
+                                  carried_ranges=carry.into.ranges.data_ptr() if carry is not None else 0,
+                                  follows_layout_send=follows_layout_send)
         if receive is not None:
             receive.made = True
         return recv_head if head is not None else None, recv_tail, src_token, ranges
@@ -326,7 +330,8 @@ class IpcRowsPath:
         # where this rank's block starts at each destination. Carried by the
         # rows' call itself, or gathered before it (then heads may go straight
         # into the destinations' output slots).
-        gathered, carry = self._exchange_counts(sent.counts_row, num_ranks + shape.numel(), mask)
+        gathered, carry = self._exchange_counts(sent.counts_row, num_ranks + shape.numel(), mask,
+                                                follows_layout_send=True)
         heads_direct = carry is None and self.transport.slots is not None
         direct = DirectHeads(gathered, own_slot, own_rows) if heads_direct else None
         # The kernels' layout of the rows received, made by the rows' own call where the transport can.
@@ -336,7 +341,7 @@ class IpcRowsPath:
         # the expansion, which never picks them; else they are the output's zeros.
         recv_head, recv_tail, src_token, ranges = self.transport.dispatch(
             sent.head, sent.tail, dest, mask, zeroed_rows=0 if do_cpu_sync or do_expand else capacity,
-            slots=sent.dest_slots, direct=direct, receive=plan, carry=carry)
+            slots=sent.dest_slots, direct=direct, receive=plan, carry=carry, follows_layout_send=carry is not None)
         received = ReceivedRows(row, recv_head, recv_tail, capacity)
         got = layout.receive(sent, gathered, ranges, src_token, received, me, num_local, tokens_per_rank,
                              topk_weights is not None, plan=plan)
@@ -409,18 +414,19 @@ class IpcRowsPath:
             self._facts[key] = torch.tensor(rows, dtype=torch.int32, device=device)
         return self._facts[key][own_slot + 1]
 
-    def _exchange_counts(self, row: torch.Tensor, n: int,
-                         mask: torch.Tensor) -> tuple[Gathered, CarriedCounts | None]:
+    def _exchange_counts(self, row: torch.Tensor, n: int, mask: torch.Tensor,
+                         follows_layout_send: bool = False) -> tuple[Gathered, CarriedCounts | None]:
         """Where every rank's counts row (``row``, ``n`` int32) will be, and how
         it travels: gathered now by a call of its own (carry None), or carried
         by the rows' call that follows, which must pass the returned carry
-        (the Gathered is then filled by that call)."""
+        (the Gathered is then filled by that call). ``follows_layout_send``:
+        as ``KernelRows.dispatch``'s, for the gather."""
         if self.carry_counts:
             carry = CarriedCounts.of(row, n, self.topo.num_ranks)
             return carry.into, carry
-        return self._gather(row, n, mask), None
+        return self._gather(row, n, mask, follows_layout_send), None
 
-    def _gather(self, row: torch.Tensor, n: int, mask: torch.Tensor) -> Gathered:
+    def _gather(self, row: torch.Tensor, n: int, mask: torch.Tensor, follows_layout_send: bool = False) -> Gathered:
         """Every rank's ``n`` int32 (``row``, ``gather_row``'s form), through
         the kernels themselves (one token that goes to every rank), so that a
         rank that died is given up on within the kernels' bound, as for the
@@ -429,7 +435,8 @@ class IpcRowsPath:
         num_ranks = self.topo.num_ranks
         if self._to_everyone is None:
             self._to_everyone = torch.arange(num_ranks, dtype=torch.int64, device=row.device).view(1, num_ranks)
-        _, recv, _, ranges = self.transport.dispatch(None, row, self._to_everyone, mask, zeroed_rows=0)
+        _, recv, _, ranges = self.transport.dispatch(None, row, self._to_everyone, mask, zeroed_rows=0,
+                                                     follows_layout_send=follows_layout_send)
         return Gathered(rows=recv, ranges=ranges, n=n)
 
     def _check_answered(self, mask: list[int]) -> None:

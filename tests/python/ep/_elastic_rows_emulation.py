@@ -22,6 +22,8 @@ class EmulatedRows:
         self.tokens, self.width = tokens, width
         self.calls: list[str] = []  # what ran through the seam, for the tests to see
         self.direct_calls = 0  # dispatches whose payload arrived in this rank's output slot
+        # Per dispatch through the seam, in order: whether it said it follows the layout's send kernel.
+        self.follows_layout_send: list[bool] = []
         self.slots = None
         if output_slots:
             slot_bytes = num_ranks * tokens * 2 * width
@@ -35,11 +37,13 @@ class EmulatedRows:
                                input_split_sizes=send_counts, group=self.group)
         return recv
 
-    def dispatch(self, head, tail, dest, mask, zeroed_rows, slots=None, direct=None, receive=None, carry=None):
+    def dispatch(self, head, tail, dest, mask, zeroed_rows, slots=None, direct=None, receive=None, carry=None,
+                 follows_layout_send=False):
         # Nothing times out here; the layout of the rows received is left to the
         # layout's own launch (the plan stays unmade), as a transport without the EP kernels does.
         del mask, receive
         self.calls.append("dispatch")
+        self.follows_layout_send.append(follows_layout_send)
         if carry is not None:  # every rank's row, rank s's at row s, all heard
             assert direct is None, "a carried row and direct heads exclude each other"
             assert carry.row.size(0) == 1 and carry.row.size(1) % 16 == 0 and carry.row.size(1) <= 512

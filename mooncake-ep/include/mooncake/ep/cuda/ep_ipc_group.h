@@ -139,6 +139,13 @@ struct DispatchArgs {
   // rank): the group sets them.
   bool with_receive_layout = false;
   ReceiveLayoutArgs receive_layout;
+  // The call is enqueued straight after ElasticBuffer's layoutSend on the
+  // same stream, nothing between them: its first launch may then start while
+  // that kernel ends (programmatic dependent launch, on sm_90 and later),
+  // its blocks taking the call's number before they wait for the layout.
+  // Never after another call of the group: that number is what such a call
+  // leaves when it completes.
+  bool follows_layout_send = false;
 };
 
 // Inputs and outputs of combine. y, src_info and layout_range are in the row
