@@ -70,9 +70,11 @@ __device__ __forceinline__ SendBlockStart beginSendBlock(CallCounters* counters,
 
 // Wait kernels, at their start: copy the host-mapped departed words into
 // departed_seen, a thread per peer (R parallel PCIe reads, overlapping the
-// wait for the peers' signals).
+// wait for the peers' signals). The threads are the block's last, counted
+// down: the first ones wait for the signals, and a PCIe read ahead of a
+// thread's own wait would hold that wait back by the read's round trip.
 __device__ __forceinline__ void noteDepartedPeers(const WaitEscape& escape, int rank, int num_ranks) {
-  for (int r = threadIdx.x; r < num_ranks; r += blockDim.x) {
+  for (int r = static_cast<int>(blockDim.x - 1 - threadIdx.x); r < num_ranks; r += static_cast<int>(blockDim.x)) {
     if (r != rank && escape.departed != nullptr && ld_relaxed_sys(escape.departed + r) != 0) {
       st_relaxed_sys(escape.departed_seen + r, 1u);
     }
