@@ -25,6 +25,9 @@
 // A small call enqueued whole runs the three phases in one launch
 // (wholeCall): the send's blocks, one of which then waits, all of which then
 // copy; two launches fewer, which is most of such a call's time.
+// Right after ElasticBuffer's layout kernel (DispatchArgs::follows_layout_send)
+// the first launch is a programmatic dependent one: its blocks start and take
+// the call's number while that kernel ends (dependent_launch.cuh).
 #include <cuda_bf16.h>
 
 #include <algorithm>

@@ -25,6 +25,8 @@
 //                  (DispatchArgs::receive_layout): then it is not launched.
 // Why kernels: the same layout as ~60 small tensor operations took longer
 // than the EP kernels themselves (docs/benchmarks/ep_cuda.md).
+// layoutSend's last launch lets the rows' call that follows start before it
+// ends (allowDependentLaunch, dependent_launch.cuh).
 #include <algorithm>
 #include <string>
 
