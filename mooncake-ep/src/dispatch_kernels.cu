@@ -607,45 +607,53 @@ static_assert(kSendThreads / kWarp == kOneLaunchWarpsPerBlock, "wholeCallChunks 
 // takes (on an H100 as many as with none).
 constexpr size_t kMostReceiveCountBytes = sizeof(uint32_t) * receive_layout::kMaxSharedExperts;
 
+// A fact of the current device about the dispatch kernel, found once per
+// device: `find(device)` answers a positive value, or 0 when it cannot tell
+// (asked again next time; a failed CUDA call's error is cleared, not this
+// call's). 0 also where the device is unknown.
+template <typename Find>
+int knownPerDevice(std::array<std::atomic<int>, 64>& known, Find find) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= static_cast<int>(known.size())) return 0;
+  if (const int value = known[device].load(std::memory_order_relaxed); value > 0) return value;
+  const int value = find(device);
+  if (value > 0) known[device].store(value, std::memory_order_relaxed);
+  return value;
+}
+
 // Blocks of the dispatch kernel the current device holds at once (its SMs,
 // or a MIG instance's, times the blocks one SM holds, within this process's
-// MPS share), cached per device; 0 when unknown.
+// MPS share); 0 when unknown.
 int residentDispatchBlocks() {
-  constexpr int kDevices = 64;
-  static std::array<std::atomic<int>, kDevices> known{};
-  int device = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return 0;
-  if (const int blocks = known[device].load(std::memory_order_relaxed); blocks > 0) return blocks;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dispatch, kSendThreads, kMostReceiveCountBytes) !=
-          cudaSuccess) {
-    cudaGetLastError();  // not this call's error
-    return 0;
-  }
-  const int blocks = mpsShareOfBlocks(sms * per_sm, std::getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
-  known[device].store(blocks, std::memory_order_relaxed);
-  return blocks;
+  static std::array<std::atomic<int>, 64> known{};
+  return knownPerDevice(known, [](int device) {
+    int sms = 0, per_sm = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dispatch, kSendThreads, kMostReceiveCountBytes) !=
+            cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return mpsShareOfBlocks(sms * per_sm, std::getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+  });
 }
 
 // Whether the dispatch kernel the current device runs was built with
 // griddepcontrol (dependent_launch.cuh): only then may its launch overlap the
-// kernel before it. Cached per device.
+// kernel before it.
 bool dependentLaunchBuilt() {
-  constexpr int kDevices = 64;
-  static std::array<std::atomic<int>, kDevices> known{};  // 0 unknown, 1 no, 2 yes
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return false;
-  if (const int answer = known[device].load(std::memory_order_relaxed); answer != 0) return answer == 2;
-  cudaFuncAttributes attributes{};
-  if (cudaFuncGetAttributes(&attributes, dispatch) != cudaSuccess) {
-    cudaGetLastError();  // not this call's error
-    return false;
-  }
-  // The PTX the code was compiled from (0 for a cubin without it: then the binary's architecture).
-  const int built_for = attributes.ptxVersion != 0 ? attributes.ptxVersion : attributes.binaryVersion;
-  const bool built = built_for >= kDependentLaunchPtxVersion;
-  known[device].store(built ? 2 : 1, std::memory_order_relaxed);
-  return built;
+  constexpr int kNo = 1, kYes = 2;
+  static std::array<std::atomic<int>, 64> known{};
+  return knownPerDevice(known, [](int) {
+           cudaFuncAttributes attributes{};
+           if (cudaFuncGetAttributes(&attributes, dispatch) != cudaSuccess) {
+             cudaGetLastError();
+             return 0;
+           }
+           // The PTX the code was compiled from (0 for a cubin without it: then the binary's architecture).
+           const int built_for = attributes.ptxVersion != 0 ? attributes.ptxVersion : attributes.binaryVersion;
+           return built_for >= kDependentLaunchPtxVersion ? kYes : kNo;
+         }) == kYes;
 }
 
 // The first launch of a dispatch (its send phase, or the whole call), with
@@ -691,7 +699,7 @@ cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& given
                                     ? sendChunks(ctx.layout.E, args.num_tokens, kRowsPerChunkNotCounting)
                                     : sendChunks(ctx.layout.E, args.num_tokens));
   static const bool one_launch_allowed = oneLaunchAllowed(std::getenv(kOneLaunchEnv));
-  // Only the first launch may overlap: the wait and copy launches read what the send's writes.
+  // Only the first launch may overlap: the wait and copy launches read what the send writes.
   const bool overlap = args.follows_layout_send && stages != EpStages::kReceiveOnly && dependentLaunchBuilt();
   if (stages == EpStages::kAll && one_launch_allowed) {
     const int resident = residentDispatchBlocks();
