@@ -611,8 +611,10 @@ constexpr size_t kMostReceiveCountBytes = sizeof(uint32_t) * receive_layout::kMa
 // device: `find(device)` answers a positive value, or 0 when it cannot tell
 // (asked again next time; a failed CUDA call's error is cleared, not this
 // call's). 0 also where the device is unknown.
+using PerDevice = std::array<std::atomic<int>, 64>;  // a value per device ordinal, 0 while unknown
+
 template <typename Find>
-int knownPerDevice(std::array<std::atomic<int>, 64>& known, Find find) {
+int knownPerDevice(PerDevice& known, Find find) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= static_cast<int>(known.size())) return 0;
   if (const int value = known[device].load(std::memory_order_relaxed); value > 0) return value;
@@ -625,7 +627,7 @@ int knownPerDevice(std::array<std::atomic<int>, 64>& known, Find find) {
 // or a MIG instance's, times the blocks one SM holds, within this process's
 // MPS share); 0 when unknown.
 int residentDispatchBlocks() {
-  static std::array<std::atomic<int>, 64> known{};
+  static PerDevice known{};
   return knownPerDevice(known, [](int device) {
     int sms = 0, per_sm = 0;
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
@@ -643,7 +645,7 @@ int residentDispatchBlocks() {
 // kernel before it.
 bool dependentLaunchBuilt() {
   constexpr int kNo = 1, kYes = 2;
-  static std::array<std::atomic<int>, 64> known{};
+  static PerDevice known{};
   return knownPerDevice(known, [](int) {
            cudaFuncAttributes attributes{};
            if (cudaFuncGetAttributes(&attributes, dispatch) != cudaSuccess) {
