@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "elastic_layout.h"                      // tailFormatError
 #include "mooncake/pg/cuda/common/cuda_calls.h"  // cudaWhat, DeviceScope
 
 namespace mooncake::ep::cuda {
@@ -105,6 +106,24 @@ std::string checkCarriedRows(const DispatchArgs& args) {
   return {};
 }
 
+// DispatchArgs::own_send, when the send blocks build the rows from the caller's inputs.
+std::string checkOwnSend(const DispatchArgs& args, const RegionLayout& layout) {
+  const OwnSendInputs& o = args.own_send;
+  if (!args.bytes.enabled || layout.L != 1 || args.direct.gathered != nullptr) {
+    return "own_send goes with byte rows, one local expert per rank and no direct heads";
+  }
+  if (o.picks_per_rank < 1) return "own_send.picks_per_rank must be >= 1";
+  const SendTailArgs& t = o.tail;
+  if (t.head_bytes != static_cast<int64_t>(args.bytes.head_bytes) ||
+      t.tail_bytes != static_cast<int64_t>(args.bytes.tail_bytes) || t.num_tokens != args.num_tokens ||
+      t.num_topk != args.num_topk) {
+    return "own_send.tail: head_bytes, tail_bytes, num_tokens and num_topk must be the call's";
+  }
+  if (std::string why = tailFormatError(t); !why.empty()) return "own_send.tail: " + why;
+  if (args.num_tokens > 0 && t.payload_bytes > 0 && t.payload == nullptr) return "own_send.tail: payload is required";
+  return {};
+}
+
 }  // namespace
 
 std::string checkDispatchCall(const DispatchArgs& args, const RegionLayout& layout) {
@@ -122,6 +141,9 @@ std::string checkDispatchCall(const DispatchArgs& args, const RegionLayout& layo
   }
   if (args.with_receive_layout) {
     if (std::string why = checkReceiveLayout(args, layout); !why.empty()) return why;
+  }
+  if (args.own_send.picks != nullptr) {
+    if (std::string why = checkOwnSend(args, layout); !why.empty()) return why;
   }
   if (args.carried.mine != nullptr) {
     if (std::string why = checkCarriedRows(args); !why.empty()) return why;

@@ -35,6 +35,7 @@
 #include <atomic>
 
 #include "dependent_launch.cuh"
+#include "elastic_layout.h"  // layout::destinationOf, layout::tailVector (OwnSendInputs)
 #include "fp8_quant.cuh"
 #include "kernel_args.h"
 #include "one_launch.h"
@@ -75,6 +76,49 @@ __device__ __forceinline__ PickAndSlot pickOf(const int64_t* topk_idx, const int
     return {first + k, k == 0 ? first_slot : pick_slots != nullptr ? pick_slots[first + k] : -1};
   }
   return {};
+}
+
+// The picks a send block looks through: the kernels' own (an id per expert
+// e, destination e / L), or OwnSendInputs' (global expert ids of a caller
+// whose rows go one per rank: `expert` is then the rank, an id's rank is
+// layout::destinationOf's). `slots`: the caller's pick_slots, or null.
+struct SendPicks {
+  const int64_t* ids;
+  const int32_t* slots;
+  int per_rank;  // 0: ids are the kernels' experts
+  int num_ranks;
+};
+
+__device__ __forceinline__ SendPicks sendPicksOf(const EpKernelContext& ctx, const DispatchArgs& args) {
+  const OwnSendInputs& own = args.own_send;
+  if (own.picks == nullptr) return {args.topk_idx, args.pick_slots, 0, ctx.layout.R};
+  return {own.picks, nullptr, own.picks_per_rank, ctx.layout.R};
+}
+
+// Whether `token` goes to `expert`, and where (pickOf).
+__device__ __forceinline__ PickAndSlot pickOf(const SendPicks& p, int token, int num_topk, int expert) {
+  if (p.per_rank == 0) return pickOf(p.ids, p.slots, token, num_topk, expert);
+  const int64_t first = static_cast<int64_t>(token) * num_topk;
+  for (int k = 0; k < num_topk; ++k) {
+    if (layout::destinationOf(p.ids[first + k], p.per_rank, p.num_ranks) == expert) return {first + k, -1};
+  }
+  return {};
+}
+
+// A byte row's tail into the message, by one warp: the staged tail's bytes,
+// or (OwnSendInputs) the same bytes made from their sources, a word per lane
+// at a time (a tail is a few dozen words: one step; fewer registers than 16
+// bytes a lane, in a kernel that spills already).
+__device__ __forceinline__ void writeRowTail(char* to, const DispatchArgs& args, int64_t token, int lane) {
+  const ByteRows& b = args.bytes;
+  if (args.own_send.picks == nullptr) {
+    warpCopy(to, static_cast<const char*>(b.tail) + token * b.tail_bytes, b.tail_bytes, lane);
+    return;
+  }
+  const layout::TailSources sources = layout::tailSourcesOf(args.own_send.tail);
+  for (int64_t at = 4 * static_cast<int64_t>(lane); at < static_cast<int64_t>(b.tail_bytes); at += 4 * kWarp) {
+    *reinterpret_cast<uint32_t*>(to + at) = layout::tailWord(sources, token, at);
+  }
 }
 
 // Where this rank's heads to `dest` go in dest's output slot (DirectHeads,
@@ -125,8 +169,11 @@ __device__ __forceinline__ uint32_t sendPhase(const EpKernelContext& ctx, const 
   auto* tally = reinterpret_cast<uint64_t*>(ctx.regions[ctx.rank] + lay.sendTally(0, expert));
   const SendBlockStart start = beginSendBlock(counters, args.active_ranks, ctx.escape, ctx.rank, dest);
   // A launch that overlaps the layout's kernel (DispatchArgs::follows_layout_send)
-  // meets its end here: everything below reads what it writes.
-  waitForPreviousKernel();
+  // meets its end here, before it reads what that kernel writes; with
+  // OwnSendInputs the rows need none of it, and the blocks that send meet it
+  // after them instead (below).
+  const SendPicks picks = sendPicksOf(ctx, args);
+  if (picks.per_rank == 0 || start.skipped) waitForPreviousKernel();
   if (start.skipped) {
     if (threadIdx.x == 0) publishFromChunks(nullptr, 0, tally, 0, 0, /*skipped=*/true);
     return start.sequence;
@@ -143,10 +190,9 @@ __device__ __forceinline__ uint32_t sendPhase(const EpKernelContext& ctx, const 
   const int end_token = min(args.num_tokens, first_token + per_block);
   // With the caller's pick_slots the slots are given: nothing to count.
   int picked_before = 0;
-  for (int base = 0; args.pick_slots == nullptr && base < first_token; base += kSendThreads) {
+  for (int base = 0; picks.slots == nullptr && base < first_token; base += kSendThreads) {
     const int token = base + threadIdx.x;
-    picked_before += __syncthreads_count(token < first_token &&
-                                         pickOf(args.topk_idx, nullptr, token, args.num_topk, expert).pick >= 0);
+    picked_before += __syncthreads_count(token < first_token && pickOf(picks, token, args.num_topk, expert).pick >= 0);
   }
   __shared__ int warp_totals[kWarps];
   __shared__ int chunk_tokens[kSendThreads];
@@ -164,8 +210,8 @@ __device__ __forceinline__ uint32_t sendPhase(const EpKernelContext& ctx, const 
     int slot = -1;  // with pick_slots: this token's row at the expert (a slot outside [0, T) is not sent)
     bool picked = false;
     if (token < end_token) {
-      const PickAndSlot found = pickOf(args.topk_idx, args.pick_slots, token, args.num_topk, expert);
-      if (args.pick_slots != nullptr) {
+      const PickAndSlot found = pickOf(picks, token, args.num_topk, expert);
+      if (picks.slots != nullptr) {
         slot = found.slot;
         picked = slot >= 0 && slot < lay.T;
       } else {
@@ -188,7 +234,7 @@ __device__ __forceinline__ uint32_t sendPhase(const EpKernelContext& ctx, const 
     __syncthreads();
     for (int i = warp; i < total; i += kWarps) {
       const int t = chunk_tokens[i];
-      const int row = args.pick_slots != nullptr ? chunk_slots[i] : sent_before + i;
+      const int row = picks.slots != nullptr ? chunk_slots[i] : sent_before + i;
       char* message = region + lay.dispatchMessage(parity, le, ctx.rank, row);
       const auto* src = static_cast<const __nv_bfloat16*>(args.x) + static_cast<size_t>(t) * lay.H;
       // The header: the token, and 1 + the slot row its head was placed in (DirectHeads), else 0.
@@ -213,7 +259,7 @@ __device__ __forceinline__ uint32_t sendPhase(const EpKernelContext& ctx, const 
       } else if (args.bytes.enabled) {
         const ByteRows& b = args.bytes;
         warpCopy(payload, static_cast<const char*>(args.x) + t * b.head_bytes, b.head_bytes, lane);
-        warpCopy(payload + b.head_bytes, static_cast<const char*>(b.tail) + t * b.tail_bytes, b.tail_bytes, lane);
+        writeRowTail(payload + b.head_bytes, args, t, lane);
       } else {
         warpCopy(payload, src, 2 * static_cast<size_t>(lay.H), lane);
       }
@@ -222,6 +268,10 @@ __device__ __forceinline__ uint32_t sendPhase(const EpKernelContext& ctx, const 
     if (threadIdx.x == 0) sent_before += total;
     __syncthreads();
   }
+  // The rows sent from the caller's own inputs beside the layout's kernel:
+  // the carried row is that kernel's, and what follows this phase reads its
+  // outputs too.
+  if (picks.per_rank != 0) waitForPreviousKernel();
   // The carried row, once per destination (its first block of local expert
   // 0), under the same signal as the rows.
   if (args.carried.mine != nullptr && le == 0 && blockIdx.y == 0 && warp == 0) {
@@ -696,10 +746,9 @@ cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& given
   }
   // Each launch checked at once: a kernel whose predecessor failed to launch is not enqueued.
   const bool self_by_reference = stages == EpStages::kAll && args.bytes.enabled;
-  // Given slots, a block need not count the tokens before its own: smaller blocks pay.
-  const dim3 grid(ctx.layout.E, args.pick_slots != nullptr
-                                    ? sendChunks(ctx.layout.E, args.num_tokens, kRowsPerChunkNotCounting)
-                                    : sendChunks(ctx.layout.E, args.num_tokens));
+  // Where a block need not count many tokens before its own, smaller blocks pay.
+  const dim3 grid(ctx.layout.E, slotsCheap(args) ? sendChunks(ctx.layout.E, args.num_tokens, kRowsPerChunkNotCounting)
+                                                 : sendChunks(ctx.layout.E, args.num_tokens));
   static const bool one_launch_allowed = oneLaunchAllowed(std::getenv(kOneLaunchEnv));
   // Only the first launch may overlap: the wait and copy launches read what the send writes.
   const bool overlap = args.follows_layout_send && stages != EpStages::kReceiveOnly && dependentLaunchBuilt();

@@ -321,31 +321,6 @@ __global__ void __launch_bounds__(kRowThreads) receiveLayoutKernel(ReceiveLayout
   receive_layout::finishBlock(a, block_counts);
 }
 
-// sendTail's checks of a row format, or "" when it is fine.
-std::string tailFormatError(const SendTailArgs& a) {
-  if (a.tail_bytes % 16 != 0 || a.num_tokens < 0 || a.num_topk < 0 ||
-      a.head_bytes + a.tail_bytes < a.ids_at + 8 * static_cast<int64_t>(a.num_topk) ||
-      (a.head_bytes != 0 && a.head_bytes != a.payload_bytes)) {
-    return "row format out of range";
-  }
-  return {};
-}
-
-layout::TailSources tailSourcesOf(const SendTailArgs& a) {
-  layout::TailSources s;
-  s.payload = static_cast<const uint8_t*>(a.payload);
-  s.scales = static_cast<const uint8_t*>(a.scales);
-  s.topk_idx = a.topk_idx;
-  s.weights = reinterpret_cast<const uint8_t*>(a.weights);
-  s.payload_bytes = a.payload_bytes;
-  s.scale_bytes = a.scales != nullptr ? a.scale_bytes : 0;
-  s.head_bytes = a.head_bytes;
-  s.tail_bytes = a.tail_bytes;
-  s.ids_at = a.ids_at;
-  s.num_topk = a.num_topk;
-  return s;
-}
-
 bool launched(const char* what, std::string* error) {
   const cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess) return true;
@@ -363,6 +338,15 @@ int rowBlocks(int64_t threads) {
 }
 
 }  // namespace
+
+std::string tailFormatError(const SendTailArgs& a) {
+  if (a.tail_bytes % 16 != 0 || a.num_tokens < 0 || a.num_topk < 0 ||
+      a.head_bytes + a.tail_bytes < a.ids_at + 8 * static_cast<int64_t>(a.num_topk) ||
+      (a.head_bytes != 0 && a.head_bytes != a.payload_bytes)) {
+    return "row format out of range";
+  }
+  return {};
+}
 
 bool layoutSend(const SendLayoutArgs& a, cudaStream_t stream, std::string* error) {
   if (a.num_ranks < 1 || a.num_ranks > kMaxEpRanks || a.num_local < 1 || a.num_topk < 0 || a.num_tokens < 0) {
@@ -402,7 +386,7 @@ bool layoutSend(const SendLayoutArgs& a, cudaStream_t stream, std::string* error
   const bool tails_by_helpers = tiles == 1 && tail.tail != nullptr && tail.tail_bytes > 0;
   const int helpers = tileHelpers(a, tiles, tails_by_helpers);
   sendTileKernel<<<tiles + helpers, kTileTokens, static_cast<size_t>(kTileTokens) * a.num_topk, stream>>>(
-      a, tiles, tailSourcesOf(tail), tails_by_helpers ? static_cast<uint8_t*>(tail.tail) : nullptr);
+      a, tiles, layout::tailSourcesOf(tail), tails_by_helpers ? static_cast<uint8_t*>(tail.tail) : nullptr);
   if (!launched("layoutSend", error)) return false;
   if (tail.tail != nullptr && !tails_by_helpers && !sendTail(tail, stream, error)) return false;
   if (tiles == 1) return true;  // the tile wrote the counts' row; its offsets are 0
@@ -414,7 +398,7 @@ bool sendTail(const SendTailArgs& a, cudaStream_t stream, std::string* error) {
   if (const std::string why = tailFormatError(a); !why.empty()) return refuse("sendTail: " + why, error);
   if (a.num_tokens == 0 || a.tail_bytes == 0) return true;
   sendTailKernel<<<rowBlocks(a.num_tokens * (a.tail_bytes / 16)), kRowThreads, 0, stream>>>(
-      tailSourcesOf(a), a.num_tokens, static_cast<uint8_t*>(a.tail));
+      layout::tailSourcesOf(a), a.num_tokens, static_cast<uint8_t*>(a.tail));
   return launched("sendTail", error);
 }
 

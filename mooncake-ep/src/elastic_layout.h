@@ -9,6 +9,9 @@
 
 #include <climits>
 #include <cstdint>
+#include <string>
+
+#include "mooncake/ep/cuda/elastic_layout.h"  // SendTailArgs
 
 namespace mooncake::ep::cuda::layout {
 
@@ -124,6 +127,22 @@ __host__ __device__ inline uint32_t tailWord(const TailSources& s, int64_t token
   return word;
 }
 
+// The sources of a staged tail as SendTailArgs names them.
+__host__ __device__ inline TailSources tailSourcesOf(const SendTailArgs& a) {
+  TailSources s;
+  s.payload = static_cast<const uint8_t*>(a.payload);
+  s.scales = static_cast<const uint8_t*>(a.scales);
+  s.topk_idx = a.topk_idx;
+  s.weights = reinterpret_cast<const uint8_t*>(a.weights);
+  s.payload_bytes = a.payload_bytes;
+  s.scale_bytes = a.scales != nullptr ? a.scale_bytes : 0;
+  s.head_bytes = a.head_bytes;
+  s.tail_bytes = a.tail_bytes;
+  s.ids_at = a.ids_at;
+  s.num_topk = a.num_topk;
+  return s;
+}
+
 // The local expert of a received pick on rank `rank` (rows_layout.local_picks):
 // the global id less rank * L when the id is on this rank and the row is real, else -1.
 __host__ __device__ inline int64_t localPick(int32_t global_id, bool real, int rank, int num_local) {
@@ -141,3 +160,11 @@ __host__ __device__ inline int sourceOfRow(int64_t row, const int64_t* ends, int
 }
 
 }  // namespace mooncake::ep::cuda::layout
+
+namespace mooncake::ep::cuda {
+
+// A staged tail's format (SendTailArgs) checked, or "" when it is fine:
+// layoutSend's and sendTail's rules, and DispatchArgs::own_send's.
+std::string tailFormatError(const SendTailArgs& a);
+
+}  // namespace mooncake::ep::cuda

@@ -67,17 +67,27 @@ inline bool oneLaunch(const RegionLayout& lay, const DispatchArgs& args, int sen
   return dispatchCopyBytes(lay, args) <= kOneLaunchMaxBytes;
 }
 
+// Whether a call's send blocks place their rows without a long count of the
+// tokens before their own: the caller gives the slots (pick_slots), or the
+// blocks count them in the caller's picks (OwnSendInputs) over at most one
+// layout tile of tokens, one pass of a send block's threads. Such calls
+// take send blocks of fewer rows, and one-launch grids add blocks for the copy.
+inline bool slotsCheap(const DispatchArgs& args) {
+  if (args.own_send.picks != nullptr) return args.num_tokens <= kLayoutSendTileTokens;
+  return args.pick_slots != nullptr;
+}
+
 // Blocks per expert of a one-launch call's grid: the send's `send_chunks`,
 // or more, up to about one row to copy (or zero) per warp. The copy has only
 // the send's blocks, and a warp's row is several memory round trips (an
 // ElasticBuffer call of 128 tokens at world 1 had 4 blocks for 128 rows of
 // 8 KB). Within the one-launch bounds: at most kOneLaunchMaxBlocks blocks,
-// and the grids of all ranks resident at once. Only for calls that give
-// their rows' slots (pick_slots): a send block that counts the tokens
-// before its own pays for every block added.
+// and the grids of all ranks resident at once. Only for calls whose slots
+// are cheap (slotsCheap): a send block that counts many tokens before its
+// own pays for every block added.
 inline int wholeCallChunks(const RegionLayout& lay, const DispatchArgs& args, int experts, int send_chunks,
                            int resident_blocks) {
-  if (experts < 1 || args.pick_slots == nullptr) return send_chunks;
+  if (experts < 1 || !slotsCheap(args)) return send_chunks;
   const int64_t most_blocks = std::min<int64_t>(kOneLaunchMaxBlocks, resident_blocks / std::max(lay.R, 1));
   const int64_t for_rows = (dispatchCopyRows(lay, args) + kOneLaunchWarpsPerBlock - 1) / kOneLaunchWarpsPerBlock;
   const int64_t chunks = std::min((for_rows + experts - 1) / experts, most_blocks / experts);

@@ -88,6 +88,34 @@ inline cuda::ReceiveLayoutArgs receiveLayoutOf(const pybind11::dict& d) {
                            u("per_expert"), u("expert_psum"), u("scaleup_psum"), u("finished_blocks"));
 }
 
+// DispatchArgs::own_send from a dict (SendLayout.own_send of
+// python/mooncake/_ep_elastic/layout_kernels.py): the picks and how many
+// experts a rank has, then the tail's sources as layout_send names them.
+inline cuda::OwnSendInputs ownSendOf(const pybind11::dict& d) {
+  auto at = [&](const char* key) -> pybind11::handle {
+    if (!d.contains(key)) throw pybind11::value_error(std::string("own_send: '") + key + "' is missing");
+    return d[key];
+  };
+  auto u = [&](const char* key) { return at(key).cast<uintptr_t>(); };
+  auto i64 = [&](const char* key) { return at(key).cast<int64_t>(); };
+  cuda::OwnSendInputs o;
+  o.picks = pointer<const int64_t>(u("picks"));
+  o.picks_per_rank = at("picks_per_rank").cast<int>();
+  cuda::SendTailArgs& t = o.tail;
+  t.payload = pointer<const void>(u("payload"));
+  t.scales = pointer<const void>(u("scales"));
+  t.topk_idx = o.picks;
+  t.weights = pointer<const float>(u("weights"));
+  t.payload_bytes = i64("payload_bytes");
+  t.scale_bytes = i64("scale_bytes");
+  t.head_bytes = i64("head_bytes");
+  t.tail_bytes = i64("tail_bytes");
+  t.ids_at = i64("ids_at");
+  t.num_tokens = at("num_tokens").cast<int>();
+  t.num_topk = at("num_topk").cast<int>();
+  return o;
+}
+
 // dispatch() and combine() of a binding `Binding` whose group() returns the
 // native group; a refused call raises RuntimeError with the group's words.
 template <typename Binding>
@@ -108,7 +136,8 @@ class KernelCalls {
                      uintptr_t layout_range, uintptr_t stream, const std::string& stages, uintptr_t pick_slots,
                      uintptr_t gathered, int gathered_stride, uintptr_t gathered_ranges, int slot_word, int own_slot,
                      const pybind11::object& receive_layout, uintptr_t carried, int carried_bytes,
-                     uintptr_t carried_received, uintptr_t carried_ranges, bool follows_layout_send) {
+                     uintptr_t carried_received, uintptr_t carried_ranges, bool follows_layout_send,
+                     const pybind11::object& own_send) {
     DispatchArgs a = dispatchArgs(x, topk_idx, num_tokens, num_topk, active_ranks, timeout_us, false, recv_x, 0,
                                   recv_count, src_info, layout_range);
     a.bytes =
@@ -119,6 +148,7 @@ class KernelCalls {
     a.carried = cuda::CarriedRows{pointer<const void>(carried), carried_bytes, pointer<void>(carried_received),
                                   pointer<int64_t>(carried_ranges)};
     a.follows_layout_send = follows_layout_send;
+    if (!own_send.is_none()) a.own_send = ownSendOf(own_send.cast<pybind11::dict>());
     if (!receive_layout.is_none()) {
       a.with_receive_layout = true;
       a.receive_layout = receiveLayoutOf(receive_layout.cast<pybind11::dict>());
@@ -165,7 +195,7 @@ void defineKernelCalls(Class& cls) {
           py::arg("gathered_stride") = 0, py::arg("gathered_ranges") = 0, py::arg("slot_word") = 0,
           py::arg("own_slot") = -1, py::arg("receive_layout") = py::none(), py::arg("carried") = 0,
           py::arg("carried_bytes") = 0, py::arg("carried_received") = 0, py::arg("carried_ranges") = 0,
-          py::arg("follows_layout_send") = false,
+          py::arg("follows_layout_send") = false, py::arg("own_send") = py::none(),
           "Rows as bytes in two parts: head_bytes of each row of x, then tail_bytes of each row of tail; received "
           "into recv_x [L, S, head_bytes] and recv_tail [L, S, tail_bytes]; each local expert's rows from its count "
           "up to zeroed_rows are zeros. Sizes are multiples of 16 adding up to at most 2 * hidden. pick_slots: "
@@ -180,7 +210,11 @@ void defineKernelCalls(Class& cls) {
           "signals; every rank's arrive in carried_received [R, carried_bytes] (zeros from a rank not heard), with "
           "carried_ranges int64 [R] = (r << 32) | heard; not with gathered. follows_layout_send: the call is enqueued "
           "straight after layout_send on the same stream, nothing between them (its launch may overlap that "
-          "kernel's end); never after another call of the group.");
+          "kernel's end); never after another call of the group. own_send (None: none): a dict of picks (int64 "
+          "[num_tokens, num_topk] global expert ids), picks_per_rank, and the tail's sources as layout_send takes "
+          "them (payload, payload_bytes, scales, scale_bytes, weights, head_bytes, ids_at, tail_bytes, num_tokens, "
+          "num_topk): the send blocks build the rows from these instead of topk_idx, pick_slots and tail (byte rows, "
+          "one expert per rank, not with gathered).");
 }
 
 }  // namespace mooncake::ep::python

@@ -181,7 +181,7 @@ class KernelRows:
     def dispatch(self, head: torch.Tensor | None, tail: torch.Tensor, dest: torch.Tensor, mask: torch.Tensor,
                  zeroed_rows: int, slots: torch.Tensor | None = None, direct: DirectHeads | None = None,
                  receive: ReceivePlan | None = None, carry: CarriedCounts | None = None,
-                 follows_layout_send: bool = False):
+                 follows_layout_send: bool = False, own_send: dict | None = None):
         """Rows of ``head`` ([N, h] bytes, or None) then ``tail`` ([N, t]
         bytes) to the ranks of ``dest``; ``slots`` (``SendLayout.dest_slots``,
         or None: the kernels count) says where each row goes among this
@@ -196,7 +196,10 @@ class KernelRows:
         ``carry`` (not with ``direct``): its row goes to every rank with the
         call, and every rank's arrives in ``carry.into``.
         ``follows_layout_send``: nothing was enqueued on the stream since the
-        layout's send kernel, so the call's launch may overlap that kernel's end."""
+        layout's send kernel, so the call's launch may overlap that kernel's end.
+        ``own_send`` (``SendLayout.own_send``, with ``carry``): the send blocks
+        build the rows from the picks and the tail's sources it names, so they
+        need nothing of that kernel but the carried row."""
         capacity = self.num_ranks * self.tokens
         head_bytes = head.size(1) if head is not None else 0
         in_slot = direct is not None and direct.own_slot >= 0
@@ -223,7 +226,7 @@ class KernelRows:
                                   carried_bytes=carry.row.size(1) if carry is not None else 0,
                                   carried_received=carry.into.rows.data_ptr() if carry is not None else 0,
                                   carried_ranges=carry.into.ranges.data_ptr() if carry is not None else 0,
-                                  follows_layout_send=follows_layout_send)
+                                  follows_layout_send=follows_layout_send, own_send=own_send)
         if receive is not None:
             receive.made = True
         return recv_head if head is not None else None, recv_tail, src_token, ranges
@@ -341,7 +344,8 @@ class IpcRowsPath:
         # the expansion, which never picks them; else they are the output's zeros.
         recv_head, recv_tail, src_token, ranges = self.transport.dispatch(
             sent.head, sent.tail, dest, mask, zeroed_rows=0 if do_cpu_sync or do_expand else capacity,
-            slots=sent.dest_slots, direct=direct, receive=plan, carry=carry, follows_layout_send=carry is not None)
+            slots=sent.dest_slots, direct=direct, receive=plan, carry=carry, follows_layout_send=carry is not None,
+            own_send=sent.own_send if carry is not None else None)
         received = ReceivedRows(row, recv_head, recv_tail, capacity)
         got = layout.receive(sent, gathered, ranges, src_token, received, me, num_local, tokens_per_rank,
                              topk_weights is not None, plan=plan)

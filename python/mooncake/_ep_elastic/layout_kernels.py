@@ -82,6 +82,10 @@ class SendLayout:
     # Made by the kernels' send for the rest of the call (None: the torch form):
     topk_copy: torch.Tensor | None = None  # int64 [N, k], a copy of the picks (the handle's)
     receive_counters: torch.Tensor | None = None  # int64 [L + 1] zeros, what layout_receive adds to
+    # For a call of one layout tile: the rows' call's own_send (DispatchArgs::own_send), with which
+    # its send blocks build the rows from the picks and the tail's sources beside layout_send.
+    own_send: dict | None = None
+    sources: tuple = ()  # the tensors own_send reads, kept until the rows' call is enqueued
 
     @property
     def counts(self) -> torch.Tensor:
@@ -222,7 +226,8 @@ class KernelLayout:
     @staticmethod
     def _tail_sources(data, sf, row, topk_weights):
         """The payload (the head), and the tail with the arguments that say
-        how to stage it (send_tail's, or layout_send's in the same launch)."""
+        how to stage it (send_tail's, or layout_send's in the same launch),
+        and the tensors those arguments point into."""
         payload = payload_rows(data, row.payload)
         tail = torch.empty(data.size(0), row.tail, dtype=torch.uint8, device=data.device)
         scales = sf.contiguous() if sf is not None else None
@@ -230,7 +235,7 @@ class KernelLayout:
         staging = dict(payload=_address(payload), payload_bytes=row.payload, scales=_address(scales),
                        scale_bytes=row.scales, weights=_address(weights), head_bytes=row.head, ids_at=row.ids,
                        tail=_address(tail), tail_bytes=row.tail)
-        return (payload if row.head else None), tail, staging, (scales, weights)
+        return (payload if row.head else None), tail, staging, (payload, scales, weights)
 
     def send_rows(self, data, sf, row, topk_idx=None, topk_weights=None):
         """As ``TorchLayout.send_rows``; the tail's padding is zeros."""
@@ -257,7 +262,7 @@ class KernelLayout:
                                   device=device)
         # The same launch stages the tails, copies the picks and zeroes what
         # layout_receive adds to: three launches fewer per dispatch.
-        head, tail, staging, _keep = self._tail_sources(data, sf, row, topk_weights)
+        head, tail, staging, sources = self._tail_sources(data, sf, row, topk_weights)
         topk_copy = torch.empty_like(topk)
         receive_counters = torch.empty(num_local + 1, dtype=torch.int64, device=device)
         with self._on(device):
@@ -271,9 +276,13 @@ class KernelLayout:
                                         offer_word=offer_word, active_ranks=_address(active_ranks),
                                         zeroed=_address(receive_counters), zeroed_words=receive_counters.numel(),
                                         topk_copy=_address(topk_copy), **staging)
+        own_send = None
+        if num_tokens <= SEND_TILE_TOKENS:
+            own_send = dict(picks=_address(topk), picks_per_rank=num_local, num_tokens=num_tokens,
+                            num_topk=num_topk, **{k: v for k, v in staging.items() if k != "tail"})
         return SendLayout(dest=dest, dest_slots=dest_slots, counts_row=counts_row, head=head, tail=tail, topk_idx=topk,
                           slot_state=token_index, num_ranks=num_ranks, topk_copy=topk_copy,
-                          receive_counters=receive_counters)
+                          receive_counters=receive_counters, own_send=own_send, sources=sources)
 
     def plan_receive(self, sent: SendLayout, gathered: Gathered, row, capacity: int, rank: int, num_local: int,
                      tokens_per_rank: int, with_weights: bool) -> ReceivePlan:

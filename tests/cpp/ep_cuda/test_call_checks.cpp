@@ -162,5 +162,64 @@ TEST(EpCallChecks, EachRuleOfACarriedRowBrokenAloneIsRefused) {
       "exclude each other");
 }
 
+// The call as ElasticBuffer makes it for a carried call of one layout tile:
+// the send blocks build the rows from its picks and tail sources.
+void sendFromOwnInputs(ElasticCall& call) {
+  carryCounts(call);
+  OwnSendInputs& o = call.args.own_send;
+  o.picks = fake<const int64_t>(29);
+  o.picks_per_rank = 128;
+  o.tail.payload = fake<const void>(30);
+  o.tail.payload_bytes = 8192;
+  o.tail.head_bytes = 8192;
+  o.tail.tail_bytes = 64;
+  o.tail.ids_at = 8192;  // the 8 ids, then the 8 weights: the 64-byte tail
+  o.tail.topk_idx = o.picks;
+  o.tail.weights = fake<const float>(31);
+  o.tail.num_tokens = 128;
+  o.tail.num_topk = 8;
+}
+
+TEST(EpCallChecks, ACallThatSendsFromItsOwnInputsPasses) {
+  ElasticCall call;
+  sendFromOwnInputs(call);
+  EXPECT_EQ(call.check(), "");
+}
+
+TEST(EpCallChecks, EachRuleOfOwnSendInputsBrokenAloneIsRefused) {
+  auto refused = [](const char* what, const std::function<void(ElasticCall&)>& breaks, const char* words) {
+    ElasticCall call;
+    sendFromOwnInputs(call);
+    breaks(call);
+    const std::string why = call.check();
+    EXPECT_NE(why.find(words), std::string::npos) << what << ": " << why;
+  };
+  refused(
+      "no ranks for the picks", [](ElasticCall& c) { c.args.own_send.picks_per_rank = 0; }, "picks_per_rank");
+  refused(
+      "another tail", [](ElasticCall& c) { c.args.own_send.tail.tail_bytes = 48; }, "tail_bytes");
+  refused(
+      "other picks", [](ElasticCall& c) { c.args.own_send.tail.num_topk = 7; }, "num_topk");
+  refused(
+      "ids past the tail", [](ElasticCall& c) { c.args.own_send.tail.ids_at = 8208; }, "out of range");
+  refused(
+      "no payload", [](ElasticCall& c) { c.args.own_send.tail.payload = nullptr; }, "payload");
+  refused(
+      "several local experts",
+      [](ElasticCall& c) {
+        c.layout = RegionLayout::make(128, 4224, 4, 2);
+        c.args.with_receive_layout = false;  // which has the same rule
+      },
+      "one local expert per rank");
+  refused(
+      "not byte rows",
+      [](ElasticCall& c) {
+        c.args.bytes = ByteRows{};
+        c.args.pick_slots = nullptr;
+        c.args.with_receive_layout = false;
+      },
+      "byte rows");
+}
+
 }  // namespace
 }  // namespace mooncake::ep::cuda

@@ -143,6 +143,24 @@ TEST(EpOneLaunch, TheWidenedGridStaysWithinTheOneLaunchBounds) {
   EXPECT_EQ(wholeCallChunks(lay, w8, 8, 1, 100000), 1);
 }
 
+TEST(EpOneLaunch, RowsSentFromTheCallersInputsWidenOnlyWithinOneLayoutTile) {
+  // OwnSendInputs: the blocks count their slots in the picks, one pass of their threads over a tile.
+  const int64_t picks = 0;
+  const RegionLayout w1 = RegionLayout::make(512, 4096, 1, 1);
+  DispatchArgs own = elasticRows(1, 128, 4096);
+  own.own_send.picks = &picks;
+  EXPECT_TRUE(slotsCheap(own));
+  EXPECT_EQ(wholeCallChunks(w1, own, 1, 4, kH100Blocks), 8);  // 128 rows -> 8 blocks, as with given slots
+  own.num_tokens = kLayoutSendTileTokens + 1;                 // past one tile: each added block would count more
+  EXPECT_FALSE(slotsCheap(own));
+  EXPECT_EQ(wholeCallChunks(w1, own, 1, 2, kH100Blocks), 2);
+  // Given slots are cheap at any size.
+  const int32_t slots = 0;
+  DispatchArgs given = elasticRows(1, 512, 4096);
+  given.pick_slots = &slots;
+  EXPECT_TRUE(slotsCheap(given));
+}
+
 TEST(EpOneLaunch, OnlyZeroInTheEnvironmentTurnsItOff) {
   EXPECT_TRUE(oneLaunchAllowed(nullptr));
   EXPECT_TRUE(oneLaunchAllowed("1"));

@@ -24,6 +24,7 @@ class EmulatedRows:
         self.direct_calls = 0  # dispatches whose payload arrived in this rank's output slot
         # Per dispatch through the seam, in order: whether it said it follows the layout's send kernel.
         self.follows_layout_send: list[bool] = []
+        self.own_send_calls = 0  # dispatches that passed the layout's own_send
         self.slots = None
         if output_slots:
             slot_bytes = num_ranks * tokens * 2 * width
@@ -38,12 +39,15 @@ class EmulatedRows:
         return recv
 
     def dispatch(self, head, tail, dest, mask, zeroed_rows, slots=None, direct=None, receive=None, carry=None,
-                 follows_layout_send=False):
+                 follows_layout_send=False, own_send=None):
         # Nothing times out here; the layout of the rows received is left to the
         # layout's own launch (the plan stays unmade), as a transport without the EP kernels does.
         del mask, receive
         self.calls.append("dispatch")
         self.follows_layout_send.append(follows_layout_send)
+        # The kernels' send blocks build from own_send the very rows given here (head, tail, slots).
+        self.own_send_calls += own_send is not None
+        assert own_send is None or carry is not None, "own_send goes with a carried row"
         if carry is not None:  # every rank's row, rank s's at row s, all heard
             assert direct is None, "a carried row and direct heads exclude each other"
             assert carry.row.size(0) == 1 and carry.row.size(1) % 16 == 0 and carry.row.size(1) <= 512

@@ -40,7 +40,7 @@ def _on_emulated_rows(ctx, kernels_library=None, output_slots=0, carry=False):
     done = [run_elastic_round_on(ctx, ec, expand, sync) for ec in GRID for expand in (False, True)
             for sync in (True, False)]
     return (done, buffer.path, rows.calls.count("dispatch"), rows.calls.count("combine"), rows.direct_calls,
-            rows.follows_layout_send)
+            rows.follows_layout_send, rows.own_send_calls)
 
 
 def run_elastic_round_on(ctx, ec, expand, sync):
@@ -57,16 +57,20 @@ def _check_grid(world, kernels_library=None, output_slots=0, carry=False):
     # the rows alone, carrying the counts), a cached one, and two combines.
     fresh = 1 if carry else 2
     assert all(path == "ipc" and dispatches == (fresh + 1) * rounds and combines == 2 * rounds
-               for _, path, dispatches, combines, _, _ in got)
+               for _, path, dispatches, combines, *_ in got)
     assert any(sum(done) for done, *_ in got)
     # With slots, each round's first dispatch that is not expanded receives its payload in one
     # (the round drops its outputs before the next); none without, or when the counts are carried.
     payload_cases = sum(1 for ec in GRID if _payload_is_the_head(ec))
-    assert [direct for *_, direct, _ in got] == [payload_cases * 2 if output_slots and not carry else 0] * world
+    assert [direct for *_, direct, _, _ in got] == [payload_cases * 2 if output_slots and not carry else 0] * world
     # Only the call right after the layout's send kernel may overlap it: a fresh dispatch's first
     # (the gather, or the rows carrying the counts); never its rows after a gather, nor a cached dispatch.
     one_round = [True] + [False] * fresh
-    assert all(follows == one_round * rounds for *_, follows in got)
+    assert all(follows == one_round * rounds for *_, follows, _ in got)
+    # The layout kernels' send hands the rows' call its inputs (a call of one tile here) when the counts
+    # are carried: every fresh dispatch's; the torch form never does.
+    own = rounds if carry and kernels_library is not None else 0
+    assert [own_send for *_, own_send in got] == [own] * world
 
 
 def _payload_is_the_head(ec) -> bool:
@@ -102,6 +106,12 @@ def test_ipc_path_with_the_layout_kernels_matches_the_dense_reference(world, lay
     """The same grid with the layout computed by the CUDA kernels' code, built for the host
     (test_elastic_layout_emulated.py): on a GPU, test_elastic_cuda.py runs it on the kernels."""
     _check_grid(world, layout_kernels_library)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_ipc_path_with_the_layout_kernels_that_carries_its_counts_matches_the_dense_reference(
+        world, layout_kernels_library):
+    _check_grid(world, layout_kernels_library, carry=True)
 
 
 def _one_rank_refuses_on_emulated_rows(ctx, carry):

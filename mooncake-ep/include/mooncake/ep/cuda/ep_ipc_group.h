@@ -107,6 +107,21 @@ struct CarriedRows {
   int64_t* ranges = nullptr;  // [R]: (s << 32) | 1 where s was heard, (s << 32) | 0 where not
 };
 
+// ElasticBuffer's byte rows built by the send blocks from the caller's own
+// inputs rather than from layoutSend's outputs (dest, pick_slots, the staged
+// tails): each block finds the tokens that go to its rank in the picks (a
+// pick's rank is its id / picks_per_rank), counts their slots itself and
+// writes each row's tail from `tail`'s sources as it sends it. Its rows then
+// need nothing of layoutSend, which a call that follows it
+// (DispatchArgs::follows_layout_send) runs beside; the send blocks wait for
+// it before the carried row (its counts row) and their signals. One local
+// expert per rank (E = R) only; not with DirectHeads.
+struct OwnSendInputs {
+  const int64_t* picks = nullptr;  // [num_tokens, num_topk] global expert ids (-1: none); null: not used
+  int picks_per_rank = 0;          // experts per rank of those ids
+  SendTailArgs tail;               // the tail's sources; its `tail` (the staged copy) is not read
+};
+
 // Inputs and outputs of dispatch, all in device memory of the group's device.
 // L = E / R local experts, S = R * T rows per local expert.
 struct DispatchArgs {
@@ -146,6 +161,7 @@ struct DispatchArgs {
   // Never after another call of the group: that number is what such a call
   // leaves when it completes.
   bool follows_layout_send = false;
+  OwnSendInputs own_send;  // with byte rows and carried counts only
 };
 
 // Inputs and outputs of combine. y, src_info and layout_range are in the row
