@@ -120,7 +120,10 @@ std::string checkOwnSend(const DispatchArgs& args, const RegionLayout& layout) {
     return "own_send.tail: head_bytes, tail_bytes, num_tokens and num_topk must be the call's";
   }
   if (std::string why = tailFormatError(t); !why.empty()) return "own_send.tail: " + why;
-  if (args.num_tokens > 0 && t.payload_bytes > 0 && t.payload == nullptr) return "own_send.tail: payload is required";
+  // The tail holds the payload only where it is not the head.
+  if (args.num_tokens > 0 && t.head_bytes == 0 && t.payload_bytes > 0 && t.payload == nullptr) {
+    return "own_send.tail: payload is required";
+  }
   return {};
 }
 

@@ -35,7 +35,7 @@
 #include <atomic>
 
 #include "dependent_launch.cuh"
-#include "elastic_layout.h"  // layout::destinationOf, layout::tailVector (OwnSendInputs)
+#include "elastic_layout.h"  // layout::destinationOf, layout::tailWord (OwnSendInputs)
 #include "fp8_quant.cuh"
 #include "kernel_args.h"
 #include "one_launch.h"
@@ -115,7 +115,8 @@ __device__ __forceinline__ void writeRowTail(char* to, const DispatchArgs& args,
     warpCopy(to, static_cast<const char*>(b.tail) + token * b.tail_bytes, b.tail_bytes, lane);
     return;
   }
-  const layout::TailSources sources = layout::tailSourcesOf(args.own_send.tail);
+  layout::TailSources sources = layout::tailSourcesOf(args.own_send.tail);
+  sources.topk_idx = args.own_send.picks;  // the ids sent are the picks, as layoutSend stages them
   for (int64_t at = 4 * static_cast<int64_t>(lane); at < static_cast<int64_t>(b.tail_bytes); at += 4 * kWarp) {
     *reinterpret_cast<uint32_t*>(to + at) = layout::tailWord(sources, token, at);
   }

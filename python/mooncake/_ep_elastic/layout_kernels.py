@@ -276,8 +276,10 @@ class KernelLayout:
                                         offer_word=offer_word, active_ranks=_address(active_ranks),
                                         zeroed=_address(receive_counters), zeroed_words=receive_counters.numel(),
                                         topk_copy=_address(topk_copy), **staging)
+        # Only where the payload is the head: a tail that holds payload bytes is built a byte at a
+        # time, which layout_send's helper blocks do side by side and a sending warp would do alone.
         own_send = None
-        if num_tokens <= SEND_TILE_TOKENS:
+        if num_tokens <= SEND_TILE_TOKENS and row.head:
             own_send = dict(picks=_address(topk), picks_per_rank=num_local, num_tokens=num_tokens,
                             num_topk=num_topk, **{k: v for k, v in staging.items() if k != "tail"})
         return SendLayout(dest=dest, dest_slots=dest_slots, counts_row=counts_row, head=head, tail=tail, topk_idx=topk,

@@ -203,7 +203,16 @@ TEST(EpCallChecks, EachRuleOfOwnSendInputsBrokenAloneIsRefused) {
   refused(
       "ids past the tail", [](ElasticCall& c) { c.args.own_send.tail.ids_at = 8208; }, "out of range");
   refused(
-      "no payload", [](ElasticCall& c) { c.args.own_send.tail.payload = nullptr; }, "payload");
+      "no payload in a tail that holds it",
+      [](ElasticCall& c) {
+        c.args.own_send.tail.payload = nullptr;
+        c.args.own_send.tail.head_bytes = 0;
+        c.args.bytes.head_bytes = 0;
+        c.args.bytes.tail_bytes = 8192 + 64;
+        c.args.own_send.tail.tail_bytes = 8192 + 64;
+        c.args.receive_layout.tail_bytes = 8192 + 64;
+      },
+      "payload");
   refused(
       "several local experts",
       [](ElasticCall& c) {

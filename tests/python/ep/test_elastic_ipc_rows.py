@@ -68,8 +68,8 @@ def _check_grid(world, kernels_library=None, output_slots=0, carry=False):
     one_round = [True] + [False] * fresh
     assert all(follows == one_round * rounds for *_, follows, _ in got)
     # The layout kernels' send hands the rows' call its inputs (a call of one tile here) when the counts
-    # are carried: every fresh dispatch's; the torch form never does.
-    own = rounds if carry and kernels_library is not None else 0
+    # are carried and the payload is the rows' head: 4 rounds of each such case; the torch form never does.
+    own = 4 * payload_cases if carry and kernels_library is not None else 0
     assert [own_send for *_, own_send in got] == [own] * world
 
 
