@@ -5,7 +5,9 @@ all_reduce of a [R * T, H] bf16 buffer in combine (what the reference does when
 it has no fast path; reference/ep.md §1.9). Also ElasticBuffer
 (mooncake.mooncake_elastic_buffer) at the same shapes, fresh and cached
 dispatch and combine (bf16), and the copy bound: one local copy of the bytes
-its dispatch delivers to this rank. Each rank times its own calls after a
+its dispatch delivers to this rank (``copy-bound``, called eagerly; and
+``copy-bound-graph``, replayed from a CUDA graph as the IPC path's
+``elastic-ipc-graph`` rows are). Each rank times its own calls after a
 barrier; a row reports, over iterations, the median and p90 of the slowest
 rank (the critical path), and the median from the last rank's start to the
 last rank's end (``from_last_start_ms``: without the barrier's skew).
@@ -183,8 +185,8 @@ def _rank_main(rank, world, port, args, queue):
             for impl, phase, samples in _time_elastic(sized, x, topk, weights, E, T, device, args, "elastic-ipc"):
                 if impl != "copy-bound":
                     rows.append((T, H, E, K, "bf16", impl, phase, samples))
-            for phase, samples in _time_graphs(sized, x, topk, weights, E, T, args):
-                rows.append((T, H, E, K, "bf16", "elastic-ipc-graph", phase, samples))
+            for impl, phase, samples in _time_graphs(sized, x, topk, weights, E, T, args):
+                rows.append((T, H, E, K, "bf16", impl, phase, samples))
             if args.profile:
                 _profile(sized, x, topk, weights, E, T, rank, world)
     queue.put((rank, rows))
@@ -252,21 +254,50 @@ def capture_graphs(elastic, x, topk, weights, E, T):
     return dispatch_graph, combine_graph
 
 
+def _copy_graph(elastic, x, topk, weights, E, T):
+    """The copy bound as the graphs are timed: one copy of the rows a
+    dispatch delivers to this rank (a synchronised dispatch's ``recv_x``,
+    cut to the rows received), captured in a CUDA graph. Collective (it
+    dispatches once). Returns the graph and the tensors it reads and writes."""
+    recv_x, _, _, _, _ = elastic.dispatch(x, topk_idx=topk, topk_weights=weights, num_experts=E,
+                                          num_max_tokens_per_rank=T)
+    source = recv_x.clone()
+    del recv_x  # it may hold an output slot (mooncake/_ep_elastic/output_slots.py)
+    target = torch.empty_like(source)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        target.copy_(source)
+        with torch.cuda.graph(graph, stream=side):
+            target.copy_(source)
+    torch.cuda.current_stream().wait_stream(side)
+    return graph, (source, target)
+
+
 def _time_graphs(elastic, x, topk, weights, E, T, args):
     """The IPC path's dispatch and combine replayed from CUDA graphs
-    (capture_graphs): the kernels' time without Python or launches."""
+    (capture_graphs): the kernels' time without Python or launches; and the
+    copy bound replayed the same way (``copy-bound-graph``, for dispatch and
+    combine alike, as ``copy-bound`` is). Rows of (impl, phase, samples)."""
+    copy_graph, copy_tensors = _copy_graph(elastic, x, topk, weights, E, T)
     dispatch_graph, combine_graph = capture_graphs(elastic, x, topk, weights, E, T)
-    times = {"dispatch": [], "combine": []}
+    graphs = (("elastic-ipc-graph", "dispatch", dispatch_graph), ("elastic-ipc-graph", "combine", combine_graph),
+              ("copy-bound-graph", "dispatch", copy_graph))
+    times = {(impl, phase): [] for impl, phase, _ in graphs}
     for it in range(args.warmup + args.iters):
-        for phase, graph in (("dispatch", dispatch_graph), ("combine", combine_graph)):
+        for impl, phase, graph in graphs:
             dist.barrier()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             graph.replay()
             torch.cuda.synchronize()
             if it >= args.warmup:
-                times[phase].append((t0, time.perf_counter()))
-    return list(times.items())
+                times[(impl, phase)].append((t0, time.perf_counter()))
+    del copy_tensors  # held until the last replay of the copy
+    copies = times[("copy-bound-graph", "dispatch")]
+    return [(impl, phase, samples) for (impl, phase), samples in times.items()] + [
+        ("copy-bound-graph", "combine", copies)]
 
 
 def _profile(elastic, x, topk, weights, E, T, rank, world, calls=5):

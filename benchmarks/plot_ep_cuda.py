@@ -3,7 +3,8 @@ GPU shared by the ranks, time-sliced and under MPS): median ms of dispatch and
 combine per world size, mode and shape, bf16, log scale: the Buffer (its CUDA
 IPC fast path there), the all-gather design, ElasticBuffer (fresh and cached
 dispatch), ElasticBuffer sized at construction (its IPC path, eager and
-replayed from a CUDA graph) and the copy bound.
+replayed from a CUDA graph) and the copy bound (called eagerly, and replayed
+from a CUDA graph where the file has it).
 
     python3 benchmarks/plot_ep_cuda.py docs/benchmarks/ep_cuda.csv docs/benchmarks/ep_cuda.png [GPU name]
 
@@ -21,15 +22,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 BUFFER, ALLGATHER, ELASTIC = "Buffer (fast path)", "all-gather design", "ElasticBuffer"
 IPC, IPC_GRAPH = "ElasticBuffer, IPC path", "ElasticBuffer, IPC path, CUDA graph"
+COPY_GRAPH = "copy bound, CUDA graph"
 SERIES = {"dispatch": (("buffer", "dispatch", BUFFER), ("allgather-baseline", "dispatch", ALLGATHER),
                        ("elastic", "dispatch", ELASTIC), ("elastic", "dispatch-cached", "ElasticBuffer, cached"),
                        ("elastic-ipc", "dispatch", IPC), ("elastic-ipc-graph", "dispatch", IPC_GRAPH),
-                       ("copy-bound", "dispatch", "copy bound")),
+                       ("copy-bound", "dispatch", "copy bound"), ("copy-bound-graph", "dispatch", COPY_GRAPH)),
           "combine": (("buffer", "combine", BUFFER), ("allgather-baseline", "combine", ALLGATHER),
                       ("elastic", "combine", ELASTIC), ("elastic-ipc", "combine", IPC),
-                      ("elastic-ipc-graph", "combine", IPC_GRAPH), ("copy-bound", "combine", "copy bound"))}
+                      ("elastic-ipc-graph", "combine", IPC_GRAPH), ("copy-bound", "combine", "copy bound"),
+                      ("copy-bound-graph", "combine", COPY_GRAPH))}
 COLORS = {"Buffer (fast path)": "C0", "all-gather design": "C1", "ElasticBuffer": "C2", "ElasticBuffer, cached": "C4",
-          "copy bound": "C3", IPC: "C5", IPC_GRAPH: "C6"}
+          "copy bound": "C3", IPC: "C5", IPC_GRAPH: "C6", COPY_GRAPH: "C7"}
 
 
 def main(src: str, dst: str, gpu: str) -> None:
@@ -41,7 +44,9 @@ def main(src: str, dst: str, gpu: str) -> None:
     median = {(r["world"], r["mode"], r["tokens"], r["hidden"], r["topk"], r["impl"], r["phase"]): float(r["median_ms"])
               for r in rows}
     fig, axes = plt.subplots(2, 1, figsize=(12, 8))
+    present = {r["impl"] for r in rows}
     for ax, (phase, series) in zip(axes, SERIES.items()):
+        series = [s for s in series if s[0] in present]  # files from before a series was measured
         width = 0.8 / len(series)
         for i, (impl, row_phase, label) in enumerate(series):
             xs = [c + (i - (len(series) - 1) / 2) * width for c in range(len(configs))]
