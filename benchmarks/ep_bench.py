@@ -7,7 +7,8 @@ it has no fast path; reference/ep.md §1.9). Also ElasticBuffer
 dispatch and combine (bf16), and the copy bound: one local copy of the bytes
 its dispatch delivers to this rank (``copy-bound``, called eagerly; and
 ``copy-bound-graph``, replayed from a CUDA graph as the IPC path's
-``elastic-ipc-graph`` rows are). Each rank times its own calls after a
+``elastic-ipc-graph`` rows are; each world's run prints those rows' ratios
+to both bounds). Each rank times its own calls after a
 barrier; a row reports, over iterations, the median and p90 of the slowest
 rank (the critical path), and the median from the last rank's start to the
 last rank's end (``from_last_start_ms``: without the barrier's skew).
@@ -365,7 +366,28 @@ def _run_world(world, args):
                         median_ms=round(statistics.median(slowest) * 1e3, 3),
                         p90_ms=round(slowest[int(0.9 * (len(slowest) - 1))] * 1e3, 3), mode=args.label,
                         from_last_start_ms=round(statistics.median(from_last_start) * 1e3, 3)))
+    for world_, mode, (T, H, E, K), phase, bound, ratio in graph_ratios(out):
+        print(f"[ep_bench] world {world_} ({mode}), T={T} H={H} E={E} k={K}: {phase} from a graph / {bound} = "
+              f"{ratio:.2f}x", file=sys.stderr, flush=True)
     return out
+
+
+def graph_ratios(rows):
+    """The IPC path's calls replayed from graphs (``elastic-ipc-graph``)
+    against each copy bound of the same world, mode, shape and phase in
+    ``rows`` (``_run_world``'s), by median: (world, mode, (T, H, E, K),
+    phase, bound, ratio), bounds that were not measured left out."""
+    median = {(r["world"], r["mode"], r["tokens"], r["hidden"], r["experts"], r["topk"], r["impl"], r["phase"]):
+              r["median_ms"] for r in rows}
+    ratios = []
+    for (world, mode, T, H, E, K, impl, phase), ms in median.items():
+        if impl != "elastic-ipc-graph":
+            continue
+        for bound in ("copy-bound", "copy-bound-graph"):
+            bound_ms = median.get((world, mode, T, H, E, K, bound, phase))
+            if bound_ms:
+                ratios.append((world, mode, (T, H, E, K), phase, bound, ms / bound_ms))
+    return ratios
 
 
 def main():
