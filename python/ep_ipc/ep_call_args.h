@@ -70,49 +70,50 @@ inline CombineArgs combineArgs(uintptr_t y, uintptr_t src_info, uintptr_t layout
   return a;
 }
 
+// Keyword arguments handed over as a dict: each read names the dict
+// (`what`) and the key in the ValueError of a missing key.
+class DictArgs {
+ public:
+  DictArgs(const pybind11::dict& d, const char* what) : d_(d), what_(what) {}
+  uintptr_t address(const char* key) const { return at(key).cast<uintptr_t>(); }
+  int64_t i64(const char* key) const { return at(key).cast<int64_t>(); }
+  int i32(const char* key) const { return at(key).cast<int>(); }
+
+ private:
+  pybind11::handle at(const char* key) const {
+    if (!d_.contains(key)) throw pybind11::value_error(std::string(what_) + ": '" + key + "' is missing");
+    return d_[key];
+  }
+  const pybind11::dict& d_;
+  const char* what_;
+};
+
 // DispatchArgs::receive_layout from layout_receive's keyword arguments (a
 // dict, ReceivePlan.args of python/mooncake/_ep_elastic/layout_kernels.py)
 // less ranges, src_token and recv_tail, which are the call's own.
 inline cuda::ReceiveLayoutArgs receiveLayoutOf(const pybind11::dict& d) {
-  auto at = [&](const char* key) -> pybind11::handle {
-    if (!d.contains(key)) throw pybind11::value_error(std::string("receive_layout: '") + key + "' is missing");
-    return d[key];
-  };
-  auto u = [&](const char* key) { return at(key).cast<uintptr_t>(); };
-  auto i64 = [&](const char* key) { return at(key).cast<int64_t>(); };
-  auto i = [&](const char* key) { return at(key).cast<int>(); };
-  return receiveLayoutArgs(u("topk_idx"), u("token_index"), u("gathered"), i64("gathered_stride"), u("gathered_ranges"),
-                           i("num_tokens"), 0, 0, 0, i64("tail_bytes"), i64("ids_at"), i64("weights_at"),
-                           i64("capacity"), i("num_topk"), i("num_local"), i("num_ranks"), i("rank"),
-                           i("tokens_per_rank"), u("slots"), u("real"), u("local"), u("weights"), u("metadata"),
-                           u("per_expert"), u("expert_psum"), u("scaleup_psum"), u("finished_blocks"));
+  const DictArgs a(d, "receive_layout");
+  return receiveLayoutArgs(a.address("topk_idx"), a.address("token_index"), a.address("gathered"),
+                           a.i64("gathered_stride"), a.address("gathered_ranges"), a.i32("num_tokens"), 0, 0, 0,
+                           a.i64("tail_bytes"), a.i64("ids_at"), a.i64("weights_at"), a.i64("capacity"),
+                           a.i32("num_topk"), a.i32("num_local"), a.i32("num_ranks"), a.i32("rank"),
+                           a.i32("tokens_per_rank"), a.address("slots"), a.address("real"), a.address("local"),
+                           a.address("weights"), a.address("metadata"), a.address("per_expert"),
+                           a.address("expert_psum"), a.address("scaleup_psum"), a.address("finished_blocks"));
 }
 
 // DispatchArgs::own_send from a dict (SendLayout.own_send of
 // python/mooncake/_ep_elastic/layout_kernels.py): the picks and how many
-// experts a rank has, then the tail's sources as layout_send names them.
+// experts a rank has, then the tail's sources as layout_send names them
+// (sendTailArgs; the picks are its ids, and no staged tail is written).
 inline cuda::OwnSendInputs ownSendOf(const pybind11::dict& d) {
-  auto at = [&](const char* key) -> pybind11::handle {
-    if (!d.contains(key)) throw pybind11::value_error(std::string("own_send: '") + key + "' is missing");
-    return d[key];
-  };
-  auto u = [&](const char* key) { return at(key).cast<uintptr_t>(); };
-  auto i64 = [&](const char* key) { return at(key).cast<int64_t>(); };
+  const DictArgs a(d, "own_send");
   cuda::OwnSendInputs o;
-  o.picks = pointer<const int64_t>(u("picks"));
-  o.picks_per_rank = at("picks_per_rank").cast<int>();
-  cuda::SendTailArgs& t = o.tail;
-  t.payload = pointer<const void>(u("payload"));
-  t.scales = pointer<const void>(u("scales"));
-  t.topk_idx = o.picks;
-  t.weights = pointer<const float>(u("weights"));
-  t.payload_bytes = i64("payload_bytes");
-  t.scale_bytes = i64("scale_bytes");
-  t.head_bytes = i64("head_bytes");
-  t.tail_bytes = i64("tail_bytes");
-  t.ids_at = i64("ids_at");
-  t.num_tokens = at("num_tokens").cast<int>();
-  t.num_topk = at("num_topk").cast<int>();
+  o.picks = pointer<const int64_t>(a.address("picks"));
+  o.picks_per_rank = a.i32("picks_per_rank");
+  o.tail = sendTailArgs(a.address("payload"), a.i64("payload_bytes"), a.address("scales"), a.i64("scale_bytes"),
+                        a.address("picks"), a.address("weights"), a.i32("num_tokens"), a.i32("num_topk"),
+                        a.i64("head_bytes"), a.i64("ids_at"), 0, a.i64("tail_bytes"));
   return o;
 }
 
