@@ -66,6 +66,17 @@ struct ElasticCall {
   std::string check() const { return checkDispatchCall(args, layout); }
 };
 
+// The call `setUp` makes (null: the plain ElasticCall), then `breaks`, is
+// refused, with `words` in the reason; `what` names the case in a failure.
+void expectRefused(void (*setUp)(ElasticCall&), const char* what, const std::function<void(ElasticCall&)>& breaks,
+                   const char* words) {
+  ElasticCall call;
+  if (setUp != nullptr) setUp(call);
+  breaks(call);
+  const std::string why = call.check();
+  EXPECT_NE(why.find(words), std::string::npos) << what << ": " << why;
+}
+
 TEST(EpCallChecks, AnElasticBufferRowsCallThatLaysOutItsRowsPasses) {
   ElasticCall call;
   EXPECT_EQ(call.check(), "");
@@ -85,11 +96,8 @@ TEST(EpCallChecks, ARankWithNoTokensPassesWithoutSlots) {
 }
 
 TEST(EpCallChecks, EachReceiveLayoutRuleBrokenAloneIsRefused) {
-  auto refused = [](const char* what, auto&& breaks) {
-    ElasticCall call;
-    breaks(call);
-    const std::string why = call.check();
-    EXPECT_NE(why.find("receive_layout"), std::string::npos) << what << ": " << why;
+  auto refused = [](const char* what, const std::function<void(ElasticCall&)>& breaks) {
+    expectRefused(nullptr, what, breaks, "receive_layout");
   };
   refused("several local experts", [](ElasticCall& c) { c.layout = RegionLayout::make(128, 4224, 4, 2); });
   refused("capacity past R * T", [](ElasticCall& c) { c.args.receive_layout.capacity = 257; });
@@ -127,11 +135,7 @@ TEST(EpCallChecks, ACallThatCarriesItsCountsPasses) {
 
 TEST(EpCallChecks, EachRuleOfACarriedRowBrokenAloneIsRefused) {
   auto refused = [](const char* what, const std::function<void(ElasticCall&)>& breaks, const char* words) {
-    ElasticCall call;
-    carryCounts(call);
-    breaks(call);
-    const std::string why = call.check();
-    EXPECT_NE(why.find(words), std::string::npos) << what << ": " << why;
+    expectRefused(carryCounts, what, breaks, words);
   };
   refused(
       "no bytes", [](ElasticCall& c) { c.args.carried.bytes = 0; }, "carried_bytes");
@@ -188,11 +192,7 @@ TEST(EpCallChecks, ACallThatSendsFromItsOwnInputsPasses) {
 
 TEST(EpCallChecks, EachRuleOfOwnSendInputsBrokenAloneIsRefused) {
   auto refused = [](const char* what, const std::function<void(ElasticCall&)>& breaks, const char* words) {
-    ElasticCall call;
-    sendFromOwnInputs(call);
-    breaks(call);
-    const std::string why = call.check();
-    EXPECT_NE(why.find(words), std::string::npos) << what << ": " << why;
+    expectRefused(sendFromOwnInputs, what, breaks, words);
   };
   refused(
       "no ranks for the picks", [](ElasticCall& c) { c.args.own_send.picks_per_rank = 0; }, "picks_per_rank");
