@@ -17,7 +17,15 @@ of each graph (stderr).
 also records 20 replays of each graph with the CUDA profiler (CUPTI, through
 torch.profiler: clocks and caches as in a real run, unlike ncu's defaults)
 and prints each kernel's median time and the median gap before it: where a
-call's time goes between its kernels and between their launches."""
+call's time goes between its kernels and between their launches.
+
+    cmake ... -DMOONCAKE_EP_TRACE=ON && ninja mooncake_ep_ipc_py
+    PYTHONPATH=python python3 benchmarks/ep_graph_probe.py 128 4096 256 8 --trace
+
+also prints where the time goes inside the dispatch's kernels: each step's
+first and last block (mooncake/ep/cuda/trace.h), median µs after the
+layout's first block began, over 20 replays. Only with a build that stamps
+(the stamps' atomics cost a little: time the call without them)."""
 
 import argparse
 import datetime
@@ -74,6 +82,8 @@ def median_us(fn, calls=50) -> float:
 def main():
     ap = shape_arguments(__doc__, 29533)
     ap.add_argument("--timeline", action="store_true", help="also each kernel's time and the gaps (torch.profiler)")
+    ap.add_argument("--trace", action="store_true", help="also the dispatch's steps inside its kernels "
+                    "(a build with MOONCAKE_EP_TRACE=ON)")
     args = ap.parse_args()
     from ep_bench import capture_graphs  # noqa: PLC0415 (benchmarks/, the script's folder)
 
@@ -94,6 +104,8 @@ def main():
     if args.timeline:
         for name, graph in (("dispatch", dispatch_graph), ("combine", combine_graph)):
             print_timeline(name, graph)
+    if args.trace:
+        print_steps(dispatch_graph)
     dist.destroy_process_group()
 
 
@@ -126,6 +138,41 @@ def print_timeline(name, graph, replays=20):
           f"{spans[len(spans) // 2]:.1f}", file=sys.stderr)
     for kernel, took, gap in rows:
         print(f"[ep_graph_probe]   {took:7.1f}  (gap before {gap:5.1f})  {kernel}", file=sys.stderr)
+
+
+def print_steps(graph, replays=20):
+    """The dispatch's steps inside its kernels (mooncake/ep/cuda/trace.h):
+    per point, the median over ``replays`` of its first and last block's
+    stamp, in µs after the first stamp of the replay (the layout's first
+    block), points no block reached left out."""
+    from mooncake import _ep_ipc  # noqa: PLC0415
+
+    if not _ep_ipc.trace_enabled():
+        sys.exit("[ep_graph_probe] --trace needs a build with -DMOONCAKE_EP_TRACE=ON")
+    names = _ep_ipc.trace_points()
+    unreached = 2**64 - 1
+    runs = []
+    for _ in range(replays):
+        torch.cuda.synchronize()
+        _ep_ipc.trace_reset()
+        graph.replay()
+        torch.cuda.synchronize()
+        runs.append(_ep_ipc.trace_read())
+    print(f"[ep_graph_probe] dispatch steps (us after the first stamp, median of {replays}): first block, last block",
+          file=sys.stderr)
+    for p, name in enumerate(names):
+        firsts, lasts = [], []
+        for stamps in runs:
+            origin = min(first for first, _ in stamps)
+            first, last = stamps[p]
+            if first != unreached:
+                firsts.append((first - origin) / 1e3)
+                lasts.append((last - origin) / 1e3)
+        if firsts:
+            firsts.sort()
+            lasts.sort()
+            print(f"[ep_graph_probe]   {name:14s} {firsts[len(firsts) // 2]:7.2f} {lasts[len(lasts) // 2]:7.2f}",
+                  file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@
 #include "receive_layout.cuh"
 #include "send_tally.cuh"
 #include "signals.cuh"
+#include "trace_points.cuh"
 #include "warp_copy.cuh"
 
 namespace mooncake::ep::cuda {
@@ -168,6 +169,7 @@ __device__ __forceinline__ uint32_t sendPhase(const EpKernelContext& ctx, const 
   const int expert = blockIdx.x, dest = expert / lay.L, le = expert % lay.L;
   CallCounters* counters = &ctx.counters->dispatch;
   auto* tally = reinterpret_cast<uint64_t*>(ctx.regions[ctx.rank] + lay.sendTally(0, expert));
+  trace::traceAt(trace::kRowsStart);
   const SendBlockStart start = beginSendBlock(counters, args.active_ranks, ctx.escape, ctx.rank, dest);
   // A launch that overlaps the layout's kernel (DispatchArgs::follows_layout_send)
   // meets its end here, before it reads what that kernel writes; with
@@ -272,7 +274,9 @@ __device__ __forceinline__ uint32_t sendPhase(const EpKernelContext& ctx, const 
   // The rows sent from the caller's own inputs beside the layout's kernel:
   // the carried row is that kernel's, and what follows this phase reads its
   // outputs too.
+  trace::traceAt(trace::kRowsSent);
   if (picks.per_rank != 0) waitForPreviousKernel();
+  trace::traceAt(trace::kLayoutWaited);
   // The carried row, once per destination (its first block of local expert
   // 0), under the same signal as the rows.
   if (args.carried.mine != nullptr && le == 0 && blockIdx.y == 0 && warp == 0) {
@@ -285,6 +289,7 @@ __device__ __forceinline__ uint32_t sendPhase(const EpKernelContext& ctx, const 
     publishFromChunks(region, lay.dispatchSignal(parity, le, ctx.rank), tally, sequence,
                       static_cast<uint32_t>(sent_before - picked_before), /*skipped=*/false);
     finishSendBlock(counters, sequence);
+    trace::traceAt(trace::kSignalled);
   }
   return sequence;
 }
@@ -396,6 +401,7 @@ __device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const Disp
   const RegionLayout& lay = ctx.layout;
   __shared__ uint32_t sequence;
   if (threadIdx.x == 0) sequence = beginReceive(&ctx.counters->dispatch);
+  trace::traceAt(trace::kWaitStart);
   __syncthreads();
   noteDepartedPeers(ctx.escape, ctx.rank, ctx.layout.R);
   const int parity = static_cast<int>(sequence & 1);
@@ -416,6 +422,7 @@ __device__ __forceinline__ void waitPhase(const EpKernelContext& ctx, const Disp
     args.layout_range[pair] = count < 0 ? 0 : min(count, lay.T);
   }
   __syncthreads();  // every wait is over: the mask is final for this call
+  trace::traceAt(trace::kSignalsHeard);
   // The final mask, read once (a thread per rank, side by side) into shared
   // memory, so that pass 2's loop over sources reads no global word and
   // every thread sees the same mask (the caller may keep it host-mapped).
@@ -596,11 +603,13 @@ __device__ __forceinline__ void wholeCall(const EpKernelContext& ctx, const Disp
     waitPhase(ctx, args);
     __syncthreads();  // every thread's layout_range, recv_count and staging before the release
     if (threadIdx.x == 0) st_release_gpu(&counters->laid_out, call);
+    trace::traceAt(trace::kLaidOut);
   } else {
     if (threadIdx.x == 0) {
       while (ld_acquire_gpu(&counters->laid_out) != call) {
       }
     }
+    trace::traceAt(trace::kHandedOver);
     __syncthreads();
   }
   // This call's receive number: block 0 took it (beginReceive) before the release.
@@ -611,7 +620,9 @@ __device__ __forceinline__ void wholeCall(const EpKernelContext& ctx, const Disp
     const int pair = b % segments;
     copySegment(ctx, args, self_by_reference, parity, pair / lay.R, pair % lay.R, b / segments, chunks, block_counts);
   }
+  trace::traceAt(trace::kCopied);
   finishReceiveLayout(args, block, blocks, block_counts);
+  trace::traceAt(trace::kRowsEnd);
 }
 
 enum class DispatchPhase : int { kSend, kWait, kCopy, kWhole };
@@ -735,6 +746,7 @@ cudaError_t launchFirst(dim3 grid, size_t shared_bytes, cudaStream_t stream, boo
 
 cudaError_t launchDispatch(const EpKernelContext& ctx, const DispatchArgs& given, EpStages stages,
                            cudaStream_t stream) {
+  trace::bindUnit();
   DispatchArgs args = given;
   size_t counts_bytes = 0;         // receive_layout's counts per block, in dynamic shared memory
   if (args.with_receive_layout) {  // the rows it lays out are this call's own

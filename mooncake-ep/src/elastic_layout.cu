@@ -35,6 +35,7 @@
 #include "mooncake/ep/cuda/elastic_layout.h"
 #include "mooncake/ep/cuda/ep_ipc_group.h"
 #include "receive_layout.cuh"
+#include "trace_points.cuh"
 
 namespace mooncake::ep::cuda {
 namespace {
@@ -128,12 +129,14 @@ __global__ void __launch_bounds__(kTileTokens)
   extern __shared__ int8_t tile_dests[];  // [kTileTokens * k]: the destination of each pick of the tile
   __shared__ int32_t warp_count[kTileWarps][kMaxEpRanks];
   __shared__ int32_t tile_total[kMaxEpRanks];
+  trace::traceAt(trace::kLayoutStart);
   allowDependentLaunch();  // the rows' call that follows starts while this ends (it waits for what this writes)
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int helpers = static_cast<int>(gridDim.x) - tiles;
   if (static_cast<int>(blockIdx.x) >= tiles) {
     helpOneTile(a, tail_sources, tail, static_cast<int64_t>(blockIdx.x - tiles) * kTileTokens + tid,
                 static_cast<int64_t>(helpers) * kTileTokens);
+    trace::traceAt(trace::kLayoutEnd);
     return;
   }
   const bool gives_up = givesUpOn(a, tid);
@@ -215,6 +218,7 @@ __global__ void __launch_bounds__(kTileTokens)
       if (dests[j] < 0) a.token_index[t * k + j] = -1;
     }
   }
+  trace::traceAt(trace::kLayoutEnd);
 }
 
 // kLoadsInFlight of a thread's picks in sendOffsetsKernel, pick
@@ -250,6 +254,7 @@ __global__ void __launch_bounds__(kTileTokens) sendOffsetsKernel(SendLayoutArgs 
   __shared__ int32_t base[kMaxEpRanks];
   __shared__ int32_t total[kMaxEpRanks];
   allowDependentLaunch();  // as in sendTileKernel: this is the layout's last launch
+  trace::traceAt(trace::kLayoutStart);
   const int tid = static_cast<int>(threadIdx.x), k = a.num_topk, num_ranks = a.num_ranks;
   const bool last = blockIdx.x + 1 == gridDim.x;
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * kTileTokens;
@@ -279,6 +284,7 @@ __global__ void __launch_bounds__(kTileTokens) sendOffsetsKernel(SendLayoutArgs 
       if (batch.slot[u] >= 0) a.dest_slots[at] = batch.slot[u] + base[batch.dest[u]];
     }
   }
+  trace::traceAt(trace::kLayoutEnd);
 }
 
 __global__ void sendTailKernel(layout::TailSources s, int64_t num_tokens, uint8_t* tail) {
@@ -383,6 +389,7 @@ bool layoutSend(const SendLayoutArgs& a, cudaStream_t stream, std::string* error
   // all). Larger calls use sendTail's wider grid: their tiles' few blocks
   // were slower at it than a launch costs (one A/B on an H100, 8192 tokens,
   // dispatch from a graph: 0.195 ms with sendTail, 0.213 ms in the tiles).
+  trace::bindUnit();
   const bool tails_by_helpers = tiles == 1 && tail.tail != nullptr && tail.tail_bytes > 0;
   const int helpers = tileHelpers(a, tiles, tails_by_helpers);
   sendTileKernel<<<tiles + helpers, kTileTokens, static_cast<size_t>(kTileTokens) * a.num_topk, stream>>>(

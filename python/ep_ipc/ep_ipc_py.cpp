@@ -17,6 +17,7 @@
 #include "layout_call_args.h"
 #include "mooncake/ep/cuda/elastic_layout.h"
 #include "mooncake/ep/cuda/ep_ipc_group.h"
+#include "mooncake/ep/cuda/trace.h"
 
 namespace py = pybind11;
 using namespace mooncake::ep::cuda;
@@ -164,6 +165,36 @@ void defineLayoutKernels(py::module_& m) {
       "and finished_blocks counted in (zero both first), expert_psum is per_expert's inclusive prefix sums");
 }
 
+// The kernels' step stamps (mooncake/ep/cuda/trace.h), for
+// benchmarks/ep_graph_probe.py --trace: present in every build, and they
+// raise where the build does not stamp.
+void defineTrace(py::module_& m) {
+  m.def("trace_enabled", &trace::enabled, "Whether this build stamps the kernels' steps (MOONCAKE_EP_TRACE=ON)");
+  m.def(
+      "trace_points",
+      [] {
+        py::list names;
+        for (const std::string& name : trace::pointNames()) names.append(name);
+        return names;
+      },
+      "The stamped points' names, in order");
+  m.def(
+      "trace_reset",
+      [] { raiseUnless(trace::reset(), "trace_reset: this build does not stamp (MOONCAKE_EP_TRACE=OFF) or CUDA failed"); },
+      "Clears the stamps (synchronous): call with the device idle, before the call to look at");
+  m.def(
+      "trace_read",
+      [] {
+        trace::Stamps stamps{};
+        raiseUnless(trace::read(&stamps), "trace_read: this build does not stamp (MOONCAKE_EP_TRACE=OFF) or CUDA failed");
+        py::list points;
+        for (int p = 0; p < trace::kPoints; ++p) points.append(py::make_tuple(stamps.first[p], stamps.last[p]));
+        return points;
+      },
+      "Per point (trace_points' order), (first, last) %globaltimer ns of the blocks that reached it since "
+      "trace_reset: first 2**64 - 1 and last 0 where none did");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_ep_ipc, m) {
@@ -191,4 +222,5 @@ PYBIND11_MODULE(_ep_ipc, m) {
            "An object that keeps the receive region (and its output slots) allocated while it lives, after close too");
   defineKernelCalls<PyEpIpcGroup>(group_class);
   defineLayoutKernels(m);
+  defineTrace(m);
 }
