@@ -22,6 +22,10 @@ Several ranks on one GPU time-share it unless MPS runs: name the run with
 ``--label`` (the "mode" column) and add runs to one file with ``--append``:
 
     PYTHONPATH=python python3 benchmarks/ep_bench.py --device cuda --worlds 1 2 4 --label time-sliced --csv docs/benchmarks/ep_cuda.csv
+
+With a build configured with ``-DMOONCAKE_EP_TRACE=ON``, ``--trace`` also
+prints every rank's steps inside the IPC path's dispatch (replayed from a
+graph): where its device time goes, rank by rank.
 """
 
 from __future__ import annotations
@@ -190,6 +194,8 @@ def _rank_main(rank, world, port, args, queue):
                 rows.append((T, H, E, K, "bf16", impl, phase, samples))
             if args.profile:
                 _profile(sized, x, topk, weights, E, T, rank, world)
+            if args.trace:
+                _trace_steps(sized, x, topk, weights, E, T, rank, world)
     queue.put((rank, rows))
     dist.barrier()
     dist.destroy_process_group()
@@ -330,6 +336,48 @@ def _profile(elastic, x, topk, weights, E, T, rank, world, calls=5):
             print(f"[ep_bench] no kernel timeline: {e}", file=sys.stderr)
 
 
+def _trace_steps(elastic, x, topk, weights, E, T, rank, world, replays=20):
+    """Every rank's steps inside the dispatch's kernels, replayed from a
+    graph (mooncake/ep/cuda/trace.h; a build with MOONCAKE_EP_TRACE=ON):
+    rank 0 prints, per point and rank, the median of the first and the last
+    block's stamp in µs after the replay's first stamp on any rank (the
+    ranks share the GPU's global timer when they share a GPU)."""
+    from mooncake import _ep_ipc  # noqa: PLC0415
+
+    if not _ep_ipc.trace_enabled():
+        raise SystemExit("[ep_bench] --trace needs a build with -DMOONCAKE_EP_TRACE=ON")
+    dispatch_graph, _ = capture_graphs(elastic, x, topk, weights, E, T)
+    runs = []
+    for _ in range(replays):
+        torch.cuda.synchronize()
+        _ep_ipc.trace_reset()
+        dist.barrier()
+        torch.cuda.synchronize()
+        dispatch_graph.replay()
+        torch.cuda.synchronize()
+        runs.append(_ep_ipc.trace_read())
+    every = [None] * world
+    dist.all_gather_object(every, runs)
+    if rank != 0:
+        return
+    unreached = 2**64 - 1
+    print(f"[ep_bench] world {world}, T={T}: dispatch steps, us after the first stamp (median of {replays}); "
+          "per rank: first block, last block", file=sys.stderr)
+    for p, name in enumerate(_ep_ipc.trace_points()):
+        cells = []
+        for r in range(world):
+            firsts, lasts = [], []
+            for i in range(replays):
+                origin = min(first for ranks in every for first, _ in ranks[i])
+                first, last = every[r][i][p]
+                if first != unreached:
+                    firsts.append((first - origin) / 1e3)
+                    lasts.append((last - origin) / 1e3)
+            cells.append(f"{statistics.median(firsts):7.2f} {statistics.median(lasts):7.2f}" if firsts else
+                         f"{'-':>7s} {'-':>7s}")
+        print(f"[ep_bench]   {name:14s} " + " | ".join(cells), file=sys.stderr, flush=True)
+
+
 def _print_last_call_timeline(prof):
     """The last dispatch + combine as launches in device order: start (µs
     after the call's first kernel) and duration. One kernel name covers an
@@ -404,6 +452,8 @@ def main():
                     "the Buffer's per-expert region would not fit)")
     ap.add_argument("--profile", action="store_true", help="rank 0 prints the IPC path's kernels by device time "
                     "(torch profiler) after each shape")
+    ap.add_argument("--trace", action="store_true", help="rank 0 prints every rank's steps inside the IPC path's "
+                    "dispatch, replayed from a graph (a build with -DMOONCAKE_EP_TRACE=ON)")
     ap.add_argument("--csv")
     ap.add_argument("--append", action="store_true", help="add to --csv instead of overwriting it")
     args = ap.parse_args()

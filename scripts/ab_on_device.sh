@@ -11,8 +11,10 @@
 #       --shape 128 4096 256 8 --worlds 1 --label $LABEL --csv $OUT/ab.csv --append'   # on the device
 #
 # REPS (default 1): how many times over; MPS=1 runs the commands under an
-# MPS daemon (several ranks sharing the GPU side by side). A stays built in
-# /tmp/ab-base until the machine goes back.
+# MPS daemon (several ranks sharing the GPU side by side); CMAKE_FLAGS adds
+# to both builds' configuration (-DMOONCAKE_EP_TRACE=ON: compare the
+# kernels' steps with ep_bench.py --trace, which moves far less than a time
+# taken from the host). A stays built in /tmp/ab-base until the machine goes back.
 set -uo pipefail
 [ $# -eq 2 ] || { echo "usage: scripts/ab_on_device.sh DIFF COMMAND" >&2; exit 2; }
 DIFF=$(realpath "$1")
@@ -27,8 +29,9 @@ tar --exclude=./build-gpu --exclude=./build -cf - . | tar -xf - -C "$BASE"
 (cd "$BASE" && patch -s -R -p1 < "$DIFF") || { echo "ab_on_device: $1 does not come off this tree" >&2; exit 1; }
 
 build() {  # tree, label
+  # shellcheck disable=SC2086 # CMAKE_FLAGS: several words
   cmake -S "$1" -B "$1/build-gpu" -G Ninja -DMOONCAKE_BUILD_BENCHMARKS=OFF -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
-    > "$LOGS/ab-build-$2.log" 2>&1 &&
+    ${CMAKE_FLAGS:-} > "$LOGS/ab-build-$2.log" 2>&1 &&
     ninja -C "$1/build-gpu" -j8 mooncake_pg_py mooncake_ep_ipc_py mooncake_engine_py >> "$LOGS/ab-build-$2.log" 2>&1
 }
 start=$(date +%s)
