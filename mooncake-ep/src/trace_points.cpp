@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <iterator>
 #include <mutex>
 
 #include "mooncake/ep/cuda/trace.h"
@@ -10,9 +11,10 @@
 namespace mooncake::ep::cuda::trace {
 
 namespace {
-constexpr const char* kNames[kPoints] = {"layout start", "layout end",   "rows start", "rows sent",
+constexpr const char* kNames[] = {"layout start", "layout end",   "rows start", "rows sent",
                                          "layout waited", "signalled",   "wait start", "heard",
                                          "laid out",     "handed over", "copied",     "rows end"};
+static_assert(std::size(kNames) == kPoints, "a name for each Point, in order");
 }  // namespace
 
 #ifdef MOONCAKE_EP_TRACE
