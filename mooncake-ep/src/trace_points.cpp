@@ -11,9 +11,9 @@
 namespace mooncake::ep::cuda::trace {
 
 namespace {
-constexpr const char* kNames[] = {"layout start", "layout end",   "rows start", "rows sent",
-                                         "layout waited", "signalled",   "wait start", "heard",
-                                         "laid out",     "handed over", "copied",     "rows end"};
+constexpr const char* kNames[] = {"layout start",  "layout end",  "rows start", "rows sent",
+                                  "layout waited", "signalled",   "wait start", "heard",
+                                  "laid out",      "handed over", "copied",     "rows end"};
 static_assert(std::size(kNames) == kPoints, "a name for each Point, in order");
 }  // namespace
 

@@ -180,13 +180,16 @@ void defineTrace(py::module_& m) {
       "The stamped points' names, in order");
   m.def(
       "trace_reset",
-      [] { raiseUnless(trace::reset(), "trace_reset: this build does not stamp (MOONCAKE_EP_TRACE=OFF) or CUDA failed"); },
+      [] {
+        raiseUnless(trace::reset(), "trace_reset: this build does not stamp (MOONCAKE_EP_TRACE=OFF) or CUDA failed");
+      },
       "Clears the stamps (synchronous): call with the device idle, before the call to look at");
   m.def(
       "trace_read",
       [] {
         trace::Stamps stamps{};
-        raiseUnless(trace::read(&stamps), "trace_read: this build does not stamp (MOONCAKE_EP_TRACE=OFF) or CUDA failed");
+        raiseUnless(trace::read(&stamps),
+                    "trace_read: this build does not stamp (MOONCAKE_EP_TRACE=OFF) or CUDA failed");
         py::list points;
         for (int p = 0; p < trace::kPoints; ++p) points.append(py::make_tuple(stamps.first[p], stamps.last[p]));
         return points;
