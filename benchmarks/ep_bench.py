@@ -336,46 +336,70 @@ def _profile(elastic, x, topk, weights, E, T, rank, world, calls=5):
             print(f"[ep_bench] no kernel timeline: {e}", file=sys.stderr)
 
 
-def _trace_steps(elastic, x, topk, weights, E, T, rank, world, replays=20):
-    """Every rank's steps inside the dispatch's kernels, replayed from a
-    graph (mooncake/ep/cuda/trace.h; a build with MOONCAKE_EP_TRACE=ON):
-    rank 0 prints, per point and rank, the median of the first and the last
-    block's stamp in µs after the replay's first stamp on any rank (the
-    ranks share the GPU's global timer when they share a GPU)."""
+def trace_replays(graph, replays, before_replay=lambda: None):
+    """The stamps (mooncake/ep/cuda/trace.h) of ``replays`` replays of
+    ``graph``, each from a synchronised device, cleared before and read
+    after it: a list, per replay, of (first, last) per point. Exits with
+    the reason where the build does not stamp."""
     from mooncake import _ep_ipc  # noqa: PLC0415
 
     if not _ep_ipc.trace_enabled():
-        raise SystemExit("[ep_bench] --trace needs a build with -DMOONCAKE_EP_TRACE=ON")
-    dispatch_graph, _ = capture_graphs(elastic, x, topk, weights, E, T)
+        raise SystemExit("[ep] --trace needs a build with -DMOONCAKE_EP_TRACE=ON")
     runs = []
     for _ in range(replays):
         torch.cuda.synchronize()
         _ep_ipc.trace_reset()
-        dist.barrier()
+        before_replay()
         torch.cuda.synchronize()
-        dispatch_graph.replay()
+        graph.replay()
         torch.cuda.synchronize()
         runs.append(_ep_ipc.trace_read())
+    return runs
+
+
+def step_table(names, every):
+    """``every``: per rank, trace_replays' list; ``names``: the points'
+    (mooncake._ep_ipc.trace_points()). Per point: its name and, per rank,
+    the medians over the replays of its first and last block's stamp in µs
+    after the replay's first stamp on any rank (None where no block of that
+    rank reached it)."""
+    unreached = 2**64 - 1
+    replays = len(every[0])
+    origins = [min(first for runs in every for first, _ in runs[i]) for i in range(replays)]
+    table = []
+    for p, name in enumerate(names):
+        cells = []
+        for runs in every:
+            reached = [(runs[i][p][0] - origins[i], runs[i][p][1] - origins[i]) for i in range(replays)
+                       if runs[i][p][0] != unreached]
+            cells.append((statistics.median(f for f, _ in reached) / 1e3, statistics.median(la for _, la in reached) / 1e3)
+                         if reached else None)
+        table.append((name, cells))
+    return table
+
+
+def format_steps(table):
+    """step_table's rows as lines: the name, then each rank's first and last block, ``|`` between ranks."""
+    return [f"{name:14s} " + " | ".join(f"{c[0]:7.2f} {c[1]:7.2f}" if c else f"{'-':>7s} {'-':>7s}" for c in cells)
+            for name, cells in table]
+
+
+def _trace_steps(elastic, x, topk, weights, E, T, rank, world, replays=20):
+    """Every rank's steps inside the dispatch's kernels, replayed from a
+    graph (a build with MOONCAKE_EP_TRACE=ON): rank 0 prints step_table's
+    rows (the ranks share the GPU's global timer when they share a GPU)."""
+    dispatch_graph, _ = capture_graphs(elastic, x, topk, weights, E, T)
+    runs = trace_replays(dispatch_graph, replays, before_replay=dist.barrier)
     every = [None] * world
     dist.all_gather_object(every, runs)
     if rank != 0:
         return
-    unreached = 2**64 - 1
     print(f"[ep_bench] world {world}, T={T}: dispatch steps, us after the first stamp (median of {replays}); "
           "per rank: first block, last block", file=sys.stderr)
-    for p, name in enumerate(_ep_ipc.trace_points()):
-        cells = []
-        for r in range(world):
-            firsts, lasts = [], []
-            for i in range(replays):
-                origin = min(first for ranks in every for first, _ in ranks[i])
-                first, last = every[r][i][p]
-                if first != unreached:
-                    firsts.append((first - origin) / 1e3)
-                    lasts.append((last - origin) / 1e3)
-            cells.append(f"{statistics.median(firsts):7.2f} {statistics.median(lasts):7.2f}" if firsts else
-                         f"{'-':>7s} {'-':>7s}")
-        print(f"[ep_bench]   {name:14s} " + " | ".join(cells), file=sys.stderr, flush=True)
+    from mooncake import _ep_ipc  # noqa: PLC0415
+
+    for line in format_steps(step_table(_ep_ipc.trace_points(), every)):
+        print(f"[ep_bench]   {line}", file=sys.stderr, flush=True)
 
 
 def _print_last_call_timeline(prof):

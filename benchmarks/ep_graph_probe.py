@@ -144,35 +144,15 @@ def print_steps(graph, replays=20):
     """The dispatch's steps inside its kernels (mooncake/ep/cuda/trace.h):
     per point, the median over ``replays`` of its first and last block's
     stamp, in µs after the first stamp of the replay (the layout's first
-    block), points no block reached left out."""
+    block)."""
+    from ep_bench import format_steps, step_table, trace_replays  # noqa: PLC0415
     from mooncake import _ep_ipc  # noqa: PLC0415
 
-    if not _ep_ipc.trace_enabled():
-        sys.exit("[ep_graph_probe] --trace needs a build with -DMOONCAKE_EP_TRACE=ON")
-    names = _ep_ipc.trace_points()
-    unreached = 2**64 - 1
-    runs = []
-    for _ in range(replays):
-        torch.cuda.synchronize()
-        _ep_ipc.trace_reset()
-        graph.replay()
-        torch.cuda.synchronize()
-        runs.append(_ep_ipc.trace_read())
+    table = step_table(_ep_ipc.trace_points(), [trace_replays(graph, replays)])
     print(f"[ep_graph_probe] dispatch steps (us after the first stamp, median of {replays}): first block, last block",
           file=sys.stderr)
-    for p, name in enumerate(names):
-        firsts, lasts = [], []
-        for stamps in runs:
-            origin = min(first for first, _ in stamps)
-            first, last = stamps[p]
-            if first != unreached:
-                firsts.append((first - origin) / 1e3)
-                lasts.append((last - origin) / 1e3)
-        if firsts:
-            firsts.sort()
-            lasts.sort()
-            print(f"[ep_graph_probe]   {name:14s} {firsts[len(firsts) // 2]:7.2f} {lasts[len(lasts) // 2]:7.2f}",
-                  file=sys.stderr)
+    for line in format_steps(table):
+        print(f"[ep_graph_probe]   {line}", file=sys.stderr)
 
 
 if __name__ == "__main__":
