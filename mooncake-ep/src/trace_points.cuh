@@ -37,7 +37,9 @@ __device__ __forceinline__ void traceAt(Point point) {
 inline void bindUnit() {
   static const bool bound = [] {
     Stamps* buffer = stampsBuffer();
-    return buffer != nullptr && cudaMemcpyToSymbol(g_stamps, &buffer, sizeof buffer) == cudaSuccess;
+    if (buffer != nullptr && cudaMemcpyToSymbol(g_stamps, &buffer, sizeof buffer) == cudaSuccess) return true;
+    cudaGetLastError();  // unstamped, but not an error for the launch that follows
+    return false;
   }();
   (void)bound;
 }
