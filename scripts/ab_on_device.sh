@@ -14,7 +14,7 @@
 # labelled A, C, D, ... in the order given, or by LABELS (one word per diff):
 #
 #   git diff main HEAD > main.diff; git diff HEAD~3 HEAD > cut.diff       # here
-#   LABELS="main cut" scripts/ab_on_device.sh main.diff cut.diff 'COMMAND' # LABEL: main, B, cut
+#   LABELS="main cut" scripts/ab_on_device.sh main.diff cut.diff 'COMMAND' # runs main, B, cut
 #
 # REPS (default 1): how many times over; MPS=1 runs the commands under an
 # MPS daemon (several ranks sharing the GPU side by side); CMAKE_FLAGS adds
@@ -34,8 +34,8 @@ export CC=${CC_GPU:-/usr/bin/gcc} CXX=${CXX_GPU:-/usr/bin/g++} CUDAHOSTCXX=${CXX
 # The labels of the diffs' trees: LABELS, else A, C, D, ... (B is the tree as it is).
 read -r -a NAMES <<< "${LABELS:-A C D E F G H I J K}"
 [ ${#NAMES[@]} -ge ${#DIFFS[@]} ] || { echo "ab_on_device: LABELS names ${#NAMES[@]} trees for ${#DIFFS[@]} diffs" >&2; exit 2; }
-TREES=("$PWD")
-ORDER=(B)
+DIFF_TREES=()
+DIFF_LABELS=()
 for i in "${!DIFFS[@]}"; do
   label=${NAMES[$i]}
   [ "$label" != B ] || { echo "ab_on_device: B is the tree as it is, not a diff's label" >&2; exit 2; }
@@ -44,11 +44,12 @@ for i in "${!DIFFS[@]}"; do
   tar --exclude=./build-gpu --exclude=./build -cf - . | tar -xf - -C "$tree"
   (cd "$tree" && patch -s -R -p1 < "${DIFFS[$i]}") ||
     { echo "ab_on_device: ${DIFFS[$i]} does not come off this tree" >&2; exit 1; }
-  TREES+=("$tree")
-  ORDER+=("$label")
+  DIFF_TREES+=("$tree")
+  DIFF_LABELS+=("$label")
 done
-# Runs go A, B, C, ...: the first diff's tree before the tree as it is, as with one diff.
-[ "${ORDER[1]:-}" = A ] && { ORDER=(A B "${ORDER[@]:2}"); TREES=("${TREES[1]}" "${TREES[0]}" "${TREES[@]:2}"); }
+# Runs go the first diff's tree, the tree as it is, then the other diffs' (A, B, C, ...).
+TREES=("${DIFF_TREES[0]}" "$PWD" "${DIFF_TREES[@]:1}")
+ORDER=("${DIFF_LABELS[0]}" B "${DIFF_LABELS[@]:1}")
 
 JOBS=$(( $(nproc) / ${#TREES[@]} ))
 [ $JOBS -ge 2 ] || JOBS=2
