@@ -7,11 +7,12 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace mooncake::ep::cuda {
 
 constexpr int kCopyWarp = 32;
-constexpr int kInFlight = 4;  // 16 registers: the kernels run 3 blocks of 512 threads per SM (42 registers a thread)
+constexpr int kInFlight = 4;  // 16 registers of the kernels' cap (see their __launch_bounds__)
 
 // Plain loads: from this rank's own memory (its inputs).
 struct PlainLoad {
@@ -29,36 +30,38 @@ struct L2Load {
 // lane `lane` of the calling warp.
 template <typename Load = PlainLoad>
 __device__ __forceinline__ void warpCopy(void* dst, const void* src, size_t bytes, int lane, Load load = Load()) {
-  int4* d = static_cast<int4*>(dst);
-  const int4* s = static_cast<const int4*>(src);
-  const size_t vectors = bytes / 16;
-  constexpr size_t kStep = static_cast<size_t>(kCopyWarp) * kInFlight;
-  size_t base = 0;
-  for (; base + kStep <= vectors; base += kStep) {
+  // The lane is folded into the pointers once and the vectors are counted in
+  // 32 bits (a row is far under 64 GiB): a 64-bit index per access took
+  // registers that the kernels' bounds (40 a thread) do not have, and most of
+  // their spills were in these loops.
+  int4* d = static_cast<int4*>(dst) + lane;
+  const int4* s = static_cast<const int4*>(src) + lane;
+  constexpr uint32_t kStep = static_cast<uint32_t>(kCopyWarp) * kInFlight;
+  uint32_t left = static_cast<uint32_t>(bytes / 16);  // vectors from the warp's next step on
+  for (; left >= kStep; left -= kStep, s += kStep, d += kStep) {
     int4 v[kInFlight];
 #pragma unroll
-    for (int j = 0; j < kInFlight; ++j) v[j] = load(s + base + j * kCopyWarp + lane);
+    for (int j = 0; j < kInFlight; ++j) v[j] = load(s + j * kCopyWarp);
 #pragma unroll
-    for (int j = 0; j < kInFlight; ++j) d[base + j * kCopyWarp + lane] = v[j];
+    for (int j = 0; j < kInFlight; ++j) d[j * kCopyWarp] = v[j];
   }
   // The tail, under kStep vectors: the same, each access guarded.
   int4 v[kInFlight];
 #pragma unroll
   for (int j = 0; j < kInFlight; ++j) {
-    const size_t i = base + j * kCopyWarp + lane;
-    if (i < vectors) v[j] = load(s + i);
+    if (static_cast<uint32_t>(j * kCopyWarp + lane) < left) v[j] = load(s + j * kCopyWarp);
   }
 #pragma unroll
   for (int j = 0; j < kInFlight; ++j) {
-    const size_t i = base + j * kCopyWarp + lane;
-    if (i < vectors) d[i] = v[j];
+    if (static_cast<uint32_t>(j * kCopyWarp + lane) < left) d[j * kCopyWarp] = v[j];
   }
 }
 
 // Zeros `bytes` (a multiple of 16; 16-byte aligned) with lane `lane` of the calling warp.
 __device__ __forceinline__ void warpZero(void* dst, size_t bytes, int lane) {
   int4* d = static_cast<int4*>(dst);
-  for (size_t i = lane; i < bytes / 16; i += kCopyWarp) d[i] = make_int4(0, 0, 0, 0);
+  const uint32_t vectors = static_cast<uint32_t>(bytes / 16);
+  for (uint32_t i = lane; i < vectors; i += kCopyWarp) d[i] = make_int4(0, 0, 0, 0);
 }
 
 }  // namespace mooncake::ep::cuda
