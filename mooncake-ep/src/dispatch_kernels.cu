@@ -51,10 +51,12 @@ namespace {
 constexpr int kSendThreads = 512;
 constexpr int kWaitThreads = 512;
 constexpr int kCopyThreads = 512;
-// The one kernel's bounds: three blocks of the send phase per SM, so that
-// DeepEP's 288 experts take one wave on an H200's 132 SMs.
+// The one kernel's bounds: two blocks of 512 threads per SM, 64 registers a
+// thread. Three (40 registers, so that DeepEP's 288 experts' send blocks took
+// one wave on an H200's 132 SMs) spilled 2-3 KB a thread, most of it in the
+// row copies that every phase runs.
 constexpr int kMaxThreads = 512;
-constexpr int kMinBlocks = 3;
+constexpr int kMinBlocks = 2;
 constexpr int kWarp = 32;
 
 // Where `token`'s pick of `expert` is in topk_idx ([token, num_topk]), -1
