@@ -32,8 +32,8 @@ template <typename Load = PlainLoad>
 __device__ __forceinline__ void warpCopy(void* dst, const void* src, size_t bytes, int lane, Load load = Load()) {
   // The lane is folded into the pointers once and the vectors are counted in
   // 32 bits (a row is far under 64 GiB): a 64-bit index per access took
-  // registers that the kernels' bounds (40 a thread) do not have, and most of
-  // their spills were in these loops.
+  // registers that the kernels' bounds (40 a thread in combine, 64 in
+  // dispatch) cannot spare, and most of their spills were in these loops.
   int4* d = static_cast<int4*>(dst) + lane;
   const int4* s = static_cast<const int4*>(src) + lane;
   constexpr uint32_t kStep = static_cast<uint32_t>(kCopyWarp) * kInFlight;
